@@ -1,0 +1,381 @@
+"""`python -m data_prep.prepare`: parallel text -> filtered, SentencePiece-encoded, binarized DATA_DIR.
+
+DATA_DIR layout (everything the trainer needs; the text inputs are never read again):
+
+    manifest.json                 counts, vocabulary, normalisation flags, inputs (sha256), options, checksum
+    spm.src.model / .vocab        SentencePiece models (identical copies with --joint-vocab);
+    spm.tgt.model / .vocab        ids 0-3 are <pad> <unk> <s> </s> (data_prep.binary.SPECIAL_IDS)
+    {split}.{src,tgt}.bin / .idx  token ids, see data_prep.binary (split: train, dev, test as given)
+    {dev,test}.{src,tgt}.txt      normalised text of the kept dev/test pairs; line i is sentence i of the .bin
+    rejects.tsv                   reason, origin ("file:line"), src, tgt of every rejected pair
+
+It runs in two streaming passes; memory grows only by the 8-byte hashes that find duplicate pairs:
+  1. read, normalise (data_prep.normalize), reject malformed / empty / duplicate pairs; kept training
+     pairs go to a temporary TSV, kept dev/test pairs straight to their .txt files;
+  2. train SentencePiece on a seeded sample, encode, reject training pairs by length / ratio, binarize.
+A pair is counted under the first reason that rejects it, in the order of `filters.REASONS` (which also
+explains the ratio rule); rejects.tsv holds the raw text for malformed / invalid_utf8 and the normalised
+text otherwise. Dev/test pairs are only checked for malformed and empty input: they are evaluation sets. Everything is built in DATA_DIR/.prepare-tmp and moved
+into place at the end (manifest.json last), so a failed run leaves the previous dataset untouched.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from itertools import islice
+from typing import Iterable, Iterator, Optional
+
+import sentencepiece as spm
+from tqdm import tqdm
+
+from . import vocab
+from .binary import SIDES, UNK_ID, TokenArrayWriter, side_paths
+from .filters import RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio, pair_key
+from .normalize import normalize
+from .readers import READERS, Malformed, PrepareError, Reader, open_reader
+
+SPLITS = ("train", "dev", "test")
+MANIFEST_VERSION = 1
+ENCODE_BATCH = 2048
+
+
+@dataclass
+class SplitStats:
+    pairs_read: int = 0
+    pairs_kept: int = 0
+    rejected: Counter = field(default_factory=Counter)
+    tokens: Counter = field(default_factory=Counter)  # side -> ids written
+    unk: Counter = field(default_factory=Counter)  # side -> <unk> ids written
+
+    def as_dict(self) -> dict:
+        return {"pairs_read": self.pairs_read, "pairs_kept": self.pairs_kept,
+                "rejected": {r: self.rejected[r] for r in REASONS},
+                "tokens": {s: self.tokens[s] for s in SIDES}, "unk": {s: self.unk[s] for s in SIDES}}
+
+
+def escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    out, chars = [], iter(text)
+    for c in chars:
+        out.append(_UNESCAPE[next(chars)] if c == "\\" else c)
+    return "".join(out)
+
+
+class RejectLog:
+    """rejects.tsv: `reason<TAB>origin<TAB>src<TAB>tgt`, header first, tabs and line breaks escaped."""
+
+    def __init__(self, path: str):
+        self._f = open(path, "w", encoding="utf-8")
+        self._f.write("reason\torigin\tsrc\ttgt\n")
+
+    def add(self, stats: SplitStats, reason: str, origin: str, src: str, tgt: str) -> None:
+        stats.rejected[reason] += 1
+        self._f.write("\t".join(map(escape, (reason, origin, src, tgt))) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def clean_pairs(reader: Reader, stats: SplitStats, rejects: RejectLog, args: argparse.Namespace,
+                dedup: bool, total: int, desc: str) -> Iterator[tuple[str, str, str]]:
+    """Pass 1: (origin, src, tgt) of the normalised pairs that are well-formed, non-empty and (if `dedup`) new."""
+    seen: set[int] = set()
+    for rec in tqdm(reader, total=total, desc=desc, unit=" lines", disable=None, file=sys.stderr, leave=False):
+        stats.pairs_read += 1
+        if isinstance(rec, Malformed):
+            if args.on_error == "fail":
+                raise rec.error()
+            rejects.add(stats, rec.reason, rec.origin, rec.src, rec.tgt)
+            continue
+        src = normalize(rec.src, nfkc=args.nfkc, lowercase=args.lowercase)
+        tgt = normalize(rec.tgt, nfkc=args.nfkc, lowercase=args.lowercase)
+        if not src or not tgt:
+            rejects.add(stats, "empty", rec.origin, src, tgt)
+            continue
+        if dedup:
+            key = pair_key(src, tgt)
+            if key in seen:
+                rejects.add(stats, "duplicate", rec.origin, src, tgt)
+                continue
+            seen.add(key)
+        yield rec.origin, src, tgt
+
+
+def read_tsv(path: str) -> Iterator[tuple[str, ...]]:
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield tuple(unescape(x) for x in line.rstrip("\n").split("\t"))
+
+
+def batched(items: Iterable, n: int) -> Iterator[list]:
+    it = iter(items)
+    while batch := list(islice(it, n)):
+        yield batch
+
+
+def encode_split(pairs: Iterable[tuple[str, str, str]], models: dict, stage: str, split: str,
+                 stats: SplitStats, rejects: RejectLog, lengths: Optional[LengthFilter], total: int) -> None:
+    """Pass 2: encode (origin, src, tgt) and append to `{split}.{src,tgt}`, rejecting by `lengths` if given."""
+    writers = {side: TokenArrayWriter(stage, split, side) for side in SIDES}
+    bar = tqdm(total=total, desc=f"encode {split}", unit=" pairs", disable=None, file=sys.stderr, leave=False)
+    for batch in batched(pairs, ENCODE_BATCH):
+        ids = {side: models[side].encode([p[1 + k] for p in batch]) for k, side in enumerate(SIDES)}
+        for (origin, src, tgt), src_ids, tgt_ids in zip(batch, ids["src"], ids["tgt"]):
+            reason = lengths and lengths.reason(len(src_ids), len(tgt_ids))
+            if reason:
+                rejects.add(stats, reason, origin, src, tgt)
+                continue
+            for side, side_ids in (("src", src_ids), ("tgt", tgt_ids)):
+                writers[side].append(side_ids)
+                stats.tokens[side] += len(side_ids)
+                stats.unk[side] += side_ids.count(UNK_ID)
+            stats.pairs_kept += 1
+        bar.update(len(batch))
+    bar.close()
+    for w in writers.values():
+        w.close()
+
+
+def file_info(path: str) -> dict:
+    h, size, lines, last = hashlib.sha256(), 0, 0, b"\n"
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return {"path": os.path.abspath(path), "sha256": h.hexdigest(), "bytes": size, "lines": lines + (last != b"\n")}
+
+
+def checksum(stage: str, names: list[str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(names):
+        h.update(name.encode() + b"\0")
+        with open(os.path.join(stage, name), "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def split_readers(args: argparse.Namespace) -> dict[str, Reader]:
+    """One reader per given split, after every check that needs no output (files exist, Moses line counts)."""
+    two_files = READERS[args.format].two_files if args.format in READERS else False
+    options = {"src_lang": args.src_lang, "tgt_lang": args.tgt_lang}
+    readers = {}
+    for split in SPLITS:
+        src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
+        if src is None and tgt is None:
+            continue
+        if src is None or (two_files and tgt is None):
+            raise PrepareError(f"--{split}-src and --{split}-tgt go together for format {args.format!r}")
+        readers[split] = open_reader(args.format, src, tgt, **options)
+    for reader in readers.values():
+        reader.check()
+    return readers
+
+
+def validate(args: argparse.Namespace) -> None:
+    checks = [(args.vocab_size >= 8, "--vocab-size must be at least 8"),
+              (args.min_len >= 0, "--min-len must be >= 0"),
+              (args.max_len >= max(args.min_len, 1), "--max-len must be >= --min-len and >= 1"),
+              (args.max_ratio >= 1.0, "--max-ratio must be >= 1"),
+              (args.spm_sample >= 1, "--spm-sample must be >= 1"),
+              (not os.path.isfile(args.out), f"--out {args.out} is a file, not a directory")]
+    for ok, message in checks:
+        if not ok:
+            raise PrepareError(message)
+
+
+def prepare(args: argparse.Namespace) -> dict:
+    """Build DATA_DIR from parsed options; returns the manifest. Raises `PrepareError` for user errors."""
+    validate(args)
+    readers = split_readers(args)
+    inputs = [dict(split=split, **file_info(p)) for split, r in readers.items() for p in r.paths]
+    created_out = not os.path.isdir(args.out)
+    os.makedirs(args.out, exist_ok=True)
+    stage = os.path.join(args.out, ".prepare-tmp")
+    shutil.rmtree(stage, ignore_errors=True)
+    os.makedirs(os.path.join(stage, "tmp"))
+    try:
+        manifest = build(args, readers, inputs, stage)
+        publish(stage, args.out, manifest)
+        return manifest
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created_out and not os.listdir(args.out):
+            os.rmdir(args.out)
+        raise
+
+
+def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dict], stage: str) -> dict:
+    tmp = os.path.join(stage, "tmp")
+    stats = {split: SplitStats() for split in readers}
+    rejects = RejectLog(os.path.join(stage, "rejects.tsv"))
+    lines: dict[str, int] = {}  # progress totals: lines of each split's first file
+    for i in inputs:
+        lines.setdefault(i["split"], i["lines"])
+    pairs_tsv = os.path.join(tmp, "pairs.tsv")
+    n_train = 0
+    with open(pairs_tsv, "w", encoding="utf-8") as f:
+        for rec in clean_pairs(readers["train"], stats["train"], rejects, args, not args.no_dedup,
+                               lines["train"], "read train"):
+            f.write("\t".join(map(escape, rec)) + "\n")
+            n_train += 1
+    n_eval = {}
+    for split in [s for s in readers if s != "train"]:
+        paths = {side: os.path.join(stage, f"{split}.{side}.txt") for side in SIDES}
+        with open(paths["src"], "w", encoding="utf-8") as fs, open(paths["tgt"], "w", encoding="utf-8") as ft:
+            n_eval[split] = 0
+            for _, src, tgt in clean_pairs(readers[split], stats[split], rejects, args, False, lines[split],
+                                           f"read {split}"):
+                fs.write(src + "\n")
+                ft.write(tgt + "\n")
+                n_eval[split] += 1
+    if n_train == 0:
+        raise PrepareError(f"no training pair is left after filtering ({describe(stats['train'])})")
+
+    chosen = vocab.sample_indices(n_train, args.spm_sample, args.seed)
+    vocab.write_samples(((s, t) for _, s, t in read_tsv(pairs_tsv)), chosen, *vocab.sample_files(tmp, args.joint_vocab))
+    sizes = vocab.train_vocab(tmp, stage, joint=args.joint_vocab, vocab_size=args.vocab_size,
+                              model_type=args.model_type, seed=args.seed)
+    models = {side: spm.SentencePieceProcessor(model_file=os.path.join(stage, f"spm.{side}.model")) for side in SIDES}
+
+    lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
+                           expected_ratio=corpus_ratio(pairs_tsv, n_train, models, args.seed))
+    encode_split(read_tsv(pairs_tsv), models, stage, "train", stats["train"], rejects, lengths, n_train)
+    if stats["train"].pairs_kept == 0:
+        raise PrepareError(f"no training pair passes the length filters ({describe(stats['train'])})")
+    for split, n in n_eval.items():
+        encode_split(eval_pairs(stage, split), models, stage, split, stats[split], rejects, None, n)
+    rejects.close()
+    shutil.rmtree(tmp)
+
+    binarized = [os.path.basename(p) for split in readers for side in SIDES for p in side_paths(stage, split, side)]
+    rejected = sum((s.rejected for s in stats.values()), Counter())
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "pairs_read": sum(s.pairs_read for s in stats.values()),
+        "pairs_kept": sum(s.pairs_kept for s in stats.values()),
+        "rejected": {r: rejected[r] for r in REASONS},
+        "splits": {split: stats[split].as_dict() for split in SPLITS if split in stats},
+        "vocab": {"joint": args.joint_vocab, "src_size": sizes.src_size, "tgt_size": sizes.tgt_size,
+                  "requested_size": sizes.requested, "src_model": "spm.src.model", "tgt_model": "spm.tgt.model",
+                  "model_type": args.model_type,
+                  "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
+                  "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
+        "normalize": {"nfkc": args.nfkc, "lowercase": args.lowercase},
+        "filters": {"order": list(REASONS), "dedup": not args.no_dedup, "max_len": args.max_len,
+                    "min_len": args.min_len, "max_ratio": args.max_ratio, "ratio_min_pieces": RATIO_MIN_PIECES,
+                    "median_tgt_src_ratio": lengths.expected_ratio},
+        "inputs": inputs,
+        "format": args.format,
+        "options": vars(args),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "checksum_files": sorted(binarized),
+        "checksum": checksum(stage, binarized),
+    }
+    assert manifest["pairs_read"] == manifest["pairs_kept"] + sum(manifest["rejected"].values()), manifest
+    return manifest
+
+
+def corpus_ratio(pairs_tsv: str, n: int, models: dict, seed: int) -> float:
+    """Median tgt/src piece ratio over a seeded sample of the training pairs (see data_prep.filters)."""
+    chosen = vocab.sample_indices(n, RATIO_SAMPLE, seed)
+    sample = [(s, t) for i, (_, s, t) in enumerate(read_tsv(pairs_tsv)) if chosen is None or i in chosen]
+    n_src = map(len, models["src"].encode([s for s, _ in sample]))
+    n_tgt = map(len, models["tgt"].encode([t for _, t in sample]))
+    return median_ratio(zip(n_src, n_tgt))
+
+
+def eval_pairs(stage: str, split: str) -> Iterator[tuple[str, str, str]]:
+    paths = [os.path.join(stage, f"{split}.{side}.txt") for side in SIDES]
+    with open(paths[0], encoding="utf-8", newline="\n") as fs, open(paths[1], encoding="utf-8", newline="\n") as ft:
+        for i, (src, tgt) in enumerate(zip(fs, ft), start=1):
+            yield f"{split}:{i}", src.rstrip("\n"), tgt.rstrip("\n")
+
+
+def describe(stats: SplitStats) -> str:
+    counts = ", ".join(f"{r}: {n}" for r, n in stats.rejected.items() if n) or "nothing rejected"
+    return f"{stats.pairs_read} read; {counts}"
+
+
+def publish(stage: str, out: str, manifest: dict) -> None:
+    """Move the staged files into `out`; drop stale files of splits this run did not produce; manifest last."""
+    manifest_path = os.path.join(out, "manifest.json")
+    if os.path.exists(manifest_path):
+        os.remove(manifest_path)  # no manifest while the directory is a mix of old and new files
+    for name in os.listdir(stage):
+        os.replace(os.path.join(stage, name), os.path.join(out, name))
+    for split in set(SPLITS) - set(manifest["splits"]):
+        for side in SIDES:
+            for path in (*side_paths(out, split, side), os.path.join(out, f"{split}.{side}.txt")):
+                if os.path.exists(path):
+                    os.remove(path)
+    os.rmdir(stage)
+    with open(manifest_path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(manifest_path + ".tmp", manifest_path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m data_prep.prepare", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for split in SPLITS:
+        p.add_argument(f"--{split}-src", required=split == "train",
+                       help=f"{split} source file (tsv/aspec: the single file holding both sides)")
+        p.add_argument(f"--{split}-tgt", help=f"{split} target file (moses only)")
+    p.add_argument("--format", required=True, choices=sorted(READERS))
+    p.add_argument("--src-lang", default="en", help="aspec: which column is the source (en|ja)")
+    p.add_argument("--tgt-lang", default="ja", help="aspec: which column is the target (ja|en)")
+    p.add_argument("--out", required=True, metavar="DATA_DIR")
+    p.add_argument("--vocab-size", type=int, default=8000, help="lowered automatically for small corpora")
+    p.add_argument("--joint-vocab", action="store_true", help="one SentencePiece model for both sides")
+    p.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
+    p.add_argument("--spm-sample", type=int, default=1_000_000, help="at most this many sentences per side train SPM")
+    p.add_argument("--nfkc", action="store_true", help="Unicode NFKC normalisation")
+    p.add_argument("--lowercase", action="store_true")
+    p.add_argument("--max-len", type=int, default=200, help="reject training pairs with a side longer (pieces)")
+    p.add_argument("--min-len", type=int, default=1, help="reject training pairs with a side shorter (pieces)")
+    p.add_argument("--max-ratio", type=float, default=3.0,
+                   help=f"reject training pairs whose piece-count ratio, scaled by the corpus' median tgt/src "
+                        f"ratio, exceeds this (only when the longer side has >= {RATIO_MIN_PIECES} pieces)")
+    p.add_argument("--no-dedup", action="store_true", help="keep duplicate training pairs")
+    p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                   help="malformed lines / invalid UTF-8: stop with file:line, or reject and count them")
+    p.add_argument("--seed", type=int, default=1, help="seed of the SentencePiece training sample")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        manifest = prepare(args)
+    except PrepareError as e:
+        print(f"prepare: error: {str(e).replace(chr(13), ' ').replace(chr(10), ' ')}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"prepare: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    kept = {split: s["pairs_kept"] for split, s in manifest["splits"].items()}
+    rejected = {r: n for r, n in manifest["rejected"].items() if n}
+    print(f"prepare: {args.out}: kept {kept}; rejected {rejected or 'none'}; vocab "
+          f"{manifest['vocab']['src_size']}/{manifest['vocab']['tgt_size']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

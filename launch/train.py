@@ -1,0 +1,29 @@
+"""Train: `deepspeed [--num_gpus N] launch/train.py --deepspeed_config ds_configs/X.json [--config YAML] [k=v ...]`
+(or plain `python launch/train.py ...` for one process). `--dry-run` prints each rank's schedule."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainer.cli import fail, run_dry, train_main  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--deepspeed_config", required=True, help="DeepSpeed JSON (ds_configs/)")
+    p.add_argument("--config", default=None, help="model/data/train YAML (default trainer/configs/demo.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print each rank's instruction list and exit")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. train.max_steps=100")
+    args = p.parse_args(argv)
+    try:
+        if args.dry_run:
+            return run_dry(args.deepspeed_config)
+        return train_main(args.config, args.overrides, args.deepspeed_config)
+    except (ValueError, FileNotFoundError) as e:
+        fail(e)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Every tensor that crosses ranks goes through this class and its named verbs.
+
+Point-to-point sends are non-blocking (kept alive until `flush()`), receives block. Receive shapes
+are always known locally (every rank reads the same batch), so only the payload travels. gloo needs
+contiguous tensors on both sides.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class StageComm:
+    def __init__(self, stage_ranks: list[int], device, dtype):
+        self.stage_ranks = stage_ranks  # global rank of each stage of this rank's pipeline
+        self.device, self.dtype = device, dtype
+        self._pending: list = []
+        self.bytes_sent = 0
+
+    def _send(self, tensors, stage: int) -> None:
+        for t in tensors:
+            t = t.detach().to(self.dtype).contiguous()
+            self._pending.append((dist.isend(t, self.stage_ranks[stage]), t))
+            self.bytes_sent += t.numel() * t.element_size()
+
+    def _recv(self, shapes, stage: int) -> list[torch.Tensor]:
+        out = []
+        for shape in shapes:
+            t = torch.empty(shape, device=self.device, dtype=self.dtype)
+            dist.recv(t, self.stage_ranks[stage])
+            out.append(t)
+        return out
+
+    # activations, stage k -> k+1
+    def send_forward(self, activation: torch.Tensor, stage: int) -> None:
+        self._send([activation], stage)
+
+    def recv_forward(self, shape, stage: int) -> torch.Tensor:
+        return self._recv([shape], stage)[0]
+
+    # gradients w.r.t. activations, stage k+1 -> k
+    def send_backward(self, grad: torch.Tensor, stage: int) -> None:
+        self._send([grad], stage)
+
+    def recv_backward(self, shape, stage: int) -> torch.Tensor:
+        return self._recv([shape], stage)[0]
+
+    # the head phase: top encoder/decoder outputs split by sentences, and their gradients
+    def scatter_shard(self, enc: torch.Tensor, dec: torch.Tensor, stage: int) -> None:
+        self._send([enc, dec], stage)
+
+    def recv_shard(self, enc_shape, dec_shape, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
+        enc, dec = self._recv([enc_shape, dec_shape], stage)
+        return enc, dec
+
+    def send_shard_grad(self, enc_grad: torch.Tensor, dec_grad: torch.Tensor, stage: int) -> None:
+        self._send([enc_grad, dec_grad], stage)
+
+    def gather_grad(self, enc_shape, dec_shape, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
+        enc, dec = self._recv([enc_shape, dec_shape], stage)
+        return enc, dec
+
+    def flush(self) -> None:
+        """Wait for every pending send (end of a micro-step)."""
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+
+
+def all_reduce_sum(tensors: list[torch.Tensor], group=None) -> None:
+    """In-place SUM of a list of tensors over `group`, as one flat buffer."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n

@@ -1,0 +1,156 @@
+"""Typed, validated, frozen run configuration (omegaconf structured configs).
+
+The YAML (``--config``, default ``trainer/configs/demo.yaml``) plus ``key=value`` overrides hold the
+model, data, training, decoding and logging settings. What DeepSpeed owns (optimizer, LR schedule,
+precision, clipping, batch sizes) and the parallel layout live in the DeepSpeed JSON instead, and
+are never repeated here.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_CONFIG = os.path.join(REPO_ROOT, "trainer", "configs", "demo.yaml")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key."""
+
+
+@dataclass
+class ModelConfig:
+    emb_dim: int = 256
+    hidden: int = 256
+    layers: int = 2
+    bidirectional_bottom: bool = False
+    attention: str = "general"  # dot | general | concat
+    dropout: float = 0.2
+    label_smoothing: float = 0.1
+    tie_embeddings: bool = False
+
+
+@dataclass
+class DataConfig:
+    dir: str = "data/demo"
+    max_tokens: int = 0  # cap on padded src+tgt tokens of a global micro-batch; 0 = sentences only
+    bucket_batches: int = 100  # length-sort windows of this many batches, then shuffle batches
+    min_batch_sentences: int = 8  # smallest batch; the same in every layout so runs stay comparable
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1
+    max_steps: int = 1000
+    max_epochs: int = 0  # 0 = no limit
+    eval_every: int = 200
+    save_every: int = 0  # 0 = only at validation and at the end
+    keep_last: int = 2
+    early_stop_patience: int = 0  # validations without dev BLEU improvement; 0 = off
+    log_every: int = 10
+    threads: int = 0  # torch threads per rank; 0 = cores on this host / local ranks
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 5
+    max_len_ratio: float = 2.0
+    max_len_add: int = 10
+    length_penalty: float = 1.0
+    batch_size: int = 64
+    dev_beam: int = 1  # beam used for dev BLEU during training (greedy is fast)
+    dev_max_sentences: int = 500
+    bleu_tokenize: str = "13a"
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/demo"
+    name: str = ""
+
+
+@dataclass
+class LoggingConfig:
+    wandb_mode: str = "offline"  # online | offline | disabled; online without an API key -> offline
+    wandb_project: str = "hybrid-nmt"
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+_CHOICES = {
+    "model.attention": ("dot", "general", "concat"),
+    "logging.wandb_mode": ("online", "offline", "disabled"),
+    "decode.bleu_tokenize": ("13a", "none", "intl", "char", "zh", "ja-mecab", "ko-mecab", "flores101", "flores200"),
+}
+_POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",
+             "train.log_every", "train.keep_last", "decode.beam", "decode.batch_size", "data.bucket_batches",
+             "data.min_batch_sentences")
+_NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
+                 "train.threads", "decode.dev_beam", "decode.dev_max_sentences", "decode.max_len_add")
+
+
+def _get(cfg: DictConfig, key: str):
+    return OmegaConf.select(cfg, key)
+
+
+def validate(cfg: DictConfig) -> None:
+    for key, choices in _CHOICES.items():
+        if _get(cfg, key) not in choices:
+            raise ConfigError(f"{key}={_get(cfg, key)!r}: must be one of {', '.join(choices)}")
+    for key in _POSITIVE:
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"{key}={_get(cfg, key)}: must be > 0")
+    for key in _NON_NEGATIVE:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}={_get(cfg, key)}: must be >= 0")
+    for key in ("model.dropout", "model.label_smoothing"):
+        if not 0.0 <= _get(cfg, key) < 1.0:
+            raise ConfigError(f"{key}={_get(cfg, key)}: must be in [0, 1)")
+    if cfg.decode.max_len_ratio <= 0:
+        raise ConfigError(f"decode.max_len_ratio={cfg.decode.max_len_ratio}: must be > 0")
+
+
+def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictConfig:
+    """YAML at `path` (default demo.yaml) + `key=value` overrides -> validated, read-only config.
+
+    Unknown keys and wrong types raise ConfigError naming the key, before anything is built.
+    """
+    path = path or DEFAULT_CONFIG
+    if not os.path.exists(path):
+        raise ConfigError(f"--config {path}: no such file")
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
+    try:
+        cfg = OmegaConf.structured(Config)
+        cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        raise ConfigError(f"{path}: bad config key {key!r}: {e.msg if hasattr(e, 'msg') else e}") from None
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)
+
+
+def from_yaml_file(path: str) -> DictConfig:
+    """A run directory's resolved config, re-validated against the current schema."""
+    return load_config(path)

@@ -1,0 +1,192 @@
+"""Batches from the binarized dataset: length-bucketed, seeded, identical on every rank.
+
+Every rank builds the same global batches from the same seed, so lengths, masks and targets never
+travel between ranks; each rank cuts out the rows it needs (see `trainer.layout`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from data_prep.binary import BOS_ID, EOS_ID, PAD_ID, TokenArray, has_split, load_pair
+
+
+@dataclass
+class Batch:
+    """A padded batch, rows sorted by source length (longest first).
+
+    src (batch, src_len) ids + EOS, src_lengths (batch,), tgt_in (batch, tgt_len) = BOS + y,
+    tgt_out (batch, tgt_len) = y + EOS, PAD elsewhere.
+    """
+
+    src: torch.Tensor
+    src_lengths: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return self.src.shape[0]
+
+    @property
+    def tgt_tokens(self) -> int:
+        return int((self.tgt_out != PAD_ID).sum())
+
+    @property
+    def src_tokens(self) -> int:
+        return int(self.src_lengths.sum())
+
+    @property
+    def src_mask(self) -> torch.Tensor:
+        return self.src != PAD_ID
+
+    def rows(self, start: int, stop: int, trim: bool = True) -> "Batch":
+        """Rows [start, stop); with trim, padding columns no row of the slice uses are dropped."""
+        src, tgt_in, tgt_out = self.src[start:stop], self.tgt_in[start:stop], self.tgt_out[start:stop]
+        lengths = self.src_lengths[start:stop]
+        if trim and stop > start:
+            s = int(lengths.max())
+            t = int((tgt_out != PAD_ID).sum(1).max())
+            src, tgt_in, tgt_out = src[:, :s], tgt_in[:, :t], tgt_out[:, :t]
+        return Batch(src.contiguous(), lengths.contiguous(), tgt_in.contiguous(), tgt_out.contiguous())
+
+    def to(self, device) -> "Batch":
+        return Batch(*(t.to(device) for t in (self.src, self.src_lengths, self.tgt_in, self.tgt_out)))
+
+
+def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
+    order = sorted(range(len(src_seqs)), key=lambda i: -len(src_seqs[i]))
+    n = len(order)
+    s = max(len(x) for x in src_seqs) + 1
+    t = max(len(y) for y in tgt_seqs) + 1
+    src = torch.full((n, s), PAD_ID, dtype=torch.long)
+    tgt_in = torch.full((n, t), PAD_ID, dtype=torch.long)
+    tgt_out = torch.full((n, t), PAD_ID, dtype=torch.long)
+    lengths = torch.zeros(n, dtype=torch.long)
+    for row, i in enumerate(order):
+        x, y = torch.from_numpy(src_seqs[i].astype(np.int64)), torch.from_numpy(tgt_seqs[i].astype(np.int64))
+        src[row, :len(x)] = x
+        src[row, len(x)] = EOS_ID
+        lengths[row] = len(x) + 1
+        tgt_in[row, 0] = BOS_ID
+        tgt_in[row, 1:len(y) + 1] = y
+        tgt_out[row, :len(y)] = y
+        tgt_out[row, len(y)] = EOS_ID
+    return Batch(src, lengths, tgt_in, tgt_out)
+
+
+def make_batches(src_len: np.ndarray, tgt_len: np.ndarray, *, max_sentences: int, max_tokens: int,
+                 seed: int, epoch: int, bucket_batches: int, shuffle: bool = True,
+                 min_batch: int = 1) -> tuple[list[np.ndarray], int]:
+    """Index arrays of the batches of one epoch, and the number of pairs left out.
+
+    Shuffle (seeded by seed and epoch), sort windows of `bucket_batches` batches by length, cut
+    batches of at most `max_sentences` pairs and at most `max_tokens` padded src+tgt tokens
+    (+1 each for EOS/BOS), then shuffle the batch order. A window's last batch smaller than
+    `min_batch` (the rows the layout must split it into) is carried into the next window; only the
+    epoch's final remainder (< min_batch pairs) is left out, and counted. Deterministic: every rank
+    gets the same list.
+    """
+    n = len(src_len)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    window = max_sentences * bucket_batches
+    batches, carry = [], order[:0]
+    for w in range(0, n, window):
+        idx = np.concatenate([carry, order[w:w + window]])
+        if shuffle:
+            idx = idx[np.lexsort((tgt_len[idx], src_len[idx]))]
+        start = 0
+        while start < len(idx):
+            stop = min(start + max_sentences, len(idx))
+            if max_tokens:
+                s_max = t_max = 0
+                for j in range(start, stop):
+                    s_max = max(s_max, src_len[idx[j]] + 1)
+                    t_max = max(t_max, tgt_len[idx[j]] + 1)
+                    if (j - start + 1) * (s_max + t_max) > max_tokens and j - start >= min_batch:
+                        stop = j
+                        break
+            batches.append(idx[start:stop])
+            start = stop
+        carry = order[:0]
+        if len(batches[-1]) < min_batch:
+            carry = batches.pop()
+    if shuffle:
+        perm = rng.permutation(len(batches))
+        batches = [batches[i] for i in perm]
+    return batches, len(carry)
+
+
+class ParallelData:
+    """One split of DATA_DIR: the two TokenArrays and batch construction."""
+
+    def __init__(self, data_dir: str, split: str):
+        self.data_dir, self.split = data_dir, split
+        self.src, self.tgt = load_pair(data_dir, split)
+        self.src_len, self.tgt_len = self.src.lengths, self.tgt.lengths
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def batch(self, indices) -> Batch:
+        return collate([self.src[i] for i in indices], [self.tgt[i] for i in indices])
+
+
+class BatchStream:
+    """Endless stream of global training batches with a resumable position (epoch, index)."""
+
+    def __init__(self, data: ParallelData, *, max_sentences: int, max_tokens: int, seed: int,
+                 bucket_batches: int, min_batch: int = 1):
+        self.data, self.seed = data, seed
+        self.kw = dict(max_sentences=max_sentences, max_tokens=max_tokens, bucket_batches=bucket_batches)
+        self.min_batch = min_batch
+        self.epoch, self.index, self.left_out = 0, 0, 0
+        self._batches = None
+
+    def _epoch_batches(self):
+        if self._batches is None:
+            self._batches, self.left_out = make_batches(self.data.src_len, self.data.tgt_len, seed=self.seed,
+                                                        epoch=self.epoch, min_batch=self.min_batch, **self.kw)
+            if not self._batches:
+                raise ValueError(f"{self.data.data_dir}: no training batch has >= {self.min_batch} sentences")
+        return self._batches
+
+    def next_indices(self) -> np.ndarray:
+        batches = self._epoch_batches()
+        if self.index >= len(batches):
+            self.epoch, self.index, self._batches = self.epoch + 1, 0, None
+            batches = self._epoch_batches()
+        b = batches[self.index]
+        self.index += 1
+        return b
+
+    def next(self) -> Batch:
+        return self.data.batch(self.next_indices())
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.index, self._batches = state["epoch"], state["index"], None
+
+
+def eval_batches(data: ParallelData, max_sentences: int, limit: int = 0) -> list[Batch]:
+    n = len(data) if not limit else min(limit, len(data))
+    return [data.batch(range(i, min(i + max_sentences, n))) for i in range(0, n, max_sentences)]
+
+
+def read_manifest(data_dir: str) -> dict:
+    path = os.path.join(data_dir, "manifest.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: not found; data.dir must be a directory written by data_prep.prepare")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+__all__ = ["Batch", "BatchStream", "ParallelData", "collate", "eval_batches", "has_split", "make_batches",
+           "read_manifest", "TokenArray"]

@@ -1,0 +1,181 @@
+"""The parallel layout: one validated object that knows how the job is split.
+
+Read from the DeepSpeed JSON's own section ``"parallel_layout"`` (DeepSpeed already owns
+``pipeline`` and ``hybrid_engine``), checked before anything is built, then bound to the process
+groups once torch.distributed is up.
+
+Modes (the paper's comparison, Ono et al. 2019):
+
+    single    1 rank, the whole model
+    data      num_dp replicas of the whole model (DeepSpeed's own data parallelism)
+    pipeline  LSTM pair layers as num_pp pipeline stages; the head on the last stage only
+    hybrid    LSTM pair layers as num_pp stages; the attention-softmax head data-parallel over the
+              ranks of the pipeline: the last stage splits the top encoder/decoder outputs by
+              sentences, every rank runs the head on its shard, head gradients are summed over ALL
+              ranks. With num_dp > 1 this is the grid: num_dp replicas of the pipeline ("grid" is
+              accepted as a name for it).
+
+Rows: the global micro-batch (train_micro_batch_size_per_gpu x num_dp sentences, at most) is split
+by sentences into num_dp replica slices; a replica slice into `micro_batches` pipeline units (and
+its time axis into `time_chunks`); in hybrid mode the replica slice is split again into num_pp head
+shards.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MODES = ("single", "data", "pipeline", "hybrid", "grid")
+SECTION = "parallel_layout"
+PARTITION_DEFAULT = "type:EncoderDecoderLayer"
+
+
+class LayoutError(ValueError):
+    """A bad layout; the message names the JSON key."""
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    mode: str
+    num_pp: int
+    num_dp: int
+    micro_batches: int = 1
+    time_chunks: int = 1
+    partition_method: str = PARTITION_DEFAULT
+
+    @property
+    def world_size(self) -> int:
+        return self.num_pp * self.num_dp
+
+    @property
+    def head_parallel(self) -> bool:
+        """True when the head is replicated on every stage (hybrid/grid), False when it lives on
+        the last stage only (single, data, pipeline)."""
+        return self.mode in ("hybrid", "grid") and self.num_pp > 1
+
+    @property
+    def min_rows(self) -> int:
+        """Fewest sentences a global micro-batch must have so that no replica, unit or shard is empty."""
+        per_replica = max(self.micro_batches, self.num_pp if self.head_parallel else 1)
+        return per_replica * self.num_dp
+
+    @classmethod
+    def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
+        section = ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"})
+        known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method"}
+        for key in section:
+            if key not in known:
+                raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
+        mode = section.get("mode")
+        if mode not in MODES:
+            raise LayoutError(f"{SECTION}.mode={mode!r}: unknown mode (one of {', '.join(MODES)})")
+        defaults = {"single": (1, 1), "data": (1, world_size), "pipeline": (world_size, 1),
+                    "hybrid": (world_size, 1), "grid": (world_size, 1)}[mode]
+        num_pp = section.get("num_pp", defaults[0] if "num_dp" not in section else world_size // section["num_dp"])
+        num_dp = section.get("num_dp", max(1, world_size // num_pp))
+        for key, value in (("num_pp", num_pp), ("num_dp", num_dp),
+                           ("micro_batches", section.get("micro_batches", 1)),
+                           ("time_chunks", section.get("time_chunks", 1))):
+            if not isinstance(value, int) or value < 1:
+                raise LayoutError(f"{SECTION}.{key}={value!r}: must be an integer >= 1")
+        spec = cls(mode=mode, num_pp=num_pp, num_dp=num_dp, micro_batches=section.get("micro_batches", 1),
+                   time_chunks=section.get("time_chunks", 1),
+                   partition_method=section.get("partition_method", PARTITION_DEFAULT))
+        spec.check_world(world_size)
+        return spec
+
+    def check_world(self, world_size: int) -> None:
+        if self.num_pp * self.num_dp != world_size:
+            raise LayoutError(f"{SECTION}: num_pp x num_dp = {self.num_pp} x {self.num_dp} = "
+                              f"{self.num_pp * self.num_dp} != world size {world_size} (ranks launched)")
+        if self.mode == "single" and world_size != 1:
+            raise LayoutError(f"{SECTION}.mode=single needs 1 rank, launched {world_size}")
+        if self.mode == "data" and self.num_pp != 1:
+            raise LayoutError(f"{SECTION}.mode=data: num_pp must be 1, got {self.num_pp}")
+        if self.mode in ("pipeline", "hybrid", "grid") and self.num_pp < 2 and world_size > 1:
+            raise LayoutError(f"{SECTION}.mode={self.mode}: num_pp must be >= 2, got {self.num_pp}")
+
+    def check_model(self, model_cfg, min_batch: int, micro_batch_per_rank: int) -> None:
+        """Checks that need the model config and batch sizes; messages name the key to change."""
+        if self.num_pp > model_cfg.layers:
+            raise LayoutError(f"{SECTION}.num_pp={self.num_pp}: more pipeline stages than model.layers="
+                              f"{model_cfg.layers} (each stage needs at least one encoder/decoder pair layer)")
+        if self.time_chunks > 1 and model_cfg.bidirectional_bottom:
+            raise LayoutError(f"{SECTION}.time_chunks={self.time_chunks}: a bidirectional bottom encoder "
+                              f"(model.bidirectional_bottom=true) cannot be cut along time; use time_chunks=1")
+        if model_cfg.tie_embeddings and self.num_pp > 1:
+            raise LayoutError(f"model.tie_embeddings=true: the target embedding lives on stage 0 and the head "
+                              f"on {'every stage' if self.head_parallel else 'the last stage'} in "
+                              f"{SECTION}.mode={self.mode}; untie them or use single/data")
+        if self.min_rows > min_batch:
+            raise LayoutError(f"data.min_batch_sentences={min_batch}: the layout needs at least {self.min_rows} "
+                              f"sentences per batch ({SECTION}: {self.num_dp} replicas x "
+                              f"max(micro_batches={self.micro_batches}, head shards="
+                              f"{self.num_pp if self.head_parallel else 1})); raise data.min_batch_sentences")
+        if micro_batch_per_rank * self.num_dp < min_batch:
+            raise LayoutError(f"train_micro_batch_size_per_gpu={micro_batch_per_rank} x num_dp={self.num_dp} is "
+                              f"smaller than data.min_batch_sentences={min_batch}")
+
+
+def split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    """[start, stop) of `parts` near-equal consecutive pieces of range(n) (earlier pieces larger)."""
+    sizes = [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+    starts = np.cumsum([0] + sizes)
+    return [(int(starts[i]), int(starts[i + 1])) for i in range(parts)]
+
+
+@dataclass
+class ParallelLayout:
+    """A LayoutSpec bound to this rank and its process groups.
+
+    grid: DeepSpeed's PipelineParallelGrid (passed to deepspeed.initialize as mpu): pipe group =
+    the stages of this rank's pipeline, data-parallel group = this stage's replicas.
+    head_group: in hybrid/grid, the pipe group: DeepSpeed's data-parallel reduce sums the head
+    gradients over replicas, this group sums them over the stages, so together over ALL ranks.
+    """
+
+    spec: LayoutSpec
+    rank: int
+    stage: int
+    replica: int
+    grid: object = None
+    head_group: object = None
+    stage_ranks: list = field(default_factory=list)  # global rank of each stage of this pipeline
+
+    @property
+    def num_pp(self) -> int:
+        return self.spec.num_pp
+
+    @property
+    def num_dp(self) -> int:
+        return self.spec.num_dp
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.spec.num_pp - 1
+
+    @property
+    def has_head(self) -> bool:
+        return self.spec.head_parallel or self.is_last
+
+    def replica_rows(self, batch_size: int) -> tuple[int, int]:
+        return split_even(batch_size, self.num_dp)[self.replica]
+
+    def head_shards(self, rows: int) -> list[tuple[int, int]]:
+        """Row ranges of the replica slice handled by each stage's head replica."""
+        if not self.spec.head_parallel:
+            return [(0, 0)] * (self.num_pp - 1) + [(0, rows)]
+        return split_even(rows, self.num_pp)
+
+    @classmethod
+    def bind(cls, spec: LayoutSpec, grid, rank: int) -> "ParallelLayout":
+        stage, replica = grid.get_stage_id(), grid.get_data_parallel_id()
+        stage_ranks = [grid.stage_to_global(s) for s in range(spec.num_pp)]
+        head_group = grid.get_pipe_parallel_group() if spec.head_parallel else None
+        return cls(spec=spec, rank=rank, stage=stage, replica=replica, grid=grid, head_group=head_group,
+                   stage_ranks=stage_ranks)

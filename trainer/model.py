@@ -1,0 +1,263 @@
+"""Attentional LSTM encoder-decoder as a list of placeable layers plus a head.
+
+Global layer indices (the unit of placement and of checkpoint files):
+
+    0        Embeddings            token ids -> source/target embeddings
+    1 .. L   EncoderDecoderLayer   encoder layer k and decoder layer k (k = index - 1); decoder k starts
+                                   from encoder k's final state, so that hand-off never crosses ranks
+    head     AttentionSoftmaxHead  Luong attention of the top decoder states over the top encoder
+                                   states, tanh(W[c;h]), output projection, label-smoothed CE
+
+There is no input feeding: the decoder runs over the whole target before the head, which sees all
+target positions at once. That is what lets decoder layers be pipeline stages. Nothing here knows
+about ranks; `trainer.engine` places these modules and moves tensors between them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from data_prep.binary import PAD_ID
+
+State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, *, src_vocab: int, tgt_vocab: int, emb_dim: int, dropout: float):
+        super().__init__()
+        self.src = nn.Embedding(src_vocab, emb_dim, padding_idx=PAD_ID)
+        self.tgt = nn.Embedding(tgt_vocab, emb_dim, padding_idx=PAD_ID)
+        self.dropout = nn.Dropout(dropout)
+        for emb in (self.src, self.tgt):
+            nn.init.normal_(emb.weight, std=emb_dim ** -0.5)
+            with torch.no_grad():
+                emb.weight[PAD_ID].zero_()
+
+    def embed_src(self, src: torch.Tensor) -> torch.Tensor:
+        """(batch, src_len) ids -> (batch, src_len, emb)."""
+        return self.dropout(self.src(src))
+
+    def embed_tgt(self, tgt_in: torch.Tensor) -> torch.Tensor:
+        """(batch, tgt_len) ids -> (batch, tgt_len, emb)."""
+        return self.dropout(self.tgt(tgt_in))
+
+
+def _run_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, state: State | None):
+    """Run `lstm` over the first `lengths[b]` steps of each row of x (batch, time, in).
+
+    Rows with length 0 (a sentence already finished before this time chunk) keep their incoming
+    state and get zero outputs. Padded positions get zero outputs. Returns (out, (h, c)) with the
+    state taken at each row's true end.
+    """
+    batch, time, _ = x.shape
+    hidden = lstm.hidden_size * (2 if lstm.bidirectional else 1)
+    active = lengths > 0
+    if not bool(active.all()):
+        out = x.new_zeros(batch, time, hidden)
+        idx = active.nonzero(as_tuple=True)[0]
+        if state is None:
+            dirs = 2 if lstm.bidirectional else 1
+            zeros = x.new_zeros(dirs, batch, lstm.hidden_size)
+            state = (zeros, zeros)
+        if idx.numel() == 0:
+            return out, state
+        sub_state = (state[0][:, idx], state[1][:, idx])
+        sub_out, (h, c) = _run_packed(lstm, x[idx], lengths[idx], sub_state)
+        out = out.index_copy(0, idx, sub_out)
+        return out, (state[0].index_copy(1, idx, h), state[1].index_copy(1, idx, c))
+    packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    out, (h, c) = lstm(packed, state)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=time)
+    return out, (h, c)
+
+
+class EncoderDecoderLayer(nn.Module):
+    """Encoder LSTM layer k and decoder LSTM layer k (one placeable pair).
+
+    The bottom layer (k = 0) may have a bidirectional encoder: each direction has hidden/2 units and
+    their final states are concatenated to initialise the decoder.
+    """
+
+    def __init__(self, *, index: int, emb_dim: int, hidden: int, dropout: float, bidirectional: bool = False):
+        super().__init__()
+        in_dim = emb_dim if index == 0 else hidden
+        if bidirectional and hidden % 2:
+            raise ValueError(f"model.hidden={hidden} must be even for a bidirectional bottom layer")
+        self.index = index
+        self.bidirectional = bidirectional
+        self.encoder = nn.LSTM(in_dim, hidden // 2 if bidirectional else hidden, batch_first=True,
+                               bidirectional=bidirectional)
+        self.decoder = nn.LSTM(in_dim, hidden, batch_first=True)
+        self.dropout = nn.Dropout(dropout)
+        for lstm in (self.encoder, self.decoder):
+            for name, p in lstm.named_parameters():
+                nn.init.uniform_(p, -0.1, 0.1)
+
+    def encode(self, x: torch.Tensor, lengths: torch.Tensor, state: State | None = None):
+        """x (batch, src_len, in), lengths (batch,) of the valid prefix of each row (0 allowed),
+        state: carried from the previous time chunk (None at the start).
+
+        Returns out (batch, src_len, hidden), zero at padded positions, and the state at each row's
+        true end, shaped for the decoder: (1, batch, hidden) x 2 (both directions concatenated), or,
+        for a bidirectional encoder, the raw per-direction state.
+        """
+        out, state = _run_packed(self.encoder, x, lengths, state)
+        return self.dropout(out), state
+
+    def decoder_init(self, enc_state: State) -> State:
+        """Encoder final state -> decoder initial state (1, batch, hidden) x 2."""
+        if not self.bidirectional:
+            return enc_state
+        h, c = enc_state  # (2, batch, hidden/2)
+        return (torch.cat([h[0], h[1]], dim=-1).unsqueeze(0), torch.cat([c[0], c[1]], dim=-1).unsqueeze(0))
+
+    def decode(self, y: torch.Tensor, state: State):
+        """y (batch, tgt_len, in), state (1, batch, hidden) x 2 -> out (batch, tgt_len, hidden), state.
+
+        Teacher-forced and causal: outputs at padded target positions are computed but never used.
+        """
+        out, state = self.decoder(y, state)
+        return self.dropout(out), state
+
+    def forward(self, x: torch.Tensor, src_lengths: torch.Tensor, y: torch.Tensor):
+        enc_out, enc_state = self.encode(x, src_lengths)
+        dec_out, _ = self.decode(y, self.decoder_init(enc_state))
+        return enc_out, dec_out
+
+
+class AttentionSoftmaxHead(nn.Module):
+    """Luong global attention + attentional layer + output projection + label-smoothed CE."""
+
+    def __init__(self, *, hidden: int, tgt_vocab: int, attention: str, dropout: float,
+                 label_smoothing: float, out_dim: int | None = None):
+        super().__init__()
+        if attention not in ("dot", "general", "concat"):
+            raise ValueError(f"model.attention must be dot, general or concat, got {attention!r}")
+        self.attention = attention
+        self.label_smoothing = label_smoothing
+        if attention == "general":
+            self.w_a = nn.Linear(hidden, hidden, bias=False)
+        elif attention == "concat":
+            self.w_a = nn.Linear(2 * hidden, hidden, bias=False)
+            self.v_a = nn.Linear(hidden, 1, bias=False)
+        out_dim = out_dim or hidden
+        self.w_c = nn.Linear(2 * hidden, out_dim, bias=False)
+        self.proj = nn.Linear(out_dim, tgt_vocab)
+        self.dropout = nn.Dropout(dropout)
+        for p in self.parameters():
+            nn.init.uniform_(p, -0.1, 0.1)
+
+    def scores(self, enc: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+        """enc (batch, src_len, hidden), dec (batch, tgt_len, hidden) -> (batch, tgt_len, src_len)."""
+        if self.attention == "dot":
+            return dec @ enc.transpose(1, 2)
+        if self.attention == "general":
+            return self.w_a(dec) @ enc.transpose(1, 2)
+        # concat: v^T tanh(W [h_t; h_s]) = v^T tanh(W_1 h_t + W_2 h_s)
+        w_dec, w_enc = self.w_a.weight.split(enc.shape[-1], dim=1)
+        e = torch.tanh((dec @ w_dec.t()).unsqueeze(2) + (enc @ w_enc.t()).unsqueeze(1))
+        return self.v_a(e).squeeze(-1)
+
+    def attentional(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+        """enc (batch, src_len, hidden), src_mask (batch, src_len) True at real tokens,
+        dec (batch, tgt_len, hidden) -> attentional states (batch, tgt_len, out_dim)."""
+        scores = self.scores(enc, dec).masked_fill(~src_mask.unsqueeze(1), float("-inf"))
+        context = torch.softmax(scores, dim=-1) @ enc
+        return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))))
+
+    def logits(self, enc, src_mask, dec) -> torch.Tensor:
+        """-> (batch, tgt_len, vocab)."""
+        return self.proj(self.attentional(enc, src_mask, dec))
+
+    def forward(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor):
+        """target (batch, tgt_len) with PAD at padded positions.
+
+        Returns (loss_sum, nll_sum): label-smoothed and plain cross-entropy summed over real target
+        tokens. The caller divides by the token count of the whole (global) batch.
+        """
+        logits = self.logits(enc, src_mask, dec).flatten(0, 1).float()
+        flat = target.flatten()
+        loss = F.cross_entropy(logits, flat, ignore_index=PAD_ID, reduction="sum",
+                               label_smoothing=self.label_smoothing)
+        if self.label_smoothing == 0:
+            return loss, loss.detach()
+        with torch.no_grad():
+            nll = F.cross_entropy(logits, flat, ignore_index=PAD_ID, reduction="sum")
+        return loss, nll
+
+
+class Seq2Seq(nn.Module):
+    """The whole model on one device: the composition of the placeable layers and the head.
+
+    Used for single-process inference (beam search) and as the reference in parity tests.
+    `layers()` lists the modules in global layer order.
+    """
+
+    def __init__(self, embeddings: Embeddings, pairs: list[EncoderDecoderLayer], head: AttentionSoftmaxHead):
+        super().__init__()
+        self.embeddings = embeddings
+        self.pairs = nn.ModuleList(pairs)
+        self.head = head
+
+    def layers(self) -> list[nn.Module]:
+        return [self.embeddings, *self.pairs]
+
+    def encode(self, src: torch.Tensor, src_lengths: torch.Tensor):
+        """-> top encoder states (batch, src_len, hidden) and per-layer decoder initial states."""
+        x = self.embeddings.embed_src(src)
+        inits = []
+        for pair in self.pairs:
+            x, state = pair.encode(x, src_lengths)
+            inits.append(pair.decoder_init(state))
+        return x, inits
+
+    def decode(self, tgt_in: torch.Tensor, states: list[State]):
+        """tgt_in (batch, tgt_len) -> top decoder states (batch, tgt_len, hidden), new states."""
+        y = self.embeddings.embed_tgt(tgt_in)
+        new_states = []
+        for pair, state in zip(self.pairs, states):
+            y, state = pair.decode(y, state)
+            new_states.append(state)
+        return y, new_states
+
+    def forward(self, src, src_lengths, tgt_in, tgt_out):
+        """-> (loss_sum, nll_sum) over real target tokens."""
+        enc, inits = self.encode(src, src_lengths)
+        dec, _ = self.decode(tgt_in, inits)
+        return self.head(enc, src != PAD_ID, dec, tgt_out)
+
+
+def layer_builders(cfg, src_vocab: int, tgt_vocab: int):
+    """(class, kwargs) per global layer index, for the engine's LayerSpecs and for `build_model`."""
+    specs = [(Embeddings, dict(src_vocab=src_vocab, tgt_vocab=tgt_vocab, emb_dim=cfg.emb_dim,
+                               dropout=cfg.dropout))]
+    for k in range(cfg.layers):
+        specs.append((EncoderDecoderLayer, dict(index=k, emb_dim=cfg.emb_dim, hidden=cfg.hidden,
+                                                dropout=cfg.dropout,
+                                                bidirectional=bool(cfg.bidirectional_bottom and k == 0))))
+    return specs
+
+
+def build_head(cfg, tgt_vocab: int) -> AttentionSoftmaxHead:
+    return AttentionSoftmaxHead(hidden=cfg.hidden, tgt_vocab=tgt_vocab, attention=cfg.attention,
+                                dropout=cfg.dropout, label_smoothing=cfg.label_smoothing,
+                                out_dim=cfg.emb_dim if cfg.tie_embeddings else None)
+
+
+def build_model(cfg, src_vocab: int, tgt_vocab: int, seed: int = 0) -> Seq2Seq:
+    """The whole model, each layer seeded as the engine seeds it (seed + global index), so a
+    single-process model and any parallel layout start from identical weights."""
+    layers = []
+    for idx, (cls, kwargs) in enumerate(layer_builders(cfg, src_vocab, tgt_vocab)):
+        torch.manual_seed(seed + idx)
+        layers.append(cls(**kwargs))
+    torch.manual_seed(seed + HEAD_SEED_OFFSET)
+    model = Seq2Seq(layers[0], layers[1:], build_head(cfg, tgt_vocab))
+    if cfg.tie_embeddings:
+        model.head.proj.weight = model.embeddings.tgt.weight
+    return model
+
+
+HEAD_SEED_OFFSET = 10_000

@@ -1,0 +1,74 @@
+"""Text in, text out: normalisation, SentencePiece, batched beam search, detokenisation."""
+from __future__ import annotations
+
+import json
+import os
+
+import sentencepiece as spm
+import torch
+
+from data_prep.binary import EOS_ID, PAD_ID
+from data_prep.normalize import normalize
+from trainer import checkpoint
+from trainer.config import load_config
+from trainer.model import Seq2Seq, build_model
+from trainer.search import beam_search
+
+RUN_FILES = ("spm.src.model", "spm.tgt.model")
+DATA_MANIFEST = "data_manifest.json"
+
+
+class Translator:
+    def __init__(self, model: Seq2Seq, src_sp, tgt_sp, norm: dict, decode_cfg, device="cpu"):
+        self.model, self.src_sp, self.tgt_sp, self.norm = model.to(device).eval(), src_sp, tgt_sp, norm
+        self.decode_cfg, self.device = decode_cfg, device
+
+    @classmethod
+    def from_run(cls, run_dir: str, which: str = "best", device="cpu") -> "Translator":
+        cfg = load_config(os.path.join(run_dir, "config.yaml"))
+        with open(os.path.join(run_dir, DATA_MANIFEST)) as f:
+            manifest = json.load(f)
+        src_sp, tgt_sp = (spm.SentencePieceProcessor(model_file=os.path.join(run_dir, n)) for n in RUN_FILES)
+        model = build_model(cfg.model, src_sp.get_piece_size(), tgt_sp.get_piece_size())
+        checkpoint.load_model_weights(model, checkpoint.resolve(run_dir, which))
+        return cls(model, src_sp, tgt_sp, manifest.get("normalize", {}), cfg.decode, device)
+
+    def encode(self, line: str) -> list[int]:
+        return self.src_sp.encode(normalize(line, **self.norm))
+
+    def translate_ids(self, src_ids: list[list[int]], *, beam: int, max_len_ratio: float, max_len_add: int,
+                      length_penalty: float, batch_size: int) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in src_ids]
+        order = sorted(range(len(src_ids)), key=lambda i: -len(src_ids[i]))
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            width = max(len(src_ids[i]) for i in idx) + 1
+            src = torch.full((len(idx), width), PAD_ID, dtype=torch.long)
+            lengths = torch.zeros(len(idx), dtype=torch.long)
+            for row, i in enumerate(idx):
+                ids = src_ids[i] + [EOS_ID]
+                src[row, :len(ids)] = torch.tensor(ids)
+                lengths[row] = len(ids)
+            max_len = (lengths.float() * max_len_ratio).long() + max_len_add
+            hyps = beam_search(self.model, src.to(self.device), lengths.to(self.device), beam=beam,
+                               max_len=max_len, length_penalty=length_penalty)
+            for i, hyp in zip(idx, hyps):
+                out[i] = hyp
+        return out
+
+    def translate(self, lines: list[str], *, beam: int | None = None, max_len_ratio: float | None = None,
+                  length_penalty: float | None = None, batch_size: int | None = None) -> list[str]:
+        d = self.decode_cfg
+        ids = self.translate_ids(
+            [self.encode(line) for line in lines], beam=beam or d.beam,
+            max_len_ratio=max_len_ratio if max_len_ratio is not None else d.max_len_ratio,
+            max_len_add=d.max_len_add,
+            length_penalty=length_penalty if length_penalty is not None else d.length_penalty,
+            batch_size=batch_size or d.batch_size)
+        return [self.tgt_sp.decode(h) for h in ids]
+
+
+def read_lines(path: str) -> list[str]:
+    """One segment per '\\n'-terminated line (not str.splitlines, which also splits on U+2028)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.rstrip("\n").rstrip("\r") for line in f]
