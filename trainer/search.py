@@ -16,7 +16,8 @@ def _normalize(score: float, length: int, alpha: float) -> float:
 def beam_search(model: Seq2Seq, src: torch.Tensor, src_lengths: torch.Tensor, *, beam: int = 5,
                 max_len: torch.Tensor | int = 100, length_penalty: float = 1.0) -> list[list[int]]:
     """src (batch, src_len) ids with EOS, src_lengths (batch,), max_len an int or (batch,) tensor of
-    per-sentence limits -> the best hypothesis per sentence as token ids (without BOS/EOS)."""
+    per-sentence limits on the hypothesis length (tokens before EOS) -> the best hypothesis per
+    sentence as token ids (without BOS/EOS)."""
     model.eval()
     batch, device = src.shape[0], src.device
     enc, states = model.encode(src, src_lengths)
@@ -38,6 +39,9 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_lengths: torch.Tensor, *,
         logp = torch.log_softmax(model.head.logits(enc, mask, dec)[:, -1].float(), dim=-1)  # (batch*k, V)
         vocab = logp.shape[-1]
         logp[:, PAD_ID] = logp[:, BOS_ID] = float("-inf")
+        # a sentence at its limit may only end, so no hypothesis grows past max_len tokens
+        at_limit = torch.tensor([t >= n for n in limits], device=device).repeat_interleave(k)
+        logp.masked_fill_(at_limit.unsqueeze(1) & (torch.arange(vocab, device=device) != EOS_ID), float("-inf"))
         cand = (scores.unsqueeze(-1) + logp.view(batch, k, vocab)).view(batch, -1)
         top_scores, top_idx = cand.topk(min(2 * k, cand.shape[1]), dim=-1)
         new_scores = torch.full((batch, k), float("-inf"), device=device)
@@ -51,9 +55,8 @@ def beam_search(model: Seq2Seq, src: torch.Tensor, src_lengths: torch.Tensor, *,
                 if s == float("-inf"):
                     break
                 row, tok = divmod(i, vocab)
-                at_limit = t >= limits[b]
-                if tok == EOS_ID or at_limit:
-                    hyp = tokens[b * k + row, 1:].tolist() + ([] if tok == EOS_ID else [tok])
+                if tok == EOS_ID:
+                    hyp = tokens[b * k + row, 1:].tolist()
                     finished[b].append((_normalize(s, len(hyp) + 1, length_penalty), hyp))
                 else:
                     new_scores[b, slot], new_rows[b, slot], new_tok[b, slot] = s, row, tok

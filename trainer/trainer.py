@@ -61,6 +61,7 @@ class Trainer:
         self.engine, _, _, _ = deepspeed.initialize(model=self.module, model_parameters=self.module.parameters(),
                                                     config=ds, mpu=self.layout.grid)
         self.engine.enable_backward_allreduce = False  # the schedule owns every reduction
+        self._record_grad_norm()
         self.runner = StepRunner(self.layout, self.engine, self.module, device(), cfg.model.hidden)
         self.gas = self.engine.gradient_accumulation_steps()
         self.global_micro = ds["train_micro_batch_size_per_gpu"] * spec.num_dp
@@ -77,6 +78,19 @@ class Trainer:
         self.log.message(f"layout: mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} "
                          f"units={spec.micro_batches} chunks={spec.time_chunks} threads/rank={self.threads} "
                          f"train pairs={len(self.train_data)} global micro-batch<={self.global_micro} gas={self.gas}")
+
+    def _record_grad_norm(self) -> None:
+        """DeepSpeed's fp32 clipping path computes the global norm but does not keep it (bf16/fp16
+        keep theirs): run the same call and remember its result."""
+        from deepspeed.runtime.utils import clip_grad_norm_
+
+        engine, self.last_grad_norm = self.engine, None
+
+        def clip_and_record():
+            self.last_grad_norm = float(clip_grad_norm_(parameters=engine.module.parameters(),
+                                                        max_norm=engine.gradient_clipping(), mpu=engine.mpu))
+
+        engine.clip_fp32_gradients = clip_and_record
 
     def _init_run_dir(self, ds: dict) -> None:
         os.makedirs(os.path.join(self.run_dir, checkpoint.CKPT_DIR), exist_ok=True)
@@ -102,7 +116,7 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.step += 1
         tokens = sum(b.src_tokens + b.tgt_tokens for b in batches)
-        grad_norm = self.engine.get_global_grad_norm()
+        grad_norm = self.last_grad_norm if self.last_grad_norm is not None else self.engine.get_global_grad_norm()
         return {"step": self.step, "epoch": self.stream.epoch, "loss": loss / window_tokens,
                 "nll": nll / window_tokens, "ppl": math.exp(min(nll / window_tokens, 50)),
                 "lr": self.engine.get_lr()[0], "grad_norm": float(grad_norm) if grad_norm is not None else None,

@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny prepared demo corpus and a runner for the real CLIs with a timeout."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def run_cli(args: list[str], timeout: int = 300, cwd=REPO, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command from the repo root; a hang fails the test instead of the CI (timeout)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="disabled", PYTHONPATH=str(REPO))
+    try:
+        proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"")[-4000:] if isinstance(e.stdout, bytes) else (e.stdout or "")[-4000:]
+        pytest.fail(f"timed out after {timeout}s: {' '.join(map(str, args))}\n{out}")
+    if check and proc.returncode != 0:
+        pytest.fail(f"exit {proc.returncode}: {' '.join(map(str, args))}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def deepspeed_cmd(num_ranks: int, *args) -> list[str]:
+    """The deepspeed launcher with N local CPU ranks (gloo), on a port of its own."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),
+            "--master_port", str(port), *map(str, args)]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """A 600-pair demo corpus, prepared (SentencePiece + binarized) into a DATA_DIR."""
+    root = tmp_path_factory.mktemp("tiny")
+    run_cli([sys.executable, "-m", "data_prep.demo_corpus", "--out", root / "text", "--pairs", "600",
+             "--dev", "40", "--test", "40", "--seed", "3"])
+    t = root / "text"
+    run_cli([sys.executable, "-m", "data_prep.prepare", "--format", "moses", "--train-src", t / "train.en",
+             "--train-tgt", t / "train.ja", "--dev-src", t / "dev.en", "--dev-tgt", t / "dev.ja",
+             "--test-src", t / "test.en", "--test-tgt", t / "test.ja", "--out", root / "data",
+             "--vocab-size", "300"])
+    return root / "data"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
