@@ -235,7 +235,7 @@ class StepRunner:
         if self.train:
             enc, dec = _leaf(enc), _leaf(dec)
         loss_sum, nll_sum = self.module.head(enc, shard.src_mask, dec, shard.tgt_out)
-        self.metrics += torch.tensor([float(loss_sum), float(nll_sum)], dtype=torch.float64)
+        self.metrics += torch.tensor([loss_sum.item(), nll_sum.item()], dtype=torch.float64)
         if not self.train:
             return
         self.engine.backward(loss_sum * self.loss_scale, scale_wrt_gas=False)

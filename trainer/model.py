@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from data_prep.binary import PAD_ID
@@ -160,32 +159,38 @@ class AttentionSoftmaxHead(nn.Module):
         e = torch.tanh((dec @ w_dec.t()).unsqueeze(2) + (enc @ w_enc.t()).unsqueeze(1))
         return self.v_a(e).squeeze(-1)
 
-    def attentional(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+    def context(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
         """enc (batch, src_len, hidden), src_mask (batch, src_len) True at real tokens,
-        dec (batch, tgt_len, hidden) -> attentional states (batch, tgt_len, out_dim)."""
+        dec (batch, tgt_len, hidden) -> attention context (batch, tgt_len, hidden)."""
         scores = self.scores(enc, dec).masked_fill(~src_mask.unsqueeze(1), float("-inf"))
-        context = torch.softmax(scores, dim=-1) @ enc
+        return torch.softmax(scores, dim=-1) @ enc
+
+    def attentional(self, context: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+        """tanh(W_c [c; h]) with dropout, for any leading shape (..., hidden) -> (..., out_dim)."""
         return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))))
 
     def logits(self, enc, src_mask, dec) -> torch.Tensor:
         """-> (batch, tgt_len, vocab)."""
-        return self.proj(self.attentional(enc, src_mask, dec))
+        return self.proj(self.attentional(self.context(enc, src_mask, dec), dec))
 
     def forward(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor):
         """target (batch, tgt_len) with PAD at padded positions.
 
         Returns (loss_sum, nll_sum): label-smoothed and plain cross-entropy summed over real target
-        tokens. The caller divides by the token count of the whole (global) batch.
+        tokens. The caller divides by the token count of the whole (global) batch. The attentional
+        layer, the projection and the softmax (most of the model's work) run on real tokens only.
         """
-        logits = self.logits(enc, src_mask, dec).flatten(0, 1).float()
-        flat = target.flatten()
-        loss = F.cross_entropy(logits, flat, ignore_index=PAD_ID, reduction="sum",
-                               label_smoothing=self.label_smoothing)
+        keep = target != PAD_ID
+        context = self.context(enc, src_mask, dec)[keep]
+        logits = self.proj(self.attentional(context, dec[keep])).float()  # (tokens, vocab)
+        logp = torch.log_softmax(logits, dim=-1)
+        nll = -logp.gather(1, target[keep].unsqueeze(1)).squeeze(1)
+        nll_sum = nll.sum()
         if self.label_smoothing == 0:
-            return loss, loss.detach()
-        with torch.no_grad():
-            nll = F.cross_entropy(logits, flat, ignore_index=PAD_ID, reduction="sum")
-        return loss, nll
+            return nll_sum, nll_sum.detach()
+        eps = self.label_smoothing  # as F.cross_entropy(label_smoothing=eps): eps spread over the vocabulary
+        loss = ((1.0 - eps) * nll - eps * logp.mean(dim=-1)).sum()
+        return loss, nll_sum.detach()
 
 
 class Seq2Seq(nn.Module):

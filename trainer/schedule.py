@@ -44,7 +44,7 @@ class Instr:
         if self.chunk >= 0:
             parts.append(f"c{self.chunk}")
         if self.peer >= 0:
-            parts.append(f"stage{self.peer}")
+            parts.append(f"peer {self.peer}")
         return " ".join(parts)
 
 

@@ -1,0 +1,103 @@
+"""Bad configs and layouts fail before any compute, naming the key; batching is deterministic."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, run_cli
+from trainer.config import ConfigError, load_config
+from trainer.data import make_batches
+from trainer.layout import LayoutError, LayoutSpec
+
+
+def test_unknown_key_and_wrong_type_name_the_key():
+    with pytest.raises(ConfigError, match="model.hiden"):
+        load_config(None, ["model.hiden=3"])
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        load_config(None, ["train.max_steps=lots"])
+    with pytest.raises(ConfigError, match="model.attention"):
+        load_config(None, ["model.attention=bahdanau"])
+    with pytest.raises(ConfigError, match="model.dropout"):
+        load_config(None, ["model.dropout=1.5"])
+
+
+def test_config_is_frozen():
+    cfg = load_config(None, ["train.max_steps=7"])
+    assert cfg.train.max_steps == 7
+    with pytest.raises(Exception):
+        cfg.train.max_steps = 8
+
+
+def _spec(world, **layout):
+    return LayoutSpec.from_ds_config({"parallel_layout": layout}, world)
+
+
+def test_layout_errors_name_the_key():
+    with pytest.raises(LayoutError, match="world size 3"):
+        _spec(3, mode="hybrid", num_pp=2, num_dp=1)
+    with pytest.raises(LayoutError, match="parallel_layout.mode='tensor'"):
+        _spec(2, mode="tensor")
+    with pytest.raises(LayoutError, match="parallel_layout.micro_batche"):
+        _spec(2, mode="hybrid", micro_batche=2)
+    cfg = load_config(None, ["model.layers=2"])
+    with pytest.raises(LayoutError, match="num_pp=4.*model.layers=2"):
+        _spec(4, mode="hybrid", num_pp=4).check_model(cfg.model, 8, 64)
+    bi = load_config(None, ["model.bidirectional_bottom=true"])
+    with pytest.raises(LayoutError, match="time_chunks"):
+        _spec(2, mode="hybrid", time_chunks=2).check_model(bi.model, 8, 64)
+    _spec(2, mode="hybrid", time_chunks=1).check_model(bi.model, 8, 64)  # units of sentences carry it
+    with pytest.raises(LayoutError, match="data.min_batch_sentences"):
+        _spec(2, mode="hybrid", micro_batches=16).check_model(cfg.model, 8, 64)
+    with pytest.raises(LayoutError, match="train_micro_batch_size_per_gpu"):
+        _spec(2, mode="data").check_model(cfg.model, 8, 3)
+    tied = load_config(None, ["model.tie_embeddings=true"])
+    with pytest.raises(LayoutError, match="tie_embeddings"):
+        _spec(2, mode="hybrid").check_model(tied.model, 8, 64)
+
+
+def test_modes_resolve_degrees():
+    assert (_spec(4, mode="data").num_pp, _spec(4, mode="data").num_dp) == (1, 4)
+    h = _spec(8, mode="hybrid", num_pp=2, num_dp=4)
+    assert (h.num_pp, h.num_dp, h.head_parallel, h.min_rows) == (2, 4, True, 8)
+    assert not _spec(2, mode="pipeline").head_parallel
+
+
+def test_shipped_ds_configs_are_valid():
+    expect = {"single": 1, "data_2": 2, "pipeline_2": 2, "hybrid_2": 2, "hybrid_4": 4, "grid_2x4": 8}
+    for name, world in expect.items():
+        ds = json.loads((REPO / "ds_configs" / f"{name}.json").read_text())
+        spec = LayoutSpec.from_ds_config(ds, world)
+        assert spec.world_size == world
+        # the global micro-batch is the same in every shipped layout, so runs are comparable
+        assert ds["train_micro_batch_size_per_gpu"] * spec.num_dp == 64
+
+
+def test_cli_rejects_a_layout_before_training(tmp_path):
+    proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/hybrid_2.json",
+                    f"run.dir={tmp_path / 'r'}", "logging.wandb_mode=disabled"], check=False, timeout=120)
+    assert proc.returncode == 2
+    assert "num_pp x num_dp = 1 x 2" not in proc.stderr and "world size 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json",
+                    "model.nope=1"], check=False, timeout=120)
+    assert proc.returncode == 2 and "model.nope" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_batches_deterministic_capped_and_complete():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 40, 1000), rng.integers(1, 50, 1000)
+    kw = dict(max_sentences=32, max_tokens=900, seed=3, epoch=1, bucket_batches=4, min_batch=8)
+    a, left_a = make_batches(src, tgt, **kw)
+    b, left_b = make_batches(src, tgt, **kw)
+    assert [x.tolist() for x in a] == [x.tolist() for x in b] and left_a == left_b
+    c, _ = make_batches(src, tgt, **{**kw, "epoch": 2})
+    assert [x.tolist() for x in a] != [x.tolist() for x in c]
+    seen = np.concatenate(a)
+    assert len(seen) == len(set(seen.tolist())) and len(seen) + left_a == 1000
+    for batch in a:
+        assert 8 <= len(batch) <= 32
+        assert len(batch) * (src[batch].max() + 1 + tgt[batch].max() + 1) <= 900 or len(batch) == 8

@@ -1,0 +1,78 @@
+"""Schedule replay without a model: every send meets its receive, every collective is entered by
+every rank of its group, for many layouts; and a broken schedule is caught."""
+from __future__ import annotations
+
+import pytest
+
+from trainer.schedule import Instr, build_schedule, format_schedule, global_programs, replay
+
+
+def _groups(num_pp: int, num_dp: int) -> dict:
+    rank = lambda s, d: s * num_dp + d  # noqa: E731  (DeepSpeed's PipeDataParallelTopology order)
+    world = [list(range(num_pp * num_dp))]
+    replicas = [[rank(s, d) for d in range(num_dp)] for s in range(num_pp)]
+    pipes = [[rank(s, d) for s in range(num_pp)] for d in range(num_dp)]
+    return {"reduce_metrics": world, "reduce_grads": replicas, "reduce_head_grads": pipes}
+
+
+@pytest.mark.parametrize("num_pp", range(2, 9))
+@pytest.mark.parametrize("units,chunks", [(1, 1), (2, 1), (4, 1), (8, 1), (3, 2), (1, 4)])
+@pytest.mark.parametrize("head_parallel", [True, False])
+def test_pipeline_schedules_never_deadlock(num_pp, units, chunks, head_parallel):
+    programs = global_programs(num_pp, 1, units, chunks, head_parallel)
+    replay(programs, _groups(num_pp, 1))
+
+
+@pytest.mark.parametrize("num_pp,num_dp", [(1, 2), (1, 8), (2, 2), (2, 4), (4, 2), (3, 3)])
+def test_grid_schedules_never_deadlock(num_pp, num_dp):
+    programs = global_programs(num_pp, num_dp, 3, 2, head_parallel=num_pp > 1)
+    replay(programs, _groups(num_pp, num_dp))
+
+
+def test_every_unit_and_chunk_runs_forward_and_backward_once():
+    for stage in range(3):
+        prog = build_schedule(stage, 3, units=4, chunks=2, head_parallel=True)
+        for op in ("forward", "backward"):
+            done = sorted((i.kind, i.unit, i.chunk) for i in prog if i.op == op)
+            assert done == sorted((k, u, c) for k in ("enc", "dec") for u in range(4) for c in range(2))
+        # the encoder output leaves before the local decoder runs
+        fwd = [(i.op, i.kind, i.unit, i.chunk) for i in prog]
+        if stage < 2:
+            assert fwd.index(("send_forward", "enc", 0, 1)) < fwd.index(("forward", "dec", 0, 0))
+        # backward: decoder chunks first, in reverse time
+        bwd = [(i.kind, i.chunk) for i in prog if i.op == "backward" and i.unit == 3]
+        assert bwd == [("dec", 1), ("dec", 0), ("enc", 1), ("enc", 0)]
+
+
+def test_head_phase_only_in_hybrid_on_every_stage():
+    hybrid = [build_schedule(s, 4, 2, 1, True) for s in range(4)]
+    pipeline = [build_schedule(s, 4, 2, 1, False) for s in range(4)]
+    assert all(sum(i.op == "head" for i in p) == 1 for p in hybrid)
+    assert [sum(i.op == "head" for i in p) for p in pipeline] == [0, 0, 0, 1]
+    assert all(not any(i.op == "reduce_head_grads" for i in p) for p in pipeline)
+
+
+def test_replay_catches_a_deadlock():
+    programs = global_programs(3, 1, 2, 1, True)
+    # stage 1 waits for a gradient before it has sent its forward activation: a cycle
+    prog = programs[1]
+    i = next(k for k, ins in enumerate(prog) if ins.op == "send_forward")
+    prog.insert(i, Instr("recv_backward", 0, 0, "enc", 2))
+    with pytest.raises(RuntimeError, match="deadlock"):
+        replay(programs, _groups(3, 1))
+
+
+def test_replay_catches_a_missing_collective_and_a_lost_message():
+    programs = global_programs(2, 2, 1, 1, True)
+    programs[3] = [i for i in programs[3] if i.op != "reduce_grads"]
+    with pytest.raises(RuntimeError, match="deadlock"):
+        replay(programs, _groups(2, 2))
+    programs = global_programs(2, 1, 1, 1, True)
+    programs[1] = [i for i in programs[1] if i.op != "recv_forward" or i.kind != "dec"]
+    with pytest.raises(RuntimeError):
+        replay(programs, _groups(2, 1))
+
+
+def test_dry_run_prints_every_rank(capsys):
+    text = format_schedule(global_programs(2, 1, 2, 1, True))
+    assert "rank 0" in text and "rank 1" in text and "scatter_shard" in text and "recv_shard" in text
