@@ -12,7 +12,7 @@ def _groups(num_pp: int, num_dp: int) -> dict:
     world = [list(range(num_pp * num_dp))]
     replicas = [[rank(s, d) for d in range(num_dp)] for s in range(num_pp)]
     pipes = [[rank(s, d) for s in range(num_pp)] for d in range(num_dp)]
-    return {"reduce_metrics": world, "reduce_grads": replicas, "reduce_head_grads": pipes}
+    return {"reduce_metrics": world, "reduce_grads": replicas, "reduce_head_grads": pipes, "broadcast_head": pipes}
 
 
 @pytest.mark.parametrize("num_pp", range(2, 9))

@@ -67,14 +67,24 @@ class StageComm:
         self._pending.clear()
 
 
-def all_reduce_sum(tensors: list[torch.Tensor], group=None) -> None:
-    """In-place SUM of a list of tensors over `group`, as one flat buffer."""
+def _flat_collective(tensors: list[torch.Tensor], op) -> None:
+    """Run `op` on one flat buffer holding all `tensors`, then copy the result back."""
     if not tensors:
         return
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    op(flat)
     offset = 0
     for t in tensors:
         n = t.numel()
         t.copy_(flat[offset:offset + n].view_as(t))
         offset += n
+
+
+def reduce_sum(tensors: list[torch.Tensor], dst: int, group=None) -> None:
+    """SUM of `tensors` over `group` into global rank `dst` (in place there)."""
+    _flat_collective(tensors, lambda flat: dist.reduce(flat, dst=dst, op=dist.ReduceOp.SUM, group=group))
+
+
+def broadcast(tensors: list[torch.Tensor], src: int, group=None) -> None:
+    """`src`'s values of `tensors` to every rank of `group` (in place)."""
+    _flat_collective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group))

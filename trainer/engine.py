@@ -8,8 +8,15 @@ the replica all-reduce; `StepRunner` executes `trainer.schedule` instruction lis
 
 Reductions: each head replica sums token cross-entropies of its shard and divides by the token count
 of the whole accumulation window (all replicas, all micro-batches), times num_dp because DeepSpeed's
-data-parallel all-reduce averages over replicas; in hybrid mode the head gradients are then summed
-over the pipeline's stages. So every gradient is d(global summed CE / global tokens).
+data-parallel all-reduce averages over replicas. So every gradient is d(global summed CE / global
+tokens).
+
+The head's weights are owned by the last stage: only there are they DeepSpeed parameters (in the
+optimizer, in the gradient norm). In hybrid mode the other stages hold replicas outside the
+optimizer: their gradients are summed into the owner over the pipe group before DeepSpeed's replica
+all-reduce, and the owner broadcasts the updated weights after the step. The same traffic as an
+all-reduce, one optimizer update instead of num_pp, and DeepSpeed's norm counts every weight once in
+fp32, bf16 and fp16 alike (its bf16/fp16 norm ignores `ds_pipe_replicated` tags on gradients).
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.comm import StageComm, all_reduce_sum
+from trainer.comm import StageComm, broadcast, reduce_sum
 from trainer.data import Batch
 from trainer.layout import LayoutError, ParallelLayout, split_even
 from trainer.model import HEAD_SEED_OFFSET, Embeddings, EncoderDecoderLayer, build_head, layer_builders
@@ -25,12 +32,21 @@ from trainer.schedule import Instr, build_schedule
 
 
 class RankModule(nn.Module):
-    """This rank's layers (`stages`, a PipelineModule) and its head replica (or None)."""
+    """This rank's layers (`stages`, a PipelineModule) and its head (or None). `owns_head`: the head's
+    weights here are the trained ones (last stage); elsewhere the head is a replica."""
 
-    def __init__(self, stages: nn.Module, head: nn.Module | None):
+    def __init__(self, stages: nn.Module, head: nn.Module | None, owns_head: bool):
         super().__init__()
         self.stages = stages
         self.head = head
+        self.owns_head = owns_head
+
+    def optimizer_parameters(self) -> list[nn.Parameter]:
+        """What DeepSpeed's optimizer updates: everything but a head replica."""
+        if self.owns_head or self.head is None:
+            return list(self.parameters())
+        replica = {id(p) for p in self.head.parameters()}
+        return [p for p in self.parameters() if id(p) not in replica]
 
     @property
     def first_layer(self) -> int:
@@ -66,15 +82,17 @@ def build_rank_module(model_cfg, spec, src_vocab: int, tgt_vocab: int, seed: int
         head = build_head(model_cfg, tgt_vocab)
         if model_cfg.tie_embeddings:
             head.proj.weight = stages.forward_funcs[0].tgt.weight
+    owns_head = stage == spec.num_pp - 1
     if spec.num_pp > 1:
-        # DeepSpeed's clip_grad_norm_ counts a parameter on model-parallel rank 0 only unless it is
-        # tagged: stage layers are distinct per stage (tag), a head replicated on every stage is not.
+        # The global gradient norm sums over the pipeline's stages; DeepSpeed's fp32 clip_grad_norm_
+        # counts a parameter on stage 0 only unless it is tagged `model_parallel`. Stage layers and
+        # the owned head are distinct per stage; head replicas have no gradient at the step.
         for p in stages.parameters():
             p.model_parallel = True
-        if head is not None and not spec.head_parallel:
+        if owns_head:
             for p in head.parameters():
                 p.model_parallel = True
-    return RankModule(stages, head)
+    return RankModule(stages, head, owns_head)
 
 
 def _seed_layer(seed) -> None:
@@ -317,8 +335,17 @@ class StepRunner:
             self.engine.allreduce_gradients()
 
     def _reduce_head_grads(self, ins: Instr) -> None:
-        grads = [p.grad for p in self.module.head.parameters() if p.grad is not None]
-        all_reduce_sum(grads, group=self.layout.head_group)
+        """Sum every replica's head gradients into the owner (last stage); replicas drop theirs."""
+        params = list(self.module.head.parameters())
+        reduce_sum([p.grad for p in params], dst=self.layout.stage_ranks[-1], group=self.layout.head_group)
+        if not self.module.owns_head:
+            for p in params:
+                p.grad = None
+
+    def _broadcast_head(self, ins: Instr) -> None:
+        """The owner's updated head weights to every replica."""
+        broadcast([p.data for p in self.module.head.parameters()], src=self.layout.stage_ranks[-1],
+                  group=self.layout.head_group)
 
     def _optimizer_step(self, ins: Instr) -> None:
         self.engine.step()
@@ -340,5 +367,6 @@ _DISPATCH = {
     "reduce_metrics": StepRunner._reduce_metrics,
     "reduce_grads": StepRunner._reduce_grads,
     "reduce_head_grads": StepRunner._reduce_head_grads,
+    "broadcast_head": StepRunner._broadcast_head,
     "optimizer_step": StepRunner._optimizer_step,
 }

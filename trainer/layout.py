@@ -131,8 +131,8 @@ class ParallelLayout:
 
     grid: DeepSpeed's PipelineParallelGrid (passed to deepspeed.initialize as mpu): pipe group =
     the stages of this rank's pipeline, data-parallel group = this stage's replicas.
-    head_group: in hybrid/grid, the pipe group: DeepSpeed's data-parallel reduce sums the head
-    gradients over replicas, this group sums them over the stages, so together over ALL ranks.
+    head_group: in hybrid/grid, the pipe group, over which the head replicas' gradients are summed
+    into the owner (the last stage) and its updated weights broadcast back.
     """
 
     spec: LayoutSpec

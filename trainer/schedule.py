@@ -14,8 +14,9 @@ One micro-step (one DeepSpeed micro-batch) on the rank at pipeline stage `stage`
     backward  units in reverse; in each, the decoder chunks first (reverse time), then the encoder
               chunks (reverse time): the previous stage can start on a decoder gradient while this
               one still runs its encoders' backward.
-    reduce    at the accumulation boundary: gradient reduction (replicas, head group), the loss
-              all-reduce and the optimizer step.
+    reduce    the loss all-reduce; at the accumulation boundary the head replicas' gradients
+              into the owner (last stage), DeepSpeed's replica all-reduce, the optimizer step and
+              the owner's broadcast of the updated head.
 
 `replay` executes all ranks' lists abstractly and proves that every send meets a receive and every
 collective is entered by every rank of its group, so a schedule that would deadlock fails a test.
@@ -60,10 +61,12 @@ OPS = (
     "backward",         # backward through local layers (kind, unit, chunk)
     "send_backward",    # gradient w.r.t. the input of (kind, unit, chunk) to stage peer
     "recv_backward",
+    "reduce_head_grads",  # collective over the pipeline's stages: head replicas' gradients into the
+                          # owner (last stage), hybrid only
     "reduce_grads",     # collective over this stage's replicas (DeepSpeed's data-parallel reduce)
-    "reduce_head_grads",  # collective over the pipeline's stages: head replicas' gradients (hybrid)
     "reduce_metrics",   # collective over all ranks
     "optimizer_step",
+    "broadcast_head",   # collective over the pipeline's stages: the owner's updated head weights
 )
 
 
@@ -99,10 +102,12 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
                     prog.append(Instr("send_backward", u, c, kind, stage - 1))
     prog.append(Instr("reduce_metrics"))
     if boundary:
-        prog.append(Instr("reduce_grads"))
         if head_parallel:
             prog.append(Instr("reduce_head_grads"))
+        prog.append(Instr("reduce_grads"))
     prog.append(Instr("optimizer_step"))
+    if boundary and head_parallel:
+        prog.append(Instr("broadcast_head"))
     return prog
 
 
@@ -117,7 +122,7 @@ def format_schedule(programs: dict[int, list[Instr]]) -> str:
 
 _PAIRS = {"send_forward": "recv_forward", "send_backward": "recv_backward",
           "scatter_shard": "recv_shard", "send_shard_grad": "gather_grad"}
-_COLLECTIVES = ("reduce_metrics", "reduce_grads", "reduce_head_grads")
+_COLLECTIVES = ("reduce_metrics", "reduce_grads", "reduce_head_grads", "broadcast_head")
 
 
 def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]]) -> None:

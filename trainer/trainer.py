@@ -58,7 +58,7 @@ class Trainer:
         self.module = build_rank_module(cfg.model, spec, vocab["src_size"], vocab["tgt_size"], cfg.train.seed,
                                         topology)
         self.layout = ParallelLayout.bind(spec, self.module.stages._grid, self.rank)
-        self.engine, _, _, _ = deepspeed.initialize(model=self.module, model_parameters=self.module.parameters(),
+        self.engine, _, _, _ = deepspeed.initialize(model=self.module, model_parameters=self.module.optimizer_parameters(),
                                                     config=ds, mpu=self.layout.grid)
         self.engine.enable_backward_allreduce = False  # the schedule owns every reduction
         self._record_grad_norm()
