@@ -20,6 +20,8 @@ fp32, bf16 and fp16 alike (its bf16/fp16 norm ignores `ds_pipe_replicated` tags 
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -127,6 +129,7 @@ class StepRunner:
         self.programs = {b: build_schedule(layout.stage, spec.num_pp, spec.micro_batches, spec.time_chunks,
                                            spec.head_parallel, boundary=b) for b in (True, False)}
         self.eval_program = [i for i in self.programs[False] if i.op in _EVAL_OPS]
+        self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
 
     # ---- the interpreter ----
     def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True) -> dict:
@@ -136,10 +139,15 @@ class StepRunner:
         """
         self._setup(batch, window_tokens, train)
         program = self.programs[boundary] if train else self.eval_program
+        clock, times = time.perf_counter, self.op_seconds if train else {}
         with torch.set_grad_enabled(train):
             for ins in program:
+                start = clock()
                 _DISPATCH[ins.op](self, ins)
+                times[ins.op] = times.get(ins.op, 0.0) + clock() - start
+        start = clock()
         self.comm.flush()
+        times["flush_sends"] = times.get("flush_sends", 0.0) + clock() - start
         out = {"loss_sum": float(self.metrics[0]), "nll_sum": float(self.metrics[1])}
         self.records = self.tops = None
         return out

@@ -21,6 +21,9 @@ from trainer.logger import NullLogger, RunLogger
 from trainer.translator import DATA_MANIFEST, RUN_FILES
 
 
+TIMING_WARMUP_STEPS = 3
+
+
 def load_ds_config(path: str, max_steps: int) -> dict:
     """The DeepSpeed JSON; a WarmupDecayLR without total_num_steps decays over train.max_steps."""
     if not os.path.exists(path):
@@ -140,8 +143,24 @@ class Trainer:
             if self.step % cfg.log_every == 0 or "dev_loss" in row or last or self.step == 1:
                 self.log.log(row)
             self.log.progress(self.step, row)
+            if self.step == TIMING_WARMUP_STEPS:
+                self.runner.op_seconds.clear()
+        self._write_timing()
         self.log.message(f"done: step {self.step}, best dev BLEU {self.best_bleu:.2f}")
         self.log.close()
+
+    def _write_timing(self) -> None:
+        """Per rank: mean seconds per optimizer step in each instruction type, after the warm-up steps
+        (receives include the time spent waiting for the sender: pipeline bubbles show up there)."""
+        steps = self.step - TIMING_WARMUP_STEPS
+        if steps <= 0:
+            return
+        out = os.path.join(self.run_dir, "timing")
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"rank{self.rank}.json"), "w") as f:
+            json.dump({"rank": self.rank, "stage": self.layout.stage, "replica": self.layout.replica, "steps": steps,
+                       "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())}}, f,
+                      indent=1)
 
     def _early_stop(self, row: dict) -> bool:
         patience = self.cfg.train.early_stop_patience
