@@ -47,6 +47,7 @@ class TrainConfig:
     seed: int = 1
     max_steps: int = 1000
     max_epochs: int = 0  # 0 = no limit
+    max_time_min: float = 0.0  # stop (validate, save) after this much training wall time; 0 = no limit
     eval_every: int = 200
     save_every: int = 0  # 0 = only at validation and at the end
     keep_last: int = 2

@@ -130,10 +130,13 @@ class Trainer:
         cfg = self.cfg.train
         self.module.train()
         stop = False
+        started = time.perf_counter()
         while self.step < cfg.max_steps and not stop:
             row = self.train_step()
             if cfg.max_epochs and self.stream.epoch >= cfg.max_epochs:
                 stop = True
+            if cfg.max_time_min:
+                stop = stop or self._agree((time.perf_counter() - started) / 60 >= cfg.max_time_min)
             last = self.step == cfg.max_steps or stop
             if self.step % cfg.eval_every == 0 or last:
                 row.update(self.validate())
@@ -148,6 +151,13 @@ class Trainer:
         self._write_timing()
         self.log.message(f"done: step {self.step}, best dev BLEU {self.best_bleu:.2f}")
         self.log.close()
+
+    @staticmethod
+    def _agree(flag: bool) -> bool:
+        """True on every rank if it is true on any (clocks differ; ranks must stop together)."""
+        t = torch.tensor([float(flag)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
 
     def _write_timing(self) -> None:
         """Per rank: mean seconds per optimizer step in each instruction type, after the warm-up steps
