@@ -2,7 +2,7 @@
 
     python benchmarks/agreement.py [--work /tmp/hybrid-nmt-bench] [--steps 20] [--precision fp32|bf16]
 
-Trains enja-small for `--steps` optimizer steps in single, data_2, pipeline_2, hybrid_2 and hybrid_4
+Trains enja-small for `--steps` optimizer steps in single, data_2, pipeline_2 and hybrid_2
 (the shipped ds_configs: Adam, warm-up, clipping) on the same batches and prints, per mode, the
 largest |loss - single loss| over the steps of metrics.jsonl.
 """
@@ -24,7 +24,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     data = prepare_enja(args.work)
     losses = {}
-    for base, ranks in (("single", 1), ("data_2", 2), ("pipeline_2", 2), ("hybrid_2", 2), ("hybrid_4", 4)):
+    for base, ranks in (("single", 1), ("data_2", 2), ("pipeline_2", 2), ("hybrid_2", 2)):
         name = f"agree_{base}_{args.precision}"
         cfg = ds_variant(args.work, base, name, bf16={"enabled": args.precision == "bf16"})
         train(args.work, name, cfg, ranks, 1, args.steps, data, extra=("model.dropout=0", "train.seed=11"))

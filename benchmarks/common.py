@@ -83,7 +83,7 @@ def summarise(run_dir: Path, warmup: int = 3) -> dict:
 COMPUTE = ("forward", "backward", "head", "optimizer_step")
 P2P_WAIT = ("recv_forward", "recv_backward", "recv_shard", "gather_grad")
 P2P_SEND = ("send_forward", "send_backward", "scatter_shard", "send_shard_grad", "flush_sends")
-COLLECTIVE = ("reduce_metrics", "reduce_grads", "reduce_head_grads", "broadcast_head")
+COLLECTIVE = ("reduce_metrics", "reduce_grads", "reduce_head_grads", "wait_head_grads", "broadcast_head")
 
 
 def breakdown(seconds_per_step: dict) -> dict:

@@ -67,24 +67,37 @@ class StageComm:
         self._pending.clear()
 
 
-def _flat_collective(tensors: list[torch.Tensor], op) -> None:
-    """Run `op` on one flat buffer holding all `tensors`, then copy the result back."""
-    if not tensors:
-        return
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    op(flat)
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset:offset + n].view_as(t))
-        offset += n
+class FlatCollective:
+    """One collective on a flat buffer holding `tensors`, started without blocking; `wait()` finishes
+    it and copies the result back into the tensors (if `copy_back`)."""
+
+    def __init__(self, tensors: list[torch.Tensor], start, copy_back: bool = True):
+        self.tensors, self.copy_back = tensors, copy_back
+        self.flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else None
+        self.work = start(self.flat) if tensors else None
+
+    def wait(self) -> None:
+        if self.work is None:
+            return
+        self.work.wait()
+        if self.copy_back:
+            offset = 0
+            for t in self.tensors:
+                n = t.numel()
+                t.copy_(self.flat[offset:offset + n].view_as(t))
+                offset += n
+        self.work = None
 
 
-def reduce_sum(tensors: list[torch.Tensor], dst: int, group=None) -> None:
-    """SUM of `tensors` over `group` into global rank `dst` (in place there)."""
-    _flat_collective(tensors, lambda flat: dist.reduce(flat, dst=dst, op=dist.ReduceOp.SUM, group=group))
+def reduce_sum(tensors: list[torch.Tensor], dst: int, group=None) -> FlatCollective:
+    """Start the SUM of `tensors` over `group` into global rank `dst`; `wait()` writes it there."""
+    rank = dist.get_rank()
+    return FlatCollective(tensors, lambda flat: dist.reduce(flat, dst=dst, op=dist.ReduceOp.SUM, group=group,
+                                                             async_op=True), copy_back=rank == dst)
 
 
-def broadcast(tensors: list[torch.Tensor], src: int, group=None) -> None:
-    """`src`'s values of `tensors` to every rank of `group` (in place)."""
-    _flat_collective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group))
+def broadcast(tensors: list[torch.Tensor], src: int, group=None) -> FlatCollective:
+    """Start sending `src`'s values of `tensors` to every rank of `group`; `wait()` writes them."""
+    rank = dist.get_rank()
+    return FlatCollective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group, async_op=True),
+                          copy_back=rank != src)

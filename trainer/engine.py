@@ -130,6 +130,7 @@ class StepRunner:
                                            spec.head_parallel, boundary=b) for b in (True, False)}
         self.eval_program = [i for i in self.programs[False] if i.op in _EVAL_OPS]
         self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
+        self.pending_head_grads = self.pending_head_weights = None  # async head collectives in flight
 
     # ---- the interpreter ----
     def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True) -> dict:
@@ -260,6 +261,7 @@ class StepRunner:
             dec = self.tops["dec"][a:b, :shard.tgt_in.shape[1]]
         if self.train:
             enc, dec = _leaf(enc), _leaf(dec)
+        self.sync_head()
         loss_sum, nll_sum = self.module.head(enc, shard.src_mask, dec, shard.tgt_out)
         self.metrics += torch.tensor([loss_sum.item(), nll_sum.item()], dtype=torch.float64)
         if not self.train:
@@ -343,17 +345,33 @@ class StepRunner:
             self.engine.allreduce_gradients()
 
     def _reduce_head_grads(self, ins: Instr) -> None:
-        """Sum every replica's head gradients into the owner (last stage); replicas drop theirs."""
+        """Start summing every replica's (final) head gradients into the owner (last stage); it runs
+        while the LSTM stages do their backward."""
         params = list(self.module.head.parameters())
-        reduce_sum([p.grad for p in params], dst=self.layout.stage_ranks[-1], group=self.layout.head_group)
-        if not self.module.owns_head:
-            for p in params:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
+        self.pending_head_grads = reduce_sum(grads, dst=self.layout.stage_ranks[-1], group=self.layout.head_group)
+
+    def _wait_head_grads(self, ins: Instr) -> None:
+        self.pending_head_grads.wait()
+        self.pending_head_grads = None
+        if not self.module.owns_head:  # a replica's gradient now lives in the owner
+            for p in self.module.head.parameters():
                 p.grad = None
 
     def _broadcast_head(self, ins: Instr) -> None:
-        """The owner's updated head weights to every replica."""
-        broadcast([p.data for p in self.module.head.parameters()], src=self.layout.stage_ranks[-1],
-                  group=self.layout.head_group)
+        """Start sending the owner's updated head weights to every replica; it runs while the next
+        micro-step's LSTM forward does, and completes before the next head phase (`sync_head`)."""
+        self.pending_head_weights = broadcast([p.data for p in self.module.head.parameters()],
+                                              src=self.layout.stage_ranks[-1], group=self.layout.head_group)
+
+    def sync_head(self) -> None:
+        """Finish an in-flight head-weight broadcast (before the head runs, and at the end)."""
+        if self.pending_head_weights is not None:
+            self.pending_head_weights.wait()
+            self.pending_head_weights = None
 
     def _optimizer_step(self, ins: Instr) -> None:
         self.engine.step()
@@ -375,6 +393,7 @@ _DISPATCH = {
     "reduce_metrics": StepRunner._reduce_metrics,
     "reduce_grads": StepRunner._reduce_grads,
     "reduce_head_grads": StepRunner._reduce_head_grads,
+    "wait_head_grads": StepRunner._wait_head_grads,
     "broadcast_head": StepRunner._broadcast_head,
     "optimizer_step": StepRunner._optimizer_step,
 }

@@ -61,12 +61,15 @@ OPS = (
     "backward",         # backward through local layers (kind, unit, chunk)
     "send_backward",    # gradient w.r.t. the input of (kind, unit, chunk) to stage peer
     "recv_backward",
-    "reduce_head_grads",  # collective over the pipeline's stages: head replicas' gradients into the
-                          # owner (last stage), hybrid only
+    "reduce_head_grads",  # collective over the pipeline's stages, started without blocking right
+                          # after the head phase: head replicas' gradients into the owner (last
+                          # stage), hybrid only
+    "wait_head_grads",  # local: finish it before the optimizer step
     "reduce_grads",     # collective over this stage's replicas (DeepSpeed's data-parallel reduce)
     "reduce_metrics",   # collective over all ranks
     "optimizer_step",
-    "broadcast_head",   # collective over the pipeline's stages: the owner's updated head weights
+    "broadcast_head",   # collective over the pipeline's stages, non-blocking: the owner's updated
+                        # head weights; replicas wait for it before their next head phase
 )
 
 
@@ -92,6 +95,8 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
             prog += [Instr("recv_shard", peer=num_pp - 1), Instr("head"), Instr("send_shard_grad", peer=num_pp - 1)]
     elif last:
         prog.append(Instr("head"))
+    if boundary and head_parallel:  # the head's gradients are final: start their reduction now
+        prog.append(Instr("reduce_head_grads"))
     for u in reversed(range(units)):
         for kind in ("dec", "enc"):
             for c in reversed(range(chunks)):
@@ -103,7 +108,7 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
     prog.append(Instr("reduce_metrics"))
     if boundary:
         if head_parallel:
-            prog.append(Instr("reduce_head_grads"))
+            prog.append(Instr("wait_head_grads"))
         prog.append(Instr("reduce_grads"))
     prog.append(Instr("optimizer_step"))
     if boundary and head_parallel:

@@ -148,6 +148,7 @@ class Trainer:
             self.log.progress(self.step, row)
             if self.step == TIMING_WARMUP_STEPS:
                 self.runner.op_seconds.clear()
+        self.runner.sync_head()
         self._write_timing()
         self.log.message(f"done: step {self.step}, best dev BLEU {self.best_bleu:.2f}")
         self.log.close()
