@@ -28,7 +28,9 @@ class RunLogger(NullLogger):
         if cfg.logging.progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            # disable=None: no bar when the console is not a terminal (logs stay readable)
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=None,
+                             mininterval=1.0)
 
     def log(self, row: dict) -> None:
         self._file.write(json.dumps(row) + "\n")
@@ -43,7 +45,7 @@ class RunLogger(NullLogger):
             self._bar.refresh()
 
     def message(self, text: str) -> None:
-        if self._bar is not None:
+        if self._bar is not None and not self._bar.disable:
             self._bar.write(text)
         else:
             print(text, flush=True)
