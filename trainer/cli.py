@@ -32,8 +32,13 @@ def train_main(config_path, overrides, ds_config_path) -> int:
     from trainer.config import load_config
     from trainer.trainer import Trainer
 
+    import torch.distributed as dist
+
     cfg = load_config(config_path, overrides)
     Trainer(cfg, ds_config_path).fit()
+    if dist.is_initialized():  # leave together: no rank tears gloo down under a peer still talking
+        dist.barrier()
+        dist.destroy_process_group()
     return 0
 
 
