@@ -101,3 +101,12 @@ def test_batches_deterministic_capped_and_complete():
     for batch in a:
         assert 8 <= len(batch) <= 32
         assert len(batch) * (src[batch].max() + 1 + tgt[batch].max() + 1) <= 900 or len(batch) == 8
+
+
+def test_dry_run_prints_each_ranks_instruction_list():
+    proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/grid_2x4.json", "--dry-run"],
+                   timeout=120)
+    assert "num_pp=2 num_dp=4" in proc.stdout
+    for rank in range(8):
+        assert f"rank {rank} (" in proc.stdout
+    assert proc.stdout.count("broadcast_head") == 8 and proc.stdout.count("scatter_shard") == 4
