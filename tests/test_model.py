@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from data_prep.binary import BOS_ID, EOS_ID, PAD_ID
 from trainer.config import ModelConfig

@@ -111,12 +111,3 @@ def load_model_weights(model, ckpt: str) -> dict:
     model.head.load_state_dict(torch.load(os.path.join(ckpt, HEAD_FILE), map_location="cpu", weights_only=True))
     with open(os.path.join(ckpt, "meta.json")) as f:
         return json.load(f)
-
-
-def load_rank_weights(module, ckpt: str) -> None:
-    """Fill this rank's layers and head from a checkpoint written in any layout."""
-    for offset, layer in enumerate(module.layers):
-        layer.load_state_dict(torch.load(layer_file(ckpt, module.first_layer + offset), map_location="cpu",
-                                         weights_only=True))
-    if module.head is not None:
-        module.head.load_state_dict(torch.load(os.path.join(ckpt, HEAD_FILE), map_location="cpu", weights_only=True))

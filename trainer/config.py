@@ -150,8 +150,3 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg)
-
-
-def from_yaml_file(path: str) -> DictConfig:
-    """A run directory's resolved config, re-validated against the current schema."""
-    return load_config(path)

@@ -175,11 +175,6 @@ class BatchStream:
         self.epoch, self.index, self._batches = state["epoch"], state["index"], None
 
 
-def eval_batches(data: ParallelData, max_sentences: int, limit: int = 0) -> list[Batch]:
-    n = len(data) if not limit else min(limit, len(data))
-    return [data.batch(range(i, min(i + max_sentences, n))) for i in range(0, n, max_sentences)]
-
-
 def read_manifest(data_dir: str) -> dict:
     path = os.path.join(data_dir, "manifest.json")
     if not os.path.exists(path):
@@ -188,5 +183,5 @@ def read_manifest(data_dir: str) -> dict:
         return json.load(f)
 
 
-__all__ = ["Batch", "BatchStream", "ParallelData", "collate", "eval_batches", "has_split", "make_batches",
+__all__ = ["Batch", "BatchStream", "ParallelData", "collate", "has_split", "make_batches",
            "read_manifest", "TokenArray"]

@@ -152,16 +152,8 @@ class ParallelLayout:
         return self.spec.num_dp
 
     @property
-    def is_first(self) -> bool:
-        return self.stage == 0
-
-    @property
     def is_last(self) -> bool:
         return self.stage == self.spec.num_pp - 1
-
-    @property
-    def has_head(self) -> bool:
-        return self.spec.head_parallel or self.is_last
 
     def replica_rows(self, batch_size: int) -> tuple[int, int]:
         return split_even(batch_size, self.num_dp)[self.replica]

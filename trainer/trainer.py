@@ -142,7 +142,7 @@ class Trainer:
                 row.update(self.validate())
                 stop = stop or self._early_stop(row)
             elif cfg.save_every and self.step % cfg.save_every == 0:
-                self.save(row)
+                self.save()
             if self.step % cfg.log_every == 0 or "dev_loss" in row or last or self.step == 1:
                 self.log.log(row)
             self.log.progress(self.step, row)
@@ -150,7 +150,8 @@ class Trainer:
                 self.runner.op_seconds.clear()
         self.runner.sync_head()
         self._write_timing()
-        self.log.message(f"done: step {self.step}, best dev BLEU {self.best_bleu:.2f}")
+        self.log.message(f"done: step {self.step}, best dev BLEU {self.best_bleu:.2f}; pairs left out of the last "
+                         f"epoch (fewer than data.min_batch_sentences remained): {self.stream.left_out}")
         self.log.close()
 
     @staticmethod
@@ -235,7 +236,7 @@ class Trainer:
         hyps = translator.translate(src[:n], beam=d.dev_beam)
         return sacrebleu.corpus_bleu(hyps, [ref[:n]], tokenize=d.bleu_tokenize).score
 
-    def save(self, row: dict | None = None) -> str:
+    def save(self) -> str:
         tmp = os.path.join(self.run_dir, checkpoint.CKPT_DIR, checkpoint.step_name(self.step) + ".tmp")
         checkpoint.save_rank_weights(tmp, self.module, self.layout)
         dist.barrier()
