@@ -1,4 +1,4 @@
-"""Evaluate: `python launch/evaluate.py --run RUN_DIR --src F --ref F [--json]`: translates the source
+"""Evaluate: `python launch/evaluate.py (--run RUN_DIR | --model model.pt) --src F --ref F [--json]`: translates the source
 and prints sacreBLEU BLEU and chrF with their signatures."""
 import argparse
 import os
@@ -6,13 +6,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.cli import evaluate_main, fail  # noqa: E402
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--run", required=True, help="run directory written by launch/train.py")
-    p.add_argument("--checkpoint", default="best", help="best | last | a checkpoint directory")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--run", help="run directory written by launch/train.py")
+    model.add_argument("--model", help="a model file written by launch/export.py")
+    p.add_argument("--checkpoint", default="best", help="with --run: best | last | a checkpoint directory")
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("--beam", type=int, default=None)
@@ -21,7 +24,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         return evaluate_main(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
         fail(e)
 
 

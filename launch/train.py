@@ -6,7 +6,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.cli import fail, run_dry, train_main  # noqa: E402
+from trainer.trainer import TrainingError  # noqa: E402
 
 
 def main(argv=None):
@@ -21,8 +23,10 @@ def main(argv=None):
         if args.dry_run:
             return run_dry(args.deepspeed_config)
         return train_main(args.config, args.overrides, args.deepspeed_config)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
         fail(e)
+    except TrainingError as e:
+        fail(e, code=1)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Translate: `python launch/translate.py --run RUN_DIR [--checkpoint best|last|PATH] --input F --output F
+"""Translate: `python launch/translate.py (--run RUN_DIR [--checkpoint best|last|PATH] | --model model.pt) --input F --output F
 [--beam 5] [--max-len-ratio R] [--length-penalty A]`: one output line per input line, on one process."""
 import argparse
 import os
@@ -6,13 +6,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.cli import fail, translate_main  # noqa: E402
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--run", required=True, help="run directory written by launch/train.py")
-    p.add_argument("--checkpoint", default="best", help="best | last | a checkpoint directory")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--run", help="run directory written by launch/train.py")
+    model.add_argument("--model", help="a model file written by launch/export.py")
+    p.add_argument("--checkpoint", default="best", help="with --run: best | last | a checkpoint directory")
     p.add_argument("--input", required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default: decode.beam)")
@@ -22,7 +25,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         return translate_main(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
         fail(e)
 
 

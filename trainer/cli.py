@@ -6,10 +6,29 @@ import os
 import sys
 
 
-def fail(err: Exception) -> None:
-    """A user error: one line on stderr, exit code 2, no traceback."""
+def fail(err: Exception, code: int = 2) -> None:
+    """A user error (exit code 2) or a stop with a reason (1): one line on stderr, no traceback."""
     print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(code)
+
+
+def _lost_peer_exit(err: Exception, trainer) -> None:
+    """A peer died or stopped answering: say who and what was kept, then leave at once (exit 3)
+    without the collective teardown, which would wait on the lost peer."""
+    from trainer import checkpoint
+    from trainer.distributed import peer_status
+
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else "?"
+    lines = [f"error: rank {rank}: lost contact with a peer rank: {str(err).splitlines()[0][:400]}"]
+    if trainer is not None:
+        lines.append(f"  ranks on this host: {peer_status(trainer.peers)}")
+        lines.append(f"  timeout for an unresponsive peer: train.comm_timeout_s={trainer.cfg.train.comm_timeout_s}")
+        latest = checkpoint.read_pointer(trainer.run_dir, "latest")
+        lines.append(f"  newest complete checkpoint: {latest or 'none'} (continue with train.resume=auto)")
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    os._exit(3)
 
 
 def run_dry(ds_config_path: str) -> int:
@@ -34,8 +53,17 @@ def train_main(config_path, overrides, ds_config_path) -> int:
 
     import torch.distributed as dist
 
+    from trainer.distributed import is_comm_failure
+
     cfg = load_config(config_path, overrides)
-    Trainer(cfg, ds_config_path).fit()
+    trainer = None
+    try:
+        trainer = Trainer(cfg, ds_config_path)
+        trainer.fit()
+    except Exception as e:
+        if is_comm_failure(e):
+            _lost_peer_exit(e, trainer)
+        raise
     if dist.is_initialized():  # leave together: no rank tears gloo down under a peer still talking
         dist.barrier()
         dist.destroy_process_group()
@@ -48,7 +76,19 @@ def _translator(args):
     from trainer.translator import Translator
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    if getattr(args, "model", None):
+        return Translator.from_export(args.model)
     return Translator.from_run(args.run, args.checkpoint)
+
+
+def export_main(args) -> int:
+    from trainer.translator import Translator
+
+    translator = Translator.from_run(args.run, args.checkpoint)
+    translator.export(args.out)
+    o = translator.origin
+    print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")
+    return 0
 
 
 def _write_lines(path: str, lines: list[str]) -> None:

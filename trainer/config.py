@@ -54,6 +54,10 @@ class TrainConfig:
     early_stop_patience: int = 0  # validations without dev BLEU improvement; 0 = off
     log_every: int = 10
     threads: int = 0  # torch threads per rank; 0 = cores on this host / local ranks
+    resume: str = ""  # "" = a new run (refused if run.dir has checkpoints) | auto = newest good one | a path
+    resume_force: bool = False  # resume even if the model config, data or batching differ (says what)
+    comm_timeout_s: int = 300  # give up on a peer that does not answer for this long (gloo's default: 30 min)
+    max_bad_steps: int = 10  # stop after this many optimizer steps in a row skipped for non-finite loss/grads
 
 
 @dataclass
@@ -98,7 +102,7 @@ _CHOICES = {
 }
 _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",
              "train.log_every", "train.keep_last", "decode.beam", "decode.batch_size", "data.bucket_batches",
-             "data.min_batch_sentences")
+             "data.min_batch_sentences", "train.comm_timeout_s", "train.max_bad_steps")
 _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
                  "train.threads", "decode.dev_beam", "decode.dev_max_sentences", "decode.max_len_add")
 

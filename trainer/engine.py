@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from trainer.comm import StageComm, broadcast, reduce_sum
 from trainer.data import Batch
+from trainer.distributed import CommError, is_comm_failure
 from trainer.layout import LayoutError, ParallelLayout, split_even
 from trainer.model import HEAD_SEED_OFFSET, Embeddings, EncoderDecoderLayer, build_head, layer_builders
 from trainer.schedule import Instr, build_schedule
@@ -131,6 +132,7 @@ class StepRunner:
         self.eval_program = [i for i in self.programs[False] if i.op in _EVAL_OPS]
         self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
         self.pending_head_grads = self.pending_head_weights = None  # async head collectives in flight
+        self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
 
     # ---- the interpreter ----
     def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True) -> dict:
@@ -144,14 +146,27 @@ class StepRunner:
         with torch.set_grad_enabled(train):
             for ins in program:
                 start = clock()
-                _DISPATCH[ins.op](self, ins)
+                try:
+                    _DISPATCH[ins.op](self, ins)
+                except RuntimeError as e:
+                    raise self._comm_error(ins, e) if is_comm_failure(e) else e
                 times[ins.op] = times.get(ins.op, 0.0) + clock() - start
         start = clock()
-        self.comm.flush()
+        try:
+            self.comm.flush()
+        except RuntimeError as e:
+            raise self._comm_error(Instr("flush_sends"), e) if is_comm_failure(e) else e
         times["flush_sends"] = times.get("flush_sends", 0.0) + clock() - start
         out = {"loss_sum": float(self.metrics[0]), "nll_sum": float(self.metrics[1])}
         self.records = self.tops = None
         return out
+
+    def _comm_error(self, ins: Instr, err: RuntimeError) -> CommError:
+        """Name the instruction and, for point-to-point ones, the peer's global rank."""
+        layout = self.layout
+        peer = f" with rank {layout.stage_ranks[ins.peer]} (stage {ins.peer})" if ins.peer >= 0 else ""
+        return CommError(f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): {ins.op}{peer} "
+                         f"failed: {str(err).splitlines()[0][:300]}")
 
     def _setup(self, batch: Batch, window_tokens: int, train: bool) -> None:
         spec = self.layout.spec
@@ -263,6 +278,8 @@ class StepRunner:
             enc, dec = _leaf(enc), _leaf(dec)
         self.sync_head()
         loss_sum, nll_sum = self.module.head(enc, shard.src_mask, dec, shard.tgt_out)
+        if self.poison and self.train:  # fault injection (trainer.faults): a non-finite loss
+            loss_sum = loss_sum * float("nan")
         self.metrics += torch.tensor([loss_sum.item(), nll_sum.item()], dtype=torch.float64)
         if not self.train:
             return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 
@@ -33,6 +34,8 @@ class RunLogger(NullLogger):
                              mininterval=1.0)
 
     def log(self, row: dict) -> None:
+        # strict JSON: a non-finite value (a skipped step's loss) is written as null
+        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._wandb is not None:

@@ -10,18 +10,27 @@ import torch
 from data_prep.binary import EOS_ID, PAD_ID
 from data_prep.normalize import normalize
 from trainer import checkpoint
-from trainer.config import load_config
+from omegaconf import OmegaConf
+
+from trainer.config import Config, load_config
 from trainer.model import Seq2Seq, build_model
 from trainer.search import beam_search
 
 RUN_FILES = ("spm.src.model", "spm.tgt.model")
 DATA_MANIFEST = "data_manifest.json"
+EXPORT_FORMAT = "hybrid-nmt/model"
+EXPORT_VERSION = 1
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
 class Translator:
     def __init__(self, model: Seq2Seq, src_sp, tgt_sp, norm: dict, decode_cfg, device="cpu"):
         self.model, self.src_sp, self.tgt_sp, self.norm = model.to(device).eval(), src_sp, tgt_sp, norm
         self.decode_cfg, self.device = decode_cfg, device
+        self.origin: dict = {}
 
     @classmethod
     def from_run(cls, run_dir: str, which: str = "best", device="cpu") -> "Translator":
@@ -30,8 +39,44 @@ class Translator:
             manifest = json.load(f)
         src_sp, tgt_sp = (spm.SentencePieceProcessor(model_file=os.path.join(run_dir, n)) for n in RUN_FILES)
         model = build_model(cfg.model, src_sp.get_piece_size(), tgt_sp.get_piece_size())
-        checkpoint.load_model_weights(model, checkpoint.resolve(run_dir, which))
-        return cls(model, src_sp, tgt_sp, manifest.get("normalize", {}), cfg.decode, device)
+        ckpt = checkpoint.resolve(run_dir, which)
+        meta = checkpoint.load_model_weights(model, ckpt)
+        translator = cls(model, src_sp, tgt_sp, manifest.get("normalize", {}), cfg.decode, device)
+        translator.origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt),
+                             "step": meta.get("step"), "dev_bleu": meta.get("dev_bleu"),
+                             "data_checksum": manifest.get("checksum"), "config": OmegaConf.to_container(cfg)}
+        return translator
+
+    def export(self, path: str) -> None:
+        """One self-contained file for inference: weights (fp32), config, both SentencePiece models,
+        the normalisation flags and where it came from. Written to a temporary name, then renamed."""
+        blob = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "config": self.origin["config"],
+                "model": {k: v.detach().float().cpu() for k, v in self.model.state_dict().items()},
+                "spm_src": _bytes_tensor(self.src_sp.serialized_model_proto()),
+                "spm_tgt": _bytes_tensor(self.tgt_sp.serialized_model_proto()),
+                "normalize": dict(self.norm), "origin": {k: v for k, v in self.origin.items() if k != "config"}}
+        tmp = path + ".tmp"
+        torch.save(blob, tmp)
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_export(cls, path: str, device="cpu") -> "Translator":
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--model {path}: no such file")
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(f"--model {path}: not a readable model file ({type(e).__name__}: {e})") from None
+        if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
+            raise ValueError(f"--model {path}: not a model exported by launch/export.py")
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), blob["config"])
+        src_sp, tgt_sp = (spm.SentencePieceProcessor(model_proto=bytes(blob[k].numpy().tobytes()))
+                          for k in ("spm_src", "spm_tgt"))
+        model = build_model(cfg.model, src_sp.get_piece_size(), tgt_sp.get_piece_size())
+        model.load_state_dict(blob["model"])
+        translator = cls(model, src_sp, tgt_sp, blob["normalize"], cfg.decode, device)
+        translator.origin = dict(blob["origin"], config=blob["config"])
+        return translator
 
     def encode(self, line: str) -> list[int]:
         return self.src_sp.encode(normalize(line, **self.norm))

@@ -1,0 +1,27 @@
+"""Export: `python launch/export.py --run RUN_DIR [--checkpoint best|last|PATH] --out model.pt`: one
+consolidated file (weights keyed like the whole model, config, SentencePiece models, normalisation)
+that `launch/translate.py --model model.pt` and `launch/evaluate.py --model model.pt` use without the run."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainer.checkpoint import CheckpointError  # noqa: E402
+from trainer.cli import export_main, fail  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--run", required=True, help="run directory written by launch/train.py")
+    p.add_argument("--checkpoint", default="best", help="best | last | a checkpoint directory")
+    p.add_argument("--out", required=True, help="the model file to write")
+    args = p.parse_args(argv)
+    try:
+        return export_main(args)
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+        fail(e)
+
+
+if __name__ == "__main__":
+    main()
