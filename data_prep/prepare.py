@@ -7,15 +7,25 @@ DATA_DIR layout (everything the trainer needs; the text inputs are never read ag
     spm.tgt.model / .vocab        ids 0-3 are <pad> <unk> <s> </s> (data_prep.binary.SPECIAL_IDS)
     {split}.{src,tgt}.bin / .idx  token ids, see data_prep.binary (split: train, dev, test as given)
     {dev,test}.{src,tgt}.txt      normalised text of the kept dev/test pairs; line i is sentence i of the .bin
-    rejects.tsv                   reason, origin ("file:line"), src, tgt of every rejected pair
+    rejects.tsv                   reason, origin ("file:line", "file:TU#n"), src, tgt of every rejected pair
 
-It runs in two streaming passes; memory grows only by the 8-byte hashes that find duplicate pairs:
-  1. read, normalise (data_prep.normalize), reject malformed / empty / duplicate pairs; kept training
-     pairs go to a temporary TSV, kept dev/test pairs straight to their .txt files;
+Inputs (data_prep.readers; formats listed in --help): Moses / JPC / WAT line-aligned pairs, NTCIR PatentMT,
+TSV, ParaPat type 1 and 2, ASPEC-JE, ASPEC-JC, TMX 1.4b / 1.1 (EuroPat, WIPO COPPA .tmx.gz, OPUS; streamed)
+and OPUS Moses zips; `--format auto` (default) tells them apart where that is unambiguous. Readers reject
+TUs without both languages ("missing_lang"), other pairs of a multi-pair ParaPat file ("other_pair") and,
+with --min-score / --ipc, pairs by TMX metadata ("low_score", "ipc"). Document ids (patent, family, DOCID)
+are counted per split in the manifest; --split-by-doc holds whole documents out as dev / test.
+
+It runs in two streaming passes; memory grows only by the 8-byte hashes that find duplicate pairs (two per
+kept training pair: exact and near):
+  1. read, repair and normalise (data_prep.normalize), reject malformed pairs and those that fail the text
+     rules of data_prep.clean (empty, too long, copies, wrong script, duplicates); kept training pairs go
+     to a temporary TSV, kept dev/test pairs straight to their .txt files;
   2. train SentencePiece on a seeded sample, encode, reject training pairs by length / ratio, binarize.
 A pair is counted under the first reason that rejects it, in the order of `filters.REASONS` (which also
 explains the ratio rule); rejects.tsv holds the raw text for malformed / invalid_utf8 and the normalised
-text otherwise. Dev/test pairs are only checked for malformed and empty input: they are evaluation sets. Everything is built in DATA_DIR/.prepare-tmp and moved
+text otherwise. Dev/test pairs are repaired like training pairs but only checked for malformed and empty
+input: they are evaluation sets. Everything is built in DATA_DIR/.prepare-tmp and moved
 into place at the end (manifest.json last), so a failed run leaves the previous dataset untouched.
 """
 from __future__ import annotations
@@ -37,9 +47,11 @@ from tqdm import tqdm
 
 from . import vocab
 from .binary import SIDES, UNK_ID, TokenArrayWriter, side_paths
-from .filters import RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio, pair_key
-from .normalize import normalize
-from .readers import READERS, Malformed, PrepareError, Reader, open_reader
+from .clean import CleaningOptions, Cleaner, add_cleaning_arguments
+from .filters import RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
+from .normalize import REPAIRS
+from .readers import (FORMATS_HELP, READERS, DocSplit, Malformed, MetaFilter, PrepareError, Reader,
+                      add_reader_arguments, check_files_exist, detect_format, open_reader, readers_manifest)
 
 SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 1
@@ -53,11 +65,15 @@ class SplitStats:
     rejected: Counter = field(default_factory=Counter)
     tokens: Counter = field(default_factory=Counter)  # side -> ids written
     unk: Counter = field(default_factory=Counter)  # side -> <unk> ids written
+    repaired: Counter = field(default_factory=Counter)  # repair (data_prep.normalize) -> pairs it changed
+    long_split: Counter = field(default_factory=Counter)  # --long split: "pairs" split into "segments"
 
     def as_dict(self) -> dict:
         return {"pairs_read": self.pairs_read, "pairs_kept": self.pairs_kept,
                 "rejected": {r: self.rejected[r] for r in REASONS},
-                "tokens": {s: self.tokens[s] for s in SIDES}, "unk": {s: self.unk[s] for s in SIDES}}
+                "tokens": {s: self.tokens[s] for s in SIDES}, "unk": {s: self.unk[s] for s in SIDES},
+                "repaired": {r: self.repaired[r] for r in REPAIRS},
+                "long_split": {k: self.long_split[k] for k in ("pairs", "segments")}}
 
 
 def escape(text: str) -> str:
@@ -90,28 +106,24 @@ class RejectLog:
 
 
 def clean_pairs(reader: Reader, stats: SplitStats, rejects: RejectLog, args: argparse.Namespace,
-                dedup: bool, total: int, desc: str) -> Iterator[tuple[str, str, str]]:
-    """Pass 1: (origin, src, tgt) of the normalised pairs that are well-formed, non-empty and (if `dedup`) new."""
-    seen: set[int] = set()
+                train: bool, total: int, desc: str) -> Iterator[tuple[str, str, str]]:
+    """Pass 1: (origin, src, tgt) of the repaired pairs that are well-formed and pass the text rules of
+    data_prep.clean (only "empty" unless `train`)."""
+    cleaner = Cleaner(CleaningOptions.from_args(args), train, repaired=stats.repaired, long_split=stats.long_split)
     for rec in tqdm(reader, total=total, desc=desc, unit=" lines", disable=None, file=sys.stderr, leave=False):
         stats.pairs_read += 1
         if isinstance(rec, Malformed):
-            if args.on_error == "fail":
+            if args.on_error == "fail" and rec.fatal:  # readers' selections (missing_lang, ...) never stop
                 raise rec.error()
             rejects.add(stats, rec.reason, rec.origin, rec.src, rec.tgt)
             continue
-        src = normalize(rec.src, nfkc=args.nfkc, lowercase=args.lowercase)
-        tgt = normalize(rec.tgt, nfkc=args.nfkc, lowercase=args.lowercase)
-        if not src or not tgt:
-            rejects.add(stats, "empty", rec.origin, src, tgt)
-            continue
-        if dedup:
-            key = pair_key(src, tgt)
-            if key in seen:
-                rejects.add(stats, "duplicate", rec.origin, src, tgt)
-                continue
-            seen.add(key)
-        yield rec.origin, src, tgt
+        outcomes = cleaner.clean(rec.origin, rec.src, rec.tgt)
+        stats.pairs_read += len(outcomes) - 1  # --long split: each sentence pair counts as read
+        for out in outcomes:
+            if out.reason:
+                rejects.add(stats, out.reason, out.origin, out.src, out.tgt)
+            else:
+                yield out.origin, out.src, out.tgt
 
 
 def read_tsv(path: str) -> Iterator[tuple[str, ...]]:
@@ -171,19 +183,35 @@ def checksum(stage: str, names: list[str]) -> str:
 
 
 def split_readers(args: argparse.Namespace) -> dict[str, Reader]:
-    """One reader per given split, after every check that needs no output (files exist, Moses line counts)."""
-    two_files = READERS[args.format].two_files if args.format in READERS else False
-    options = {"src_lang": args.src_lang, "tgt_lang": args.tgt_lang}
+    """One reader per given split, after every check that needs no output (files exist, Moses line counts).
+
+    `--format auto` detects each split's format. The metadata filters (--min-score, --ipc) select from the
+    training input only. With --split-by-doc, dev and test are documents held out of the training input
+    (data_prep.readers.docsplit; its first pass over the input runs here)."""
+    meta_filter = MetaFilter(args.min_score, args.score_prop, tuple(args.ipc or ()))
+    options = {"src_lang": args.src_lang, "tgt_lang": args.tgt_lang, "inline": args.tmx_inline}
     readers = {}
     for split in SPLITS:
         src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
         if src is None and tgt is None:
             continue
-        if src is None or (two_files and tgt is None):
-            raise PrepareError(f"--{split}-src and --{split}-tgt go together for format {args.format!r}")
-        readers[split] = open_reader(args.format, src, tgt, **options)
+        if src is not None:
+            check_files_exist([p for p in (src, tgt) if p is not None])
+        fmt = detect_format(src, tgt) if args.format == "auto" and src is not None else args.format
+        if src is None or (fmt in READERS and READERS[fmt].two_files and tgt is None):
+            raise PrepareError(f"--{split}-src and --{split}-tgt go together for format {fmt!r}")
+        readers[split] = open_reader(fmt, src, tgt, **options, meta_filter=meta_filter if split == "train" else None)
     for reader in readers.values():
         reader.check()
+    if args.split_by_doc:
+        given = [f"--{s}-src" for s in readers if s != "train"]
+        if given:
+            raise PrepareError(f"--split-by-doc holds dev and test out of the training input; drop {' '.join(given)}")
+        if min(args.dev_size, args.test_size) < 0 or args.dev_size + args.test_size == 0:
+            raise PrepareError("--split-by-doc needs --dev-size N and/or --test-size N (pairs, >= 1)")
+        readers = DocSplit(readers["train"], {"dev": args.dev_size, "test": args.test_size}, args.seed).views
+    elif args.dev_size or args.test_size:
+        raise PrepareError("--dev-size / --test-size go with --split-by-doc")
     return readers
 
 
@@ -193,6 +221,7 @@ def validate(args: argparse.Namespace) -> None:
               (args.max_len >= max(args.min_len, 1), "--max-len must be >= --min-len and >= 1"),
               (args.max_ratio >= 1.0, "--max-ratio must be >= 1"),
               (args.spm_sample >= 1, "--spm-sample must be >= 1"),
+              (args.max_words >= 0, "--max-words must be >= 0 (0: no limit)"),
               (not os.path.isfile(args.out), f"--out {args.out} is a file, not a directory")]
     for ok, message in checks:
         if not ok:
@@ -230,7 +259,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     pairs_tsv = os.path.join(tmp, "pairs.tsv")
     n_train = 0
     with open(pairs_tsv, "w", encoding="utf-8") as f:
-        for rec in clean_pairs(readers["train"], stats["train"], rejects, args, not args.no_dedup,
+        for rec in clean_pairs(readers["train"], stats["train"], rejects, args, True,
                                lines["train"], "read train"):
             f.write("\t".join(map(escape, rec)) + "\n")
             n_train += 1
@@ -239,7 +268,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
         paths = {side: os.path.join(stage, f"{split}.{side}.txt") for side in SIDES}
         with open(paths["src"], "w", encoding="utf-8") as fs, open(paths["tgt"], "w", encoding="utf-8") as ft:
             n_eval[split] = 0
-            for _, src, tgt in clean_pairs(readers[split], stats[split], rejects, args, False, lines[split],
+            for _, src, tgt in clean_pairs(readers[split], stats[split], rejects, args, False, lines.get(split),
                                            f"read {split}"):
                 fs.write(src + "\n")
                 ft.write(tgt + "\n")
@@ -265,6 +294,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
 
     binarized = [os.path.basename(p) for split in readers for side in SIDES for p in side_paths(stage, split, side)]
     rejected = sum((s.rejected for s in stats.values()), Counter())
+    cleaning = CleaningOptions.from_args(args)
     manifest = {
         "version": MANIFEST_VERSION,
         "pairs_read": sum(s.pairs_read for s in stats.values()),
@@ -276,12 +306,15 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
                   "model_type": args.model_type,
                   "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
                   "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
-        "normalize": {"nfkc": args.nfkc, "lowercase": args.lowercase},
+        "normalize": cleaning.normalize_flags("src"),  # what the trainer applies to translation input
+        "normalize_tgt": cleaning.normalize_flags("tgt"),
+        "repaired": {r: sum(s.repaired[r] for s in stats.values()) for r in REPAIRS},
         "filters": {"order": list(REASONS), "dedup": not args.no_dedup, "max_len": args.max_len,
                     "min_len": args.min_len, "max_ratio": args.max_ratio, "ratio_min_pieces": RATIO_MIN_PIECES,
-                    "median_tgt_src_ratio": lengths.expected_ratio},
+                    "median_tgt_src_ratio": lengths.expected_ratio, **cleaning.manifest()},
         "inputs": inputs,
         "format": args.format,
+        **readers_manifest(readers),  # formats, documents per split, metadata_filters, split_by_doc
         "options": vars(args),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "checksum_files": sorted(binarized),
@@ -333,14 +366,12 @@ def publish(stage: str, out: str, manifest: dict) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m data_prep.prepare", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=FORMATS_HELP)
     for split in SPLITS:
         p.add_argument(f"--{split}-src", required=split == "train",
-                       help=f"{split} source file (tsv/aspec: the single file holding both sides)")
-        p.add_argument(f"--{split}-tgt", help=f"{split} target file (moses only)")
-    p.add_argument("--format", required=True, choices=sorted(READERS))
-    p.add_argument("--src-lang", default="en", help="aspec: which column is the source (en|ja)")
-    p.add_argument("--tgt-lang", default="ja", help="aspec: which column is the target (ja|en)")
+                       help=f"{split} source file (single-file formats: the file holding both sides)")
+        p.add_argument(f"--{split}-tgt", help=f"{split} target file (moses, ntcir only)")
+    add_reader_arguments(p, sorted(READERS))
     p.add_argument("--out", required=True, metavar="DATA_DIR")
     p.add_argument("--vocab-size", type=int, default=8000, help="lowered automatically for small corpora")
     p.add_argument("--joint-vocab", action="store_true", help="one SentencePiece model for both sides")
@@ -353,10 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-ratio", type=float, default=3.0,
                    help=f"reject training pairs whose piece-count ratio, scaled by the corpus' median tgt/src "
                         f"ratio, exceeds this (only when the longer side has >= {RATIO_MIN_PIECES} pieces)")
-    p.add_argument("--no-dedup", action="store_true", help="keep duplicate training pairs")
+    p.add_argument("--no-dedup", action="store_true", help="keep duplicate training pairs (exact and near)")
     p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                    help="malformed lines / invalid UTF-8: stop with file:line, or reject and count them")
-    p.add_argument("--seed", type=int, default=1, help="seed of the SentencePiece training sample")
+    p.add_argument("--seed", type=int, default=1, help="seed of the SentencePiece training sample and --split-by-doc")
+    add_cleaning_arguments(p)
     return p
 
 

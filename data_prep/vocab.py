@@ -13,6 +13,7 @@ from typing import Iterable
 import sentencepiece as spm
 
 from .binary import SPECIAL_IDS
+from .normalize import PLACEHOLDER
 from .readers import PrepareError
 
 CHARACTER_COVERAGE = 0.9995
@@ -56,7 +57,8 @@ def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_ty
                 input_sentence_size=0,  # the caller already sampled (seeded) at most --spm-sample sentences
                 max_sentence_length=MAX_SENTENCE_BYTES, normalization_rule_name="identity",
                 pad_id=SPECIAL_IDS["pad"], unk_id=SPECIAL_IDS["unk"], bos_id=SPECIAL_IDS["bos"],
-                eos_id=SPECIAL_IDS["eos"], minloglevel=2)
+                eos_id=SPECIAL_IDS["eos"], minloglevel=2,
+                user_defined_symbols=[PLACEHOLDER])  # always one piece, never <unk> (data_prep.normalize)
     size = vocab_size
     for _ in range(3):
         try:

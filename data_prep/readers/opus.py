@@ -1,0 +1,87 @@
+"""OPUS Moses zips: `Corpus.l1-l2.l1` and `Corpus.l1-l2.l2` (line-aligned) inside one .zip, read in place."""
+from __future__ import annotations
+
+import re
+import zipfile
+from contextlib import ExitStack
+import zlib
+from itertools import zip_longest
+from typing import Iterator, Optional
+
+from .base import InputError, Pair, PrepareError, Reader, Record, check_lang_pair, invalid_utf8, lang_matches, lines_of
+
+_MEMBER = re.compile(r"^(?P<stem>(?:.*/)?[^/]+\.(?P<l1>[^./-]+)-(?P<l2>[^./-]+))\.(?P<lang>[^./-]+)$")
+
+
+class OpusZipReader(Reader):
+    """A .zip from OPUS in Moses format. The two members are picked by `--src-lang/--tgt-lang` (region variants
+    matched: OPUS writes pt_BR, zh_CN); the zip's other files (README, LICENSE, ...) are ignored. When the zip
+    holds `Corpus.l1-l2.ids` (OPUS: the source documents of every line), its first column is the document id.
+    Origins are "zip:member:line"."""
+
+    name = "opus-zip"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_lang_pair(self.src_lang, self.tgt_lang)
+        self.members: Optional[dict[str, str]] = None
+
+    def check(self) -> None:
+        self.members = self.find_members()
+
+    def find_members(self) -> dict[str, str]:
+        try:
+            with zipfile.ZipFile(self.src_path) as zf:
+                names = [i.filename for i in zf.infolist() if not i.is_dir()]
+        except zipfile.BadZipFile as e:
+            raise InputError(f"{self.src_path}: not a readable zip file ({e})") from None
+        candidates = {}
+        for name in names:
+            m = _MEMBER.match(name)
+            if not m:
+                continue
+            pair_ok = ((lang_matches(m["l1"], self.src_lang) and lang_matches(m["l2"], self.tgt_lang))
+                       or (lang_matches(m["l1"], self.tgt_lang) and lang_matches(m["l2"], self.src_lang)))
+            if pair_ok:
+                side = next((side for side, lang in (("src", self.src_lang), ("tgt", self.tgt_lang))
+                             if lang_matches(m["lang"], lang)), None)
+                if side:
+                    candidates.setdefault(m["stem"], {})[side] = name
+        complete = {stem: sides for stem, sides in candidates.items() if len(sides) == 2}
+        if len(complete) != 1:
+            pair = f"{self.src_lang}-{self.tgt_lang}"
+            expected = (f"'Corpus.{pair}.{self.src_lang}' and 'Corpus.{pair}.{self.tgt_lang}' "
+                        f"(or {self.tgt_lang}-{self.src_lang})")
+            found = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "") or "nothing"
+            problem = "holds no member pair" if not complete else f"holds {len(complete)} member pairs"
+            raise PrepareError(f"{self.src_path}: the zip {problem} for {self.src_lang}->{self.tgt_lang}: expected "
+                               f"{expected}; it holds: {found}")
+        stem, sides = complete.popitem()
+        if f"{stem}.ids" in names:
+            sides["ids"] = f"{stem}.ids"
+        return sides
+
+    def records(self) -> Iterator[Record]:
+        members = self.members or self.find_members()
+        src_name, tgt_name = members["src"], members["tgt"]
+        try:
+            with ExitStack() as stack:
+                zf = stack.enter_context(zipfile.ZipFile(self.src_path))
+                fs, ft = (stack.enter_context(zf.open(name)) for name in (src_name, tgt_name))
+                ids = lines_of(stack.enter_context(zf.open(members["ids"]))) if "ids" in members else iter(())
+                for s, t in zip_longest(lines_of(fs), lines_of(ft)):
+                    if s is None or t is None:
+                        longer, line = (src_name, s) if t is None else (tgt_name, t)
+                        raise InputError(f"{self.src_path}:{longer}:{line.number}: {longer} has more lines than "
+                                         f"{tgt_name if t is None else src_name}; the members must be line-aligned")
+                    origin = f"{self.src_path}:{src_name}:{s.number}"
+                    id_line = next(ids, None)
+                    doc = id_line.text.split("\t")[0] if id_line is not None and id_line.text else None
+                    if s.text is None:
+                        yield invalid_utf8(origin, s, "src")
+                    elif t.text is None:
+                        yield invalid_utf8(f"{self.src_path}:{tgt_name}:{t.number}", t, "tgt")
+                    else:
+                        yield Pair(s.text, t.text, origin, doc=doc)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+            raise InputError(f"{self.src_path}: corrupt zip data: {e}") from None
