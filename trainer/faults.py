@@ -3,9 +3,11 @@
 HNMT_FAULTS is a comma-separated list of
     nan@S        the loss of optimizer step S is multiplied by NaN on every rank (non-finite gradients)
     die@S:R      global rank R kills itself with SIGKILL right after step S (R defaults to 0)
+    nospace@S:R  global rank R's checkpoint write at step S fails with ENOSPC (a full disk)
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from dataclasses import dataclass, field
@@ -17,23 +19,29 @@ ENV = "HNMT_FAULTS"
 class Faults:
     nan_steps: frozenset = field(default_factory=frozenset)
     die: dict = field(default_factory=dict)  # step -> rank
+    nospace: dict = field(default_factory=dict)  # step -> rank
 
     def exit_steps_for(self, rank: int) -> frozenset:
         return frozenset(s for s, r in self.die.items() if r == rank)
 
+    def check_disk(self, rank: int, step: int, path: str) -> None:
+        if self.nospace.get(step, -1) == rank:
+            raise OSError(errno.ENOSPC, f"No space left on device ({ENV})", path)
+
 
 def parse(text: str) -> Faults:
-    nan, die = set(), {}
+    nan, die, nospace = set(), {}, {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         kind, _, where = item.partition("@")
         step, _, rank = where.partition(":")
-        if kind not in ("nan", "die") or not step.isdigit() or (rank and not rank.isdigit()):
-            raise ValueError(f"{ENV}={text!r}: bad item {item!r} (expected nan@STEP or die@STEP[:RANK])")
+        if kind not in ("nan", "die", "nospace") or not step.isdigit() or (rank and not rank.isdigit()):
+            raise ValueError(f"{ENV}={text!r}: bad item {item!r} (expected nan@STEP, die@STEP[:RANK] or "
+                             f"nospace@STEP[:RANK])")
         if kind == "nan":
             nan.add(int(step))
         else:
-            die[int(step)] = int(rank or 0)
-    return Faults(frozenset(nan), die)
+            (die if kind == "die" else nospace)[int(step)] = int(rank or 0)
+    return Faults(frozenset(nan), die, nospace)
 
 
 def from_env() -> Faults:

@@ -12,7 +12,7 @@ and no partial checkpoint is ever renamed into place:
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Optional
 
 import torch.distributed as dist
 
@@ -21,8 +21,9 @@ from trainer.state import capture_rng, gather_optimizer_state, restore_rng, scat
 
 
 class Persistence:
-    def __init__(self, run_dir: str, layout, module, engine, log: Callable[[str], None]):
-        self.run_dir, self.layout, self.module, self.engine, self.log = run_dir, layout, module, engine, log
+    def __init__(self, run_dir: str, layout, module, engine, faults=None):
+        self.run_dir, self.layout, self.module, self.engine = run_dir, layout, module, engine
+        self.faults = faults
         self.rank = layout.rank
         self.files: dict = {}
 
@@ -62,6 +63,8 @@ class Persistence:
                     files[os.path.basename(ck.optim_file(tmp, part))] = ck.write_torch(ck.optim_file(tmp, part),
                                                                                      params)
             path = ck.rng_file(tmp, self.rank)
+            if self.faults is not None:
+                self.faults.check_disk(self.rank, step, path)
             files[os.path.basename(path)] = ck.write_torch(path, capture_rng())
         except OSError as e:
             error = f"rank {self.rank}: {e.filename or tmp}: {e.strerror or e}"

@@ -90,7 +90,7 @@ class Trainer:
         self.skipped_steps = self.bad_steps = 0
         self.saved_step = -1
         self.faults = faults.from_env()
-        self.persist = Persistence(self.run_dir, self.layout, self.module, self.engine, self._message)
+        self.persist = Persistence(self.run_dir, self.layout, self.module, self.engine, self.faults)
         resume_from = self._find_resume()
         if self.rank == 0:
             self._init_run_dir(ds)
@@ -409,6 +409,12 @@ class Trainer:
     def save(self, evaluate: bool = False) -> dict:
         """Write a checkpoint of this step (with `evaluate`: validate on its files first, so the dev
         metrics and the best-so-far are part of it). Returns the dev metrics row."""
+        try:
+            return self._save(evaluate)
+        except checkpoint.CheckpointError as e:  # every rank raises it together (Persistence._agree)
+            raise TrainingError(str(e)) from None
+
+    def _save(self, evaluate: bool) -> dict:
         tmp = self.persist.write_rank_files(self.step)
         row, best = {}, False
         if evaluate and self.dev_data is not None:
