@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from trainer.translator import DATA_MANIFEST, RUN_FILES
 
 
 TIMING_WARMUP_STEPS = 3
+EVAL_WAIT_S = 2 * 3600  # how long other ranks wait for rank 0's dev BLEU decode
 
 
 def load_ds_config(path: str, max_steps: int) -> dict:
@@ -58,6 +60,9 @@ class Trainer:
         self.cfg = cfg
         self.rank, world = init_distributed(cfg.train.comm_timeout_s)
         self.peers = peer_table()
+        # ranks wait here while rank 0 decodes the dev set, which may take longer than comm_timeout_s;
+        # a rank 0 that dies is still noticed at once (its connections close)
+        self.eval_group = dist.new_group(timeout=timedelta(seconds=max(cfg.train.comm_timeout_s, EVAL_WAIT_S)))
         self.threads = set_threads(cfg.train.threads)
         ds = load_ds_config(ds_config_path, cfg.train.max_steps)
         spec = LayoutSpec.from_ds_config(ds, world)
@@ -371,7 +376,7 @@ class Trainer:
         bleu = [None]
         if self.rank == 0:
             bleu[0] = self.dev_bleu(ckpt)
-        dist.broadcast_object_list(bleu, src=0)
+        dist.broadcast_object_list(bleu, src=0, group=self.eval_group)
         restore_rng(rng)
         if loss is not None:
             row.update(dev_loss=loss, dev_ppl=math.exp(min(loss, 50)))
