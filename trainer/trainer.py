@@ -45,6 +45,10 @@ def load_ds_config(path: str, max_steps: int) -> dict:
         sched.setdefault("params", {}).setdefault("total_num_steps", max_steps)
     if "train_micro_batch_size_per_gpu" not in ds:
         raise ValueError(f"{path}: train_micro_batch_size_per_gpu is required (sentences per replica per micro-batch)")
+    if ds.get("zero_optimization", {}).get("stage", 0) > 0:
+        raise ValueError(f"{path}: zero_optimization.stage > 0 is not supported: checkpoints keep optimizer state "
+                         f"per parameter, which ZeRO's flat partitions do not expose (and the schedule owns the "
+                         f"gradient reductions)")
     if ds.get("fp16", {}).get("enabled"):
         raise ValueError(f"{path}: fp16 is not supported (use bf16): checkpoints keep optimizer state per "
                          f"parameter, which DeepSpeed's fp16 optimizer does not expose")
