@@ -42,7 +42,7 @@ def _train(tmp_path, data, name: str, ranks: int, micro: int, layout: dict, bf16
     metrics = read_metrics(run_dir)
     ckpt = run_dir / "checkpoints" / "step_00000002"
     weights = {p.name: {k: v.float() for k, v in torch.load(p, weights_only=True).items()}
-               for p in sorted(ckpt.glob("*.pt"))}
+               for p in sorted(ckpt.glob("*-model_states.pt"))}
     return metrics, weights
 
 
