@@ -32,8 +32,8 @@ flatter the model:
                                                                     (--no-near-dedup; --no-dedup: both)
 
 The content rules come before the duplicate rules, so that a repeated bad pair is counted under what is
-wrong with it, and only kept pairs are remembered. The piece-level rules (too_long, too_short, ratio;
-`data_prep.filters`) follow in pass 2.
+wrong with it, and only kept pairs are remembered (as 8-byte hashes, data_prep.dedup). The piece-level
+rules (too_long, too_short, ratio; `data_prep.filters`) follow in pass 2.
 """
 from __future__ import annotations
 
@@ -41,10 +41,12 @@ import argparse
 import re
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional
 
-from .filters import pair_key
+import numpy as np
+
+from .dedup import Deduplicator, hash64
 from .normalize import CJK_SPACES, repair
 
 LONG_MODES = ("drop", "split")
@@ -189,25 +191,35 @@ class Outcome:
     src: str
     tgt: str
     reason: Optional[str] = None  # None: kept
+    near_key: Optional[str] = field(default=None, compare=False)  # training pairs the text rules kept: dedup key
 
 
 @dataclass
 class Cleaner:
-    """Cleans the pairs of one split; `train=False` applies the repairs and the "empty" rule only."""
+    """Cleans the pairs of one split; `train=False` applies the repairs and the "empty" rule only.
+
+    `clean_text` applies every rule but the duplicate ones and keeps no state besides the counters, so chunks of
+    pairs can be cleaned in any process (data_prep.pipeline). The duplicate rules need every earlier kept pair
+    and run in one place, in input order (`dedup_outcomes`); `clean` does both for one pair."""
 
     options: CleaningOptions
     train: bool
     repaired: Counter = field(default_factory=Counter)  # repair -> pairs it changed
     long_split: Counter = field(default_factory=Counter)  # "pairs" split into "segments"
+    deduplicate: bool = True  # False: `clean` leaves the duplicate rules to the caller
 
     def __post_init__(self):
         self._norm = {side: self.options.normalize_flags(side) for side in ("src", "tgt")}
         self._scripts = self.options.scripts()
-        self._seen: set[int] = set()
-        self._seen_near: set[int] = set()
+        dedup = self.deduplicate and self.train and (self.options.dedup or self.options.near_dedup)
+        self.dedup = Deduplicator(self.options.dedup, self.options.near_dedup) if dedup else None
 
     def clean(self, origin: str, src: str, tgt: str) -> list[Outcome]:
         """The outcomes of one read pair: one, or one per sentence pair with --long split."""
+        return dedup_outcomes(self.dedup, self.clean_text(origin, src, tgt))
+
+    def clean_text(self, origin: str, src: str, tgt: str) -> list[Outcome]:
+        """`clean` without the duplicate rules: their candidates have reason None and a `near_key`."""
         src, src_repairs = repair(src, **self._norm["src"])
         tgt, tgt_repairs = repair(tgt, **self._norm["tgt"])
         if src_repairs or tgt_repairs:
@@ -236,24 +248,34 @@ class Cleaner:
         yield Outcome(origin, src, tgt, "too_long_text")
 
     def check(self, origin: str, src: str, tgt: str) -> Outcome:
-        """The rules after too_long_text, in order; a kept pair's keys are remembered for the dedup rules."""
+        """The text rules after too_long_text, in order; a pair they keep carries its near-duplicate key."""
         src_key, tgt_key = text_key(src), text_key(tgt)
-        reason = None
         if self.options.copy and src_key == tgt_key:
-            reason = "copy"
-        elif not all(s is None or in_script(text, s) for text, s in ((src, self._scripts["src"]),
-                                                                      (tgt, self._scripts["tgt"]))):
-            reason = "wrong_script"
-        elif self.options.dedup and pair_key(src, tgt) in self._seen:
-            reason = "duplicate"
-        elif self.options.near_dedup and pair_key(src_key, tgt_key) in self._seen_near:
-            reason = "near_duplicate"
-        if reason is None:
-            if self.options.dedup:
-                self._seen.add(pair_key(src, tgt))
-            if self.options.near_dedup:
-                self._seen_near.add(pair_key(src_key, tgt_key))
-        return Outcome(origin, src, tgt, reason)
+            return Outcome(origin, src, tgt, "copy")
+        if not all(s is None or in_script(text, s) for text, s in ((src, self._scripts["src"]),
+                                                                    (tgt, self._scripts["tgt"]))):
+            return Outcome(origin, src, tgt, "wrong_script")
+        return Outcome(origin, src, tgt, near_key=f"{src_key}\t{tgt_key}")
+
+
+def dedup_keys(outcomes: list[Outcome]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Which of `outcomes` the duplicate rules judge, and their exact and near keys (`filters.pair_key` hashes of
+    the pair and of its sides' `text_key`s)."""
+    which = [i for i, o in enumerate(outcomes) if o.reason is None and o.near_key is not None]
+    return (which, hash64(f"{outcomes[i].src}\t{outcomes[i].tgt}" for i in which),
+            hash64(outcomes[i].near_key for i in which))
+
+
+def dedup_outcomes(dedup: Optional[Deduplicator], outcomes: list[Outcome]) -> list[Outcome]:
+    """`outcomes` with the duplicate rules applied, in order (None: no duplicate rules, as for dev/test)."""
+    if dedup is None:
+        return outcomes
+    which, exact, near = dedup_keys(outcomes)
+    out = list(outcomes)
+    for i, reason in zip(which, dedup.reasons(exact, near)):
+        if reason:
+            out[i] = replace(out[i], reason=reason)
+    return out
 
 
 def add_cleaning_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,12 +16,14 @@ TUs without both languages ("missing_lang"), other pairs of a multi-pair ParaPat
 with --min-score / --ipc, pairs by TMX metadata ("low_score", "ipc"). Document ids (patent, family, DOCID)
 are counted per split in the manifest; --split-by-doc holds whole documents out as dev / test.
 
-It runs in two streaming passes; memory grows only by the 8-byte hashes that find duplicate pairs (two per
-kept training pair: exact and near):
+It runs in two streaming passes over chunks of pairs, spread over --workers processes with the output
+independent of their number (data_prep.pipeline); memory does not grow with the corpus except by the
+duplicate tables (data_prep.dedup: 8-byte hashes, two per kept training pair, ~12-23 bytes each):
   1. read, repair and normalise (data_prep.normalize), reject malformed pairs and those that fail the text
      rules of data_prep.clean (empty, too long, copies, wrong script, duplicates); kept training pairs go
      to a temporary TSV, kept dev/test pairs straight to their .txt files;
-  2. train SentencePiece on a seeded sample, encode, reject training pairs by length / ratio, binarize.
+  2. train SentencePiece on a seeded sample (--spm-sample, chosen in one streaming read), encode, reject
+     training pairs by length / ratio, binarize.
 A pair is counted under the first reason that rejects it, in the order of `filters.REASONS` (which also
 explains the ratio rule); rejects.tsv holds the raw text for malformed / invalid_utf8 and the normalised
 text otherwise. Dev/test pairs are repaired like training pairs but only checked for malformed and empty
@@ -39,23 +41,25 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from itertools import islice
-from typing import Iterable, Iterator, Optional
+from typing import Iterator, Optional
 
 import sentencepiece as spm
-from tqdm import tqdm
 
 from . import vocab
-from .binary import SIDES, UNK_ID, TokenArrayWriter, side_paths
-from .clean import CleaningOptions, Cleaner, add_cleaning_arguments
+from .binary import SIDES, side_paths
+from .clean import CleaningOptions, add_cleaning_arguments
+from .dedup import Deduplicator
 from .filters import RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
 from .normalize import REPAIRS
-from .readers import (FORMATS_HELP, READERS, DocSplit, Malformed, MetaFilter, PrepareError, Reader,
-                      add_reader_arguments, check_files_exist, detect_format, open_reader, readers_manifest)
+from .pipeline import (CleanTask, EncodeTask, clean_split, default_workers, encode_split, escape, read_samples,
+                       tsv_line, unescape)
+from .readers import (FORMATS_HELP, READERS, DocSplit, MetaFilter, PrepareError, Reader, add_reader_arguments,
+                      check_files_exist, detect_format, open_reader, readers_manifest)
 
 SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 1
-ENCODE_BATCH = 2048
+# escape / unescape are re-exported: rejects.tsv is escaped the same way as the temporary TSV
+__all__ = ["build_parser", "escape", "main", "prepare", "unescape"]
 
 
 @dataclass
@@ -76,20 +80,6 @@ class SplitStats:
                 "long_split": {k: self.long_split[k] for k in ("pairs", "segments")}}
 
 
-def escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
-
-
-def unescape(text: str) -> str:
-    out, chars = [], iter(text)
-    for c in chars:
-        out.append(_UNESCAPE[next(chars)] if c == "\\" else c)
-    return "".join(out)
-
-
 class RejectLog:
     """rejects.tsv: `reason<TAB>origin<TAB>src<TAB>tgt`, header first, tabs and line breaks escaped."""
 
@@ -103,62 +93,6 @@ class RejectLog:
 
     def close(self) -> None:
         self._f.close()
-
-
-def clean_pairs(reader: Reader, stats: SplitStats, rejects: RejectLog, args: argparse.Namespace,
-                train: bool, total: int, desc: str) -> Iterator[tuple[str, str, str]]:
-    """Pass 1: (origin, src, tgt) of the repaired pairs that are well-formed and pass the text rules of
-    data_prep.clean (only "empty" unless `train`)."""
-    cleaner = Cleaner(CleaningOptions.from_args(args), train, repaired=stats.repaired, long_split=stats.long_split)
-    for rec in tqdm(reader, total=total, desc=desc, unit=" lines", disable=None, file=sys.stderr, leave=False):
-        stats.pairs_read += 1
-        if isinstance(rec, Malformed):
-            if args.on_error == "fail" and rec.fatal:  # readers' selections (missing_lang, ...) never stop
-                raise rec.error()
-            rejects.add(stats, rec.reason, rec.origin, rec.src, rec.tgt)
-            continue
-        outcomes = cleaner.clean(rec.origin, rec.src, rec.tgt)
-        stats.pairs_read += len(outcomes) - 1  # --long split: each sentence pair counts as read
-        for out in outcomes:
-            if out.reason:
-                rejects.add(stats, out.reason, out.origin, out.src, out.tgt)
-            else:
-                yield out.origin, out.src, out.tgt
-
-
-def read_tsv(path: str) -> Iterator[tuple[str, ...]]:
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for line in f:
-            yield tuple(unescape(x) for x in line.rstrip("\n").split("\t"))
-
-
-def batched(items: Iterable, n: int) -> Iterator[list]:
-    it = iter(items)
-    while batch := list(islice(it, n)):
-        yield batch
-
-
-def encode_split(pairs: Iterable[tuple[str, str, str]], models: dict, stage: str, split: str,
-                 stats: SplitStats, rejects: RejectLog, lengths: Optional[LengthFilter], total: int) -> None:
-    """Pass 2: encode (origin, src, tgt) and append to `{split}.{src,tgt}`, rejecting by `lengths` if given."""
-    writers = {side: TokenArrayWriter(stage, split, side) for side in SIDES}
-    bar = tqdm(total=total, desc=f"encode {split}", unit=" pairs", disable=None, file=sys.stderr, leave=False)
-    for batch in batched(pairs, ENCODE_BATCH):
-        ids = {side: models[side].encode([p[1 + k] for p in batch]) for k, side in enumerate(SIDES)}
-        for (origin, src, tgt), src_ids, tgt_ids in zip(batch, ids["src"], ids["tgt"]):
-            reason = lengths and lengths.reason(len(src_ids), len(tgt_ids))
-            if reason:
-                rejects.add(stats, reason, origin, src, tgt)
-                continue
-            for side, side_ids in (("src", src_ids), ("tgt", tgt_ids)):
-                writers[side].append(side_ids)
-                stats.tokens[side] += len(side_ids)
-                stats.unk[side] += side_ids.count(UNK_ID)
-            stats.pairs_kept += 1
-        bar.update(len(batch))
-    bar.close()
-    for w in writers.values():
-        w.close()
 
 
 def file_info(path: str) -> dict:
@@ -222,6 +156,7 @@ def validate(args: argparse.Namespace) -> None:
               (args.max_ratio >= 1.0, "--max-ratio must be >= 1"),
               (args.spm_sample >= 1, "--spm-sample must be >= 1"),
               (args.max_words >= 0, "--max-words must be >= 0 (0: no limit)"),
+              (args.workers >= 0, "--workers must be >= 0 (0: one per core)"),
               (not os.path.isfile(args.out), f"--out {args.out} is a file, not a directory")]
     for ok, message in checks:
         if not ok:
@@ -256,45 +191,51 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     lines: dict[str, int] = {}  # progress totals: lines of each split's first file
     for i in inputs:
         lines.setdefault(i["split"], i["lines"])
+    workers = args.workers or default_workers()
+    cleaning = CleaningOptions.from_args(args)
+    dedup = Deduplicator(cleaning.dedup, cleaning.near_dedup) if cleaning.dedup or cleaning.near_dedup else None
     pairs_tsv = os.path.join(tmp, "pairs.tsv")
     n_train = 0
     with open(pairs_tsv, "w", encoding="utf-8") as f:
-        for rec in clean_pairs(readers["train"], stats["train"], rejects, args, True,
-                               lines["train"], "read train"):
-            f.write("\t".join(map(escape, rec)) + "\n")
+        for rec in clean_split(readers["train"], CleanTask(cleaning, True), dedup, stats["train"], rejects,
+                               args.on_error, workers, lines["train"], "read train"):
+            f.write(tsv_line(rec))
             n_train += 1
+    del dedup  # the only state that grows with the corpus, and done with
     n_eval = {}
     for split in [s for s in readers if s != "train"]:
         paths = {side: os.path.join(stage, f"{split}.{side}.txt") for side in SIDES}
         with open(paths["src"], "w", encoding="utf-8") as fs, open(paths["tgt"], "w", encoding="utf-8") as ft:
             n_eval[split] = 0
-            for _, src, tgt in clean_pairs(readers[split], stats[split], rejects, args, False, lines.get(split),
-                                           f"read {split}"):
+            for _, src, tgt in clean_split(readers[split], CleanTask(cleaning, False), None, stats[split], rejects,
+                                           args.on_error, workers, lines.get(split), f"read {split}"):
                 fs.write(src + "\n")
                 ft.write(tgt + "\n")
                 n_eval[split] += 1
     if n_train == 0:
         raise PrepareError(f"no training pair is left after filtering ({describe(stats['train'])})")
 
-    chosen = vocab.sample_indices(n_train, args.spm_sample, args.seed)
-    vocab.write_samples(((s, t) for _, s, t in read_tsv(pairs_tsv)), chosen, *vocab.sample_files(tmp, args.joint_vocab))
+    ratio_sample = read_samples(pairs_tsv, n_train, args.spm_sample, RATIO_SAMPLE, args.seed,
+                                *vocab.sample_files(tmp, args.joint_vocab))
     sizes = vocab.train_vocab(tmp, stage, joint=args.joint_vocab, vocab_size=args.vocab_size,
                               model_type=args.model_type, seed=args.seed)
-    models = {side: spm.SentencePieceProcessor(model_file=os.path.join(stage, f"spm.{side}.model")) for side in SIDES}
+    models = {side: os.path.join(stage, f"spm.{side}.model") for side in SIDES}
 
     lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
-                           expected_ratio=corpus_ratio(pairs_tsv, n_train, models, args.seed))
-    encode_split(read_tsv(pairs_tsv), models, stage, "train", stats["train"], rejects, lengths, n_train)
+                           expected_ratio=corpus_ratio(ratio_sample, models))
+    with open(pairs_tsv, encoding="utf-8", newline="\n") as f:
+        encode_split(f, EncodeTask(models, lengths, tsv=True), stage, "train", stats["train"], rejects, workers,
+                     n_train)
     if stats["train"].pairs_kept == 0:
         raise PrepareError(f"no training pair passes the length filters ({describe(stats['train'])})")
     for split, n in n_eval.items():
-        encode_split(eval_pairs(stage, split), models, stage, split, stats[split], rejects, None, n)
+        encode_split(eval_pairs(stage, split), EncodeTask(models, None, tsv=False), stage, split, stats[split],
+                     rejects, workers, n)
     rejects.close()
     shutil.rmtree(tmp)
 
     binarized = [os.path.basename(p) for split in readers for side in SIDES for p in side_paths(stage, split, side)]
     rejected = sum((s.rejected for s in stats.values()), Counter())
-    cleaning = CleaningOptions.from_args(args)
     manifest = {
         "version": MANIFEST_VERSION,
         "pairs_read": sum(s.pairs_read for s in stats.values()),
@@ -324,13 +265,11 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     return manifest
 
 
-def corpus_ratio(pairs_tsv: str, n: int, models: dict, seed: int) -> float:
+def corpus_ratio(sample: list[tuple[str, str]], models: dict[str, str]) -> float:
     """Median tgt/src piece ratio over a seeded sample of the training pairs (see data_prep.filters)."""
-    chosen = vocab.sample_indices(n, RATIO_SAMPLE, seed)
-    sample = [(s, t) for i, (_, s, t) in enumerate(read_tsv(pairs_tsv)) if chosen is None or i in chosen]
-    n_src = map(len, models["src"].encode([s for s, _ in sample]))
-    n_tgt = map(len, models["tgt"].encode([t for _, t in sample]))
-    return median_ratio(zip(n_src, n_tgt))
+    pieces = [map(len, spm.SentencePieceProcessor(model_file=models[side]).encode([pair[k] for pair in sample]))
+              for k, side in enumerate(SIDES)]
+    return median_ratio(zip(*pieces))
 
 
 def eval_pairs(stage: str, split: str) -> Iterator[tuple[str, str, str]]:
@@ -388,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                    help="malformed lines / invalid UTF-8: stop with file:line, or reject and count them")
     p.add_argument("--seed", type=int, default=1, help="seed of the SentencePiece training sample and --split-by-doc")
+    p.add_argument("--workers", type=int, default=0,
+                   help="processes that clean and encode (0: one per core); the output does not depend on it")
     add_cleaning_arguments(p)
     return p
 

@@ -8,7 +8,7 @@ import re
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterator
 
 import sentencepiece as spm
 
@@ -29,20 +29,17 @@ class VocabResult:
     requested: int
 
 
-def sample_indices(n: int, k: int, seed: int) -> set[int] | None:
-    """Which of `n` pairs go into the training sample; None means all of them."""
-    return None if n <= k else set(random.Random(seed).sample(range(n), k))
+def sample_flags(n: int, k: int, seed: int | str) -> Iterator[bool]:
+    """For each of `n` items in order, whether it is in a seeded uniform sample of min(n, k) of them.
 
-
-def write_samples(pairs: Iterable[tuple[str, str]], chosen: set[int] | None, src_file: str, tgt_file: str) -> None:
-    """Write the chosen pairs' sides (one sentence a line) to two files (the same file for a joint vocabulary)."""
-    fs = open(src_file, "w", encoding="utf-8")
-    ft = fs if tgt_file == src_file else open(tgt_file, "w", encoding="utf-8")
-    with fs, ft:
-        for i, (src, tgt) in enumerate(pairs):
-            if chosen is None or i in chosen:
-                fs.write(src + "\n")
-                ft.write(tgt + "\n")
+    Selection sampling (Knuth's Algorithm S): one pass, constant memory whatever `n` and `k` are; item i is
+    taken with probability (still wanted) / (still left), so exactly min(n, k) are, and all of them when n <= k.
+    """
+    rng, wanted = random.Random(seed), k
+    for left in range(n, 0, -1):
+        take = wanted > 0 and rng.random() * left < wanted
+        wanted -= take
+        yield take
 
 
 def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_type: str, seed: int) -> int:

@@ -1,0 +1,274 @@
+"""The streaming passes of `data_prep.prepare`, cut into chunks and spread over worker processes.
+
+Work goes in chunks of `CHUNK` records. What happens to a chunk is a pure function of the chunk (`CleanTask`:
+repairs and text rules; `EncodeTask`: SentencePiece and the piece rules), computed in any of `--workers`
+processes; the results are consumed in input order by the main process, which alone holds state: the
+duplicate tables (data_prep.dedup), the counters, rejects.tsv and the output files. Chunk boundaries do not
+depend on the number of workers, so the output is byte-identical for any --workers. At most 2 x workers + 1
+chunks are in flight: memory does not grow with the corpus.
+
+Workers are forked (on Linux; spawned elsewhere) when there is more than one chunk; `--workers 1` and inputs of
+one chunk run everything in the main process. SentencePiece encodes with one thread per worker; its training
+keeps its own fixed 2 threads (data_prep.vocab): a thread count that followed --workers might change the
+model (floating-point sums split differently). On 2 cores, 2 workers beside the main process (reading,
+deduplicating, writing) are ~1.5x faster end to end than one process, and 3 are no faster than 2
+(docs/BENCHMARKS.md, section 5).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import sys
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from itertools import chain, islice
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, TypeVar
+
+import numpy as np
+import sentencepiece as spm
+from tqdm import tqdm
+
+from .binary import SIDES, TOKEN_DTYPE, UNK_ID, TokenArrayWriter
+from .clean import CleaningOptions, Cleaner, dedup_keys
+from .dedup import Deduplicator
+from .filters import LengthFilter
+from .readers import Malformed, Pair, Reader
+from .vocab import sample_flags
+
+if TYPE_CHECKING:
+    from .prepare import RejectLog, SplitStats
+
+CHUNK = 2000  # records per task: large enough to amortise the transfer, small enough to keep memory flat
+Local, Payload, Result = TypeVar("Local"), TypeVar("Payload"), TypeVar("Result")
+
+
+def default_workers() -> int:
+    """One worker per core this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# --- the temporary TSV of kept training pairs -----------------------------------------------------------------
+
+_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
+
+
+def escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def unescape(text: str) -> str:
+    return _ESCAPED.sub(lambda m: _UNESCAPE[m.group(1)], text) if "\\" in text else text
+
+
+def tsv_line(fields: Iterable[str]) -> str:
+    return "\t".join(map(escape, fields)) + "\n"
+
+
+def parse_tsv_line(line: str) -> tuple[str, ...]:
+    return tuple(unescape(x) for x in line.rstrip("\n").split("\t"))
+
+
+# --- order-preserving parallel map ----------------------------------------------------------------------------
+
+_TASK: Optional[Callable] = None  # a worker process's task, installed once per pool
+
+
+def _install(task: Callable) -> None:
+    global _TASK
+    _TASK = task
+
+
+def _run(payload):
+    return _TASK(payload)
+
+
+def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local, Payload]],
+                 workers: int) -> Iterator[tuple[Local, Result]]:
+    """(local, task(payload)) for each (local, payload) of `items`, in order. `local` stays in this process;
+    `task` and the payloads go to the workers. At most 2 x workers payloads are in flight."""
+    items = iter(items)
+    head = list(islice(items, 2))
+    if workers <= 1 or len(head) < 2:
+        for local, payload in chain(head, items):
+            yield local, task(payload)
+        return
+    # fork: workers start in milliseconds with everything imported (the tasks are also picklable for spawn)
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(task,)) as pool:
+        pending: deque = deque()
+        for local, payload in chain(head, items):
+            pending.append((local, pool.submit(_run, payload)))
+            if len(pending) > 2 * workers:
+                local, future = pending.popleft()
+                yield local, future.result()
+        while pending:
+            local, future = pending.popleft()
+            yield local, future.result()
+
+
+def batched(items: Iterable, n: int) -> Iterator[list]:
+    it = iter(items)
+    while batch := list(islice(it, n)):
+        yield batch
+
+
+def progress(total: Optional[int], desc: str, unit: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit=unit, disable=None, file=sys.stderr, leave=False)
+
+
+# --- pass 1: repair, clean, deduplicate -----------------------------------------------------------------------
+
+@dataclass
+class CleanedChunk:
+    outcomes: list[tuple[str, str, str, Optional[str]]]  # (origin, src, tgt, reason) in order
+    per_pair: list[int]  # outcomes of each input pair (more than one with --long split)
+    dedup_at: list[int]  # which outcomes the duplicate rules judge, and their keys:
+    exact: np.ndarray
+    near: np.ndarray
+    repaired: Counter = field(default_factory=Counter)
+    long_split: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class CleanTask:
+    """Repairs and text rules (`Cleaner.clean_text`) of a chunk of (origin, src, tgt)."""
+
+    options: CleaningOptions
+    train: bool
+
+    def __call__(self, pairs: list[tuple[str, str, str]]) -> CleanedChunk:
+        cleaner = Cleaner(self.options, self.train, deduplicate=False)  # duplicates: in input order, in clean_split
+        outcomes, per_pair = [], []
+        for origin, src, tgt in pairs:
+            cleaned = cleaner.clean_text(origin, src, tgt)
+            outcomes.extend(cleaned)
+            per_pair.append(len(cleaned))
+        which, exact, near = dedup_keys(outcomes)
+        return CleanedChunk([(o.origin, o.src, o.tgt, o.reason) for o in outcomes], per_pair, which, exact, near,
+                            cleaner.repaired, cleaner.long_split)
+
+
+def clean_split(reader: Reader, task: CleanTask, dedup: Optional[Deduplicator], stats: SplitStats,
+                rejects: RejectLog, on_error: str, workers: int, total: Optional[int],
+                desc: str) -> Iterator[tuple[str, str, str]]:
+    """Pass 1 of one split: (origin, src, tgt) of the pairs that are well-formed and pass the text rules and,
+    with `dedup`, the duplicate rules; every other record is counted in `stats` and logged in `rejects`."""
+    chunks = ((records, [(r.origin, r.src, r.tgt) for r in records if isinstance(r, Pair)])
+              for records in batched(reader, CHUNK))
+    bar = progress(total, desc, " lines")
+    for records, chunk in parallel_map(task, chunks, workers):
+        stats.repaired.update(chunk.repaired)
+        stats.long_split.update(chunk.long_split)
+        reasons = {i: r for i, r in zip(chunk.dedup_at, dedup.reasons(chunk.exact, chunk.near)) if r} if dedup else {}
+        per_pair, at = iter(chunk.per_pair), 0
+        for rec in records:
+            stats.pairs_read += 1
+            if isinstance(rec, Malformed):
+                if on_error == "fail" and rec.fatal:  # readers' selections (missing_lang, ...) never stop
+                    raise rec.error()
+                rejects.add(stats, rec.reason, rec.origin, rec.src, rec.tgt)
+                continue
+            n = next(per_pair)
+            stats.pairs_read += n - 1  # --long split: each sentence pair counts as read
+            for i in range(at, at + n):
+                origin, src, tgt, reason = chunk.outcomes[i]
+                reason = reason or reasons.get(i)
+                if reason:
+                    rejects.add(stats, reason, origin, src, tgt)
+                else:
+                    yield origin, src, tgt
+            at += n
+        bar.update(len(records))
+    bar.close()
+
+
+# --- between the passes: the SentencePiece and ratio samples --------------------------------------------------
+
+def read_samples(pairs_tsv: str, n: int, spm_sample: int, ratio_sample: int, seed: int, src_file: str,
+                 tgt_file: str) -> list[tuple[str, str]]:
+    """One read of the `n` kept training pairs: writes a seeded sample of `spm_sample` of them to the
+    SentencePiece input files (data_prep.vocab.sample_files) and returns another of `ratio_sample` pairs."""
+    spm_flags, ratio_flags = sample_flags(n, spm_sample, seed), sample_flags(n, ratio_sample, f"ratio:{seed}")
+    ratio_pairs = []
+    fs = open(src_file, "w", encoding="utf-8")
+    ft = fs if tgt_file == src_file else open(tgt_file, "w", encoding="utf-8")
+    with open(pairs_tsv, encoding="utf-8", newline="\n") as f, fs, ft:
+        for line, for_spm, for_ratio in zip(f, spm_flags, ratio_flags):
+            if for_spm or for_ratio:
+                _, src, tgt = parse_tsv_line(line)
+                if for_spm:
+                    fs.write(src + "\n")
+                    ft.write(tgt + "\n")
+                if for_ratio:
+                    ratio_pairs.append((src, tgt))
+    return ratio_pairs
+
+
+# --- pass 2: encode, length rules, binarize -------------------------------------------------------------------
+
+@dataclass
+class EncodedChunk:
+    tokens: dict[str, np.ndarray]  # side -> ids of the kept pairs, concatenated
+    lengths: dict[str, np.ndarray]  # side -> ids per kept pair
+    unk: dict[str, int]
+    rejected: list[tuple[str, str, str, str]]  # (reason, origin, src, tgt) in order
+
+
+@dataclass
+class EncodeTask:
+    """SentencePiece-encode a chunk of pairs and apply the piece rules (`lengths`; None: keep all).
+    `tsv`: the chunk is lines of the temporary TSV, else (origin, src, tgt) tuples."""
+
+    model_files: dict[str, str]
+    lengths: Optional[LengthFilter]
+    tsv: bool
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_models"}  # workers load their own
+
+    def models(self) -> dict[str, spm.SentencePieceProcessor]:
+        if "_models" not in self.__dict__:
+            self._models = {side: spm.SentencePieceProcessor(model_file=path, num_threads=1)
+                            for side, path in self.model_files.items()}
+        return self._models
+
+    def __call__(self, rows: list) -> EncodedChunk:
+        pairs = [parse_tsv_line(r) for r in rows] if self.tsv else rows
+        models = self.models()
+        ids = {side: models[side].encode([p[1 + k] for p in pairs]) for k, side in enumerate(SIDES)}
+        rejected = []
+        if self.lengths:
+            keep = []
+            for p, src_ids, tgt_ids in zip(pairs, ids["src"], ids["tgt"]):
+                reason = self.lengths.reason(len(src_ids), len(tgt_ids))
+                keep.append(not reason)
+                if reason:
+                    rejected.append((reason, *p))
+            if rejected:
+                ids = {side: [x for x, k in zip(side_ids, keep) if k] for side, side_ids in ids.items()}
+        lengths = {side: np.fromiter(map(len, ids[side]), np.int64, len(ids[side])) for side in SIDES}
+        tokens = {side: np.fromiter(chain.from_iterable(ids[side]), TOKEN_DTYPE, int(lengths[side].sum()))
+                  for side in SIDES}
+        return EncodedChunk(tokens, lengths, {s: int(np.count_nonzero(tokens[s] == UNK_ID)) for s in SIDES}, rejected)
+
+
+def encode_split(rows: Iterable, task: EncodeTask, stage: str, split: str, stats: SplitStats, rejects: RejectLog,
+                 workers: int, total: int) -> None:
+    """Pass 2 of one split: encode `rows` (see `EncodeTask`) and append the kept pairs to `{split}.{src,tgt}`."""
+    writers = {side: TokenArrayWriter(stage, split, side) for side in SIDES}
+    bar = progress(total, f"encode {split}", " pairs")
+    for n, chunk in parallel_map(task, ((len(b), b) for b in batched(rows, CHUNK)), workers):
+        for reason, origin, src, tgt in chunk.rejected:
+            rejects.add(stats, reason, origin, src, tgt)
+        for side in SIDES:
+            writers[side].append_many(chunk.tokens[side], chunk.lengths[side])
+            stats.tokens[side] += len(chunk.tokens[side])
+            stats.unk[side] += chunk.unk[side]
+        stats.pairs_kept += len(chunk.lengths["src"])
+        bar.update(n)
+    bar.close()
+    for w in writers.values():
+        w.close()
