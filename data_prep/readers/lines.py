@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 from itertools import zip_longest
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from .base import (Line, Malformed, Pair, PrepareError, Reader, Record, check_lang_pair, count_lines,
                    invalid_utf8, lang_matches, read_lines)
@@ -76,16 +76,11 @@ class TsvReader(Reader):
     swap = False  # True: the file's first column is the target
 
     def records(self) -> Iterator[Record]:
-        for line in read_lines(self.src_path):
-            origin = f"{self.src_path}:{line.number}"
-            if line.text is None:
-                yield invalid_utf8(origin, line)
-                continue
-            fields = line.text.split("\t")
-            if len(fields) != 2:
-                yield Malformed("malformed", origin, f"expected 2 tab-separated fields, found {len(fields)}",
-                                src=line.text)
+        for rec in split_lines(self.src_path, read_lines(self.src_path), "\t", (2,), "2 tab-separated fields"):
+            if isinstance(rec, Malformed):
+                yield rec
             else:
+                origin, fields = rec
                 yield Pair(*fields[::-1] if self.swap else fields, origin)
 
 
@@ -104,17 +99,12 @@ class AspecReader(Reader):
         check_lang_pair(self.src_lang, self.tgt_lang)
 
     def records(self) -> Iterator[Record]:
-        for line in read_lines(self.src_path):
-            origin = f"{self.src_path}:{line.number}"
-            if line.text is None:
-                yield invalid_utf8(origin, line)
+        expected = f"{' or '.join(map(str, self.FIELDS))} ' ||| '-separated fields"
+        for rec in split_lines(self.src_path, read_lines(self.src_path), " ||| ", self.FIELDS, expected):
+            if isinstance(rec, Malformed):
+                yield rec
                 continue
-            fields = line.text.split(" ||| ")
-            if len(fields) not in self.FIELDS:
-                expected = " or ".join(map(str, self.FIELDS))
-                yield Malformed("malformed", origin, f"expected {expected} ' ||| '-separated fields, "
-                                f"found {len(fields)}", src=line.text)
-                continue
+            origin, fields = rec
             text = dict(zip(self.LANGS, fields[-2:]))
             yield Pair(text[self.src_lang], text[self.tgt_lang], origin, doc=self.doc_id(fields))
 
@@ -176,17 +166,12 @@ class ParaPatReader(TsvReader):
     def type1_records(self) -> Iterator[Record]:
         lines = read_lines(self.src_path)
         next(lines)  # the header
-        for line in lines:
-            origin = f"{self.src_path}:{line.number}"
-            if line.text is None:
-                yield invalid_utf8(origin, line)
+        expected = "6 tab-separated fields (index, family_id, src_lang, src_abs, tgt_lang, tgt_abs)"
+        for rec in split_lines(self.src_path, lines, "\t", (6,), expected):
+            if isinstance(rec, Malformed):
+                yield rec
                 continue
-            fields = line.text.split("\t")
-            if len(fields) != 6:
-                yield Malformed("malformed", origin, f"expected 6 tab-separated fields (index, family_id, "
-                                f"src_lang, src_abs, tgt_lang, tgt_abs), found {len(fields)}", src=line.text)
-                continue
-            index, family, l1, text1, l2, text2 = fields
+            origin, (index, family, l1, text1, l2, text2) = rec
             meta = {"index": index, "family_id": family}
             if lang_matches(l1, self.src_lang) and lang_matches(l2, self.tgt_lang):
                 yield Pair(text1, text2, origin, doc=family, meta=meta)
@@ -195,6 +180,22 @@ class ParaPatReader(TsvReader):
             else:
                 yield Malformed("other_pair", origin, f"language pair {l1}-{l2}, not {self.src_lang}-{self.tgt_lang}",
                                 src=text1, tgt=text2)
+
+
+def split_lines(path: str, lines: Iterator[Line], sep: str, counts: tuple, expected: str
+                ) -> Iterator[Union[tuple[str, list[str]], Malformed]]:
+    """(origin, fields) of each line split on `sep`; invalid UTF-8 or a field count not in `counts` is a
+    `Malformed` record ("expected <expected>, found N")."""
+    for line in lines:
+        origin = f"{path}:{line.number}"
+        if line.text is None:
+            yield invalid_utf8(origin, line)
+            continue
+        fields = line.text.split(sep)
+        if len(fields) in counts:
+            yield origin, fields
+        else:
+            yield Malformed("malformed", origin, f"expected {expected}, found {len(fields)}", src=line.text)
 
 
 def first_line(path: str) -> Optional[str]:
