@@ -101,8 +101,8 @@ def test_layout_change_on_resume(tiny_data, tmp_path):
 
 
 # ---- failing well -------------------------------------------------------------------------------------
-def _spawn(cmd, log: Path, env_extra=None) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="disabled", PYTHONPATH=str(REPO), **(env_extra or {}))
+def _spawn(cmd, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="disabled", PYTHONPATH=str(REPO))
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -147,12 +147,16 @@ def _assert_checkpoints_trustworthy(run: Path) -> None:
         assert checkpoint.verify(str(run / "checkpoints" / name)) == [], name
 
 
+def _endless_job(tiny_data, tmp_path, ranks: int, *overrides) -> tuple[subprocess.Popen, Path, Path]:
+    """A run that would go on for 100k steps (no validation), started in its own session."""
+    run, log = tmp_path / "run", tmp_path / "job.log"
+    ds = ds_config(tmp_path, HYBRID if ranks == 2 else SINGLE, total_steps=100000)
+    cmd = train_cmd(tiny_data, run, ranks, ds, "train.max_steps=100000", "train.eval_every=100000", *overrides)
+    return _spawn(cmd, log), run, log
+
+
 def test_kill_9_of_one_rank_ends_the_job(tiny_data, tmp_path):
-    run = tmp_path / "run"
-    log = tmp_path / "job.log"
-    cmd = train_cmd(tiny_data, run, 2, ds_config(tmp_path, HYBRID, total_steps=100000), "train.max_steps=100000",
-                    "train.eval_every=100000", "train.save_every=3")
-    job = _spawn(cmd, log)
+    job, run, log = _endless_job(tiny_data, tmp_path, 2, "train.save_every=3")
     _wait_for_step(job, run, 4)
     os.kill(_rank_process(job, 1).pid, signal.SIGKILL)
     elapsed = _wait_exit(job, 60)
@@ -166,11 +170,7 @@ def test_kill_9_of_one_rank_ends_the_job(tiny_data, tmp_path):
 def test_a_stopped_rank_times_out(tiny_data, tmp_path):
     """SIGSTOP: rank 1 neither dies nor answers; rank 0 gives up after train.comm_timeout_s and the
     launcher then ends the job (it waits 30 s for the stopped rank before SIGKILL)."""
-    run = tmp_path / "run"
-    log = tmp_path / "job.log"
-    cmd = train_cmd(tiny_data, run, 2, ds_config(tmp_path, HYBRID, total_steps=100000), "train.max_steps=100000",
-                    "train.eval_every=100000", "train.comm_timeout_s=8")
-    job = _spawn(cmd, log)
+    job, run, log = _endless_job(tiny_data, tmp_path, 2, "train.comm_timeout_s=8")
     _wait_for_step(job, run, 3)
     os.kill(_rank_process(job, 1).pid, signal.SIGSTOP)
     elapsed = _wait_exit(job, 90)
@@ -183,36 +183,31 @@ def test_a_stopped_rank_times_out(tiny_data, tmp_path):
 def test_sigterm_saves_and_exits_0(tiny_data, tmp_path):
     """One process: SIGTERM -> the current step finishes, a checkpoint of it is saved, exit 0; then
     the run continues from exactly there."""
-    run = tmp_path / "run"
-    ds = ds_config(tmp_path, SINGLE, total_steps=100000)
-    job = _spawn(train_cmd(tiny_data, run, 1, ds, "train.max_steps=100000", "train.eval_every=100000",
-                           "train.save_every=0"), tmp_path / "job.log")
+    job, run, log = _endless_job(tiny_data, tmp_path, 1, "train.save_every=0")
     _wait_for_step(job, run, 3)
     job.send_signal(signal.SIGTERM)
     _wait_exit(job, 60)
-    text = (tmp_path / "job.log").read_text()
+    text = log.read_text()
     assert job.returncode == 0, text[-2000:]
     last = max(losses(run))
     assert f"stopped by SIGTERM after step {last}" in text
     assert checkpoint.read_pointer(str(run), "latest") == checkpoint.step_name(last)
     _assert_checkpoints_trustworthy(run)
-    train(tiny_data, run, 1, ds, f"train.max_steps={last + 2}", "train.resume=auto")
+    train(tiny_data, run, 1, ds_config(tmp_path, SINGLE, total_steps=100000), f"train.max_steps={last + 2}",
+          "train.resume=auto")
     assert sorted(losses(run)) == list(range(1, last + 3))
 
 
 def test_sigterm_to_the_launched_job_saves_on_every_rank(tiny_data, tmp_path):
     """SIGTERM to the whole job (what a scheduler sends): both ranks agree on the step, save it, exit."""
-    run = tmp_path / "run"
-    job = _spawn(train_cmd(tiny_data, run, 2, ds_config(tmp_path, HYBRID, total_steps=100000),
-                           "train.max_steps=100000", "train.eval_every=100000", "train.save_every=0"),
-                 tmp_path / "job.log")
+    job, run, log = _endless_job(tiny_data, tmp_path, 2, "train.save_every=0")
     _wait_for_step(job, run, 3)
     ranks = [_rank_process(job, r) for r in (0, 1)]
     os.killpg(job.pid, signal.SIGTERM)  # the runner dies at once; the ranks finish their step and save
     _, alive = psutil.wait_procs(ranks, timeout=60)
     assert not alive, "a rank was still running 60 s after SIGTERM"
     _wait_exit(job, 60)
-    text = (tmp_path / "job.log").read_text()
+    text = log.read_text()
     last = max(losses(run))
     assert f"stopped by SIGTERM after step {last}" in text, text[-3000:]
     assert checkpoint.read_pointer(str(run), "latest") == checkpoint.step_name(last)

@@ -47,10 +47,6 @@ def layer_name(index: int) -> str:
     return f"layer_{index:02d}"
 
 
-def layer_file(ckpt: str, index: int) -> str:
-    return os.path.join(ckpt, f"{layer_name(index)}-model_states.pt")
-
-
 def model_file(ckpt: str, part: str) -> str:
     """`part`: 'layer_XX' or 'head'."""
     return os.path.join(ckpt, f"{part}-model_states.pt")
@@ -258,7 +254,7 @@ def load_model_weights(model, ckpt: str) -> dict:
         if problems:
             raise CheckpointError(f"{ckpt}: {'; '.join(problems)}")
     for index, layer in enumerate(model.layers()):
-        path = layer_file(ckpt, index)
+        path = model_file(ckpt, layer_name(index))
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: missing layer {index} (checkpoint incomplete or model.layers differs)")
         layer.load_state_dict(load(path))

@@ -27,16 +27,18 @@ class Persistence:
         self.rank = layout.rank
         self.files: dict = {}
 
-    def _agree(self, error: Optional[str], step: int, what: str) -> None:
-        """Every rank learns every rank's error; all raise the same CheckpointError if there is one."""
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        errors = [e for e in errors if e]
+    def _agree(self, error: Optional[str], step: int, what: str, payload=None) -> list:
+        """Every rank learns every rank's error (and `payload`); all raise the same CheckpointError if
+        there is one. Returns every rank's payload."""
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (payload, error))
+        errors = [e for _, e in gathered if e]
         if errors:
             if self.rank == 0:
                 ck.abandon(self.run_dir, step)
             raise ck.CheckpointError(f"saving checkpoint {ck.step_name(step)} failed while {what}: "
                                      f"{'; '.join(errors)}. Earlier checkpoints are intact; training stopped.")
+        return [p for p, _ in gathered]
 
     def write_rank_files(self, step: int) -> str:
         """Phases 1 and 2; returns the temporary directory (complete weights, for a dev decode)."""
@@ -68,10 +70,8 @@ class Persistence:
             files[os.path.basename(path)] = ck.write_torch(path, capture_rng())
         except OSError as e:
             error = f"rank {self.rank}: {e.filename or tmp}: {e.strerror or e}"
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (files, error))
-        self._agree(error, step, "writing its files")
-        self.files = {name: entry for rank_files, _ in gathered for name, entry in rank_files.items()}
+        gathered = self._agree(error, step, "writing its files", payload=files)
+        self.files = {name: entry for rank_files in gathered for name, entry in rank_files.items()}
         return tmp
 
     def commit(self, step: int, train_state: dict, meta: dict, best: bool, keep_last: int) -> str:

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from trainer import checkpoint, faults
 from trainer.config import to_yaml
 from trainer.data import BatchStream, ParallelData, has_split, read_manifest
-from trainer.distributed import device, init_distributed, peer_table, set_threads
+from trainer.distributed import device, init_distributed, peer_table, print0, set_threads
 from trainer.engine import StepRunner, build_rank_module
 from trainer.layout import LayoutSpec, ParallelLayout, split_even
 from trainer.logger import NullLogger, RunLogger
@@ -97,29 +97,23 @@ class Trainer:
         self.step = 0
         self.best_bleu, self.bad_evals = -1.0, 0
         self.skipped_steps = self.bad_steps = 0
-        self.saved_step = -1
         self.faults = faults.from_env()
         self.persist = Persistence(self.run_dir, self.layout, self.module, self.engine, self.faults)
         resume_from = self._find_resume()
         if self.rank == 0:
             self._init_run_dir(ds)
         dist.barrier()
-        if resume_from:
-            self._resume(resume_from)
+        resume_notes = self._resume(resume_from) if resume_from else []
         self.log = (RunLogger(self.run_dir, cfg, cfg.train.max_steps, start_step=self.step) if self.rank == 0
                     else NullLogger())
         self.log.message(f"layout: mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} "
                          f"units={spec.micro_batches} chunks={spec.time_chunks} threads/rank={self.threads} "
                          f"train pairs={len(self.train_data)} global micro-batch<={self.global_micro} gas={self.gas}")
-        for line in getattr(self, "_resume_notes", []):
+        for line in resume_notes:
             self.log.message(line)
         self.stop_signal = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-
-    def _message(self, text: str) -> None:
-        if self.rank == 0:
-            print(text, flush=True)
 
     def _record_grad_norm(self) -> None:
         """DeepSpeed's fp32 clipping path computes the global norm but does not keep it (bf16 keeps
@@ -174,17 +168,16 @@ class Trainer:
         answer = [None, None]
         if self.rank == 0:
             try:
-                which = self.cfg.train.resume
+                which, existing = self.cfg.train.resume, checkpoint.complete_checkpoints(self.run_dir)
                 if which:
-                    answer[0] = checkpoint.find_resume(self.run_dir, which, log=self._message)
+                    answer[0] = checkpoint.find_resume(self.run_dir, which, log=print0)
                     if answer[0] is None:
-                        self._message(f"resume: {checkpoint.root(self.run_dir)} holds no usable checkpoint; "
+                        print0(f"resume: {checkpoint.root(self.run_dir)} holds no usable checkpoint; "
                                       f"starting from scratch")
-                elif checkpoint.complete_checkpoints(self.run_dir):
-                    newest = checkpoint.complete_checkpoints(self.run_dir)[-1]
+                elif existing:
                     raise checkpoint.CheckpointError(
-                        f"run.dir={self.run_dir} already holds checkpoints (newest {newest}): continue that run "
-                        f"with train.resume=auto, or choose another run.dir")
+                        f"run.dir={self.run_dir} already holds checkpoints (newest {existing[-1]}): continue "
+                        f"that run with train.resume=auto, or choose another run.dir")
             except checkpoint.CheckpointError as e:
                 answer[1] = str(e)
         dist.broadcast_object_list(answer, src=0)
@@ -213,7 +206,8 @@ class Trainer:
                                              ". Set train.resume_force=true to resume anyway.")
         return problems
 
-    def _resume(self, ckpt: str) -> None:
+    def _resume(self, ckpt: str) -> list[str]:
+        """Load `ckpt` into this rank; returns what to tell the user."""
         ts = TrainState.from_dict(checkpoint.read_json(os.path.join(ckpt, checkpoint.TRAIN_STATE)))
         notes = [f"resume: from {ckpt} (step {ts.step})"]
         notes += [f"resume: FORCED although {p}" for p in self._check_compatible(ckpt, ts)]
@@ -233,10 +227,9 @@ class Trainer:
         self.stream.load_state_dict(ts.stream)  # forced with other batching: same epoch and batch count
         self.step, self.best_bleu, self.bad_evals = ts.step, ts.best_bleu, ts.bad_evals
         self.skipped_steps, self.bad_steps = ts.skipped_steps, ts.bad_steps
-        self.saved_step = ts.step
         if self.rank == 0:
             _truncate_metrics(os.path.join(self.run_dir, "metrics.jsonl"), ts.step)
-        self._resume_notes = notes
+        return notes
 
     # ---- one optimizer step ----
     def train_step(self) -> dict:
@@ -294,7 +287,7 @@ class Trainer:
                 self.log.message(f"stopped by {self.stop_signal} after step {self.step}: saved "
                                  f"{checkpoint.step_name(self.step)}; continue with train.resume=auto")
             elif self.step % cfg.eval_every == 0 or last:
-                row.update(self.validate())
+                row.update(self.save(evaluate=True))
                 stop = stop or ("early" if self._early_stop(row) else None)
             elif cfg.save_every and self.step % cfg.save_every == 0:
                 self.save()
@@ -368,9 +361,6 @@ class Trainer:
         self.module.train()
         return nll / tokens
 
-    def validate(self) -> dict:
-        return self.save(evaluate=True)
-
     def _evaluate(self, ckpt: str) -> dict:
         """Dev loss (every rank) and dev BLEU (rank 0 decodes from the checkpoint's files); the RNG
         streams are left as they were, so a resumed run continues exactly."""
@@ -435,7 +425,6 @@ class Trainer:
         meta = {"step": self.step, "epoch": self.stream.epoch, "data_checksum": self.manifest.get("checksum"),
                 "layout": self.layout.spec.__dict__, **row}
         self.persist.commit(self.step, self.train_state().to_dict(), meta, best, self.cfg.train.keep_last)
-        self.saved_step = self.step
         return row
 
 
