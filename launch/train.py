@@ -7,7 +7,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import fail, run_dry, train_main  # noqa: E402
+from trainer.cli import fail, leave, run_dry, train_main  # noqa: E402
 from trainer.trainer import TrainingError  # noqa: E402
 
 
@@ -22,11 +22,11 @@ def main(argv=None):
     try:
         if args.dry_run:
             return run_dry(args.deepspeed_config)
-        return train_main(args.config, args.overrides, args.deepspeed_config)
+        leave(train_main(args.config, args.overrides, args.deepspeed_config))
     except (ValueError, FileNotFoundError, CheckpointError) as e:
-        fail(e)
+        fail(e, exit=leave)
     except TrainingError as e:
-        fail(e, code=1)
+        fail(e, code=1, exit=leave)
 
 
 if __name__ == "__main__":

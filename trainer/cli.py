@@ -6,10 +6,19 @@ import os
 import sys
 
 
-def fail(err: Exception, code: int = 2) -> None:
+def fail(err: Exception, code: int = 2, exit=sys.exit) -> None:
     """A user error (exit code 2) or a stop with a reason (1): one line on stderr, no traceback."""
     print(f"error: {err}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    exit(code)
+
+
+def leave(code: int) -> None:
+    """End a training process once its work is done and its files are closed, skipping interpreter
+    teardown: there, gloo/DeepSpeed background threads have now and then aborted a finished process
+    ("terminate called without an active exception", exit -6), turning a clean run into a failure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _lost_peer_exit(err: Exception, trainer) -> None:
@@ -63,6 +72,10 @@ def train_main(config_path, overrides, ds_config_path) -> int:
     except Exception as e:
         if is_comm_failure(e):
             _lost_peer_exit(e, trainer)
+        if dist.is_initialized():  # an error every rank raised together (a failed save, bad steps, ...):
+            if trainer is not None:  # leave no collective in flight, or gloo aborts the process at exit
+                trainer.runner.sync_head()
+            dist.destroy_process_group()
         raise
     if dist.is_initialized():  # leave together: no rank tears gloo down under a peer still talking
         dist.barrier()

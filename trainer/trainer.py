@@ -365,7 +365,6 @@ class Trainer:
         """Dev loss (every rank) and dev BLEU (rank 0 decodes from the checkpoint's files); the RNG
         streams are left as they were, so a resumed run continues exactly."""
         row, rng = {}, capture_rng()
-        self.runner.sync_head()
         loss = self.dev_loss()
         bleu = [None]
         if self.rank == 0:
@@ -414,6 +413,7 @@ class Trainer:
             raise TrainingError(str(e)) from None
 
     def _save(self, evaluate: bool) -> dict:
+        self.runner.sync_head()  # no async collective may be in flight when a save fails and the ranks exit
         tmp = self.persist.write_rank_files(self.step)
         row, best = {}, False
         if evaluate and self.dev_data is not None:
