@@ -8,6 +8,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.cli import fail, leave, run_dry, train_main  # noqa: E402
+from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError  # noqa: E402
+from trainer.parallel.runtime import RendezvousError  # noqa: E402
 from trainer.trainer import TrainingError  # noqa: E402
 
 
@@ -23,7 +25,7 @@ def main(argv=None):
         if args.dry_run:
             return run_dry(args.deepspeed_config)
         leave(train_main(args.config, args.overrides, args.deepspeed_config))
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
+    except (ValueError, FileNotFoundError, CheckpointError, DeepSpeedVersionError, RendezvousError) as e:
         fail(e, exit=leave)
     except TrainingError as e:
         fail(e, code=1, exit=leave)

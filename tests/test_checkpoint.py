@@ -11,7 +11,7 @@ from trainer import checkpoint as ck
 from trainer.data import BatchStream
 from trainer.faults import parse
 from trainer.state import TrainState, capture_rng, restore_rng
-from trainer.trainer import _truncate_metrics
+from trainer.resume import truncate_metrics as _truncate_metrics
 
 
 def make_checkpoint(run_dir, step: int) -> str:

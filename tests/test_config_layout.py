@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import REPO, run_cli
 from trainer.config import ConfigError, load_config
 from trainer.data import make_batches
-from trainer.layout import LayoutError, LayoutSpec
+from trainer.parallel.layout import LayoutError, LayoutSpec
 
 
 def test_unknown_key_and_wrong_type_name_the_key():

@@ -4,28 +4,35 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.schedule import Instr, build_schedule, format_schedule, global_programs, replay
+from trainer.parallel.layout import LayoutSpec, group_members
+from trainer.parallel.schedule import Instr, build_schedule, format_schedule, global_programs, replay
+
+
+def _spec(num_pp: int, num_dp: int, units: int = 1, chunks: int = 1, head_parallel: bool = True) -> LayoutSpec:
+    mode = "data" if num_pp == 1 else ("hybrid" if head_parallel else "pipeline")
+    return LayoutSpec(mode=mode, num_pp=num_pp, num_dp=num_dp, micro_batches=units, time_chunks=chunks)
 
 
 def _groups(num_pp: int, num_dp: int) -> dict:
-    rank = lambda s, d: s * num_dp + d  # noqa: E731  (DeepSpeed's PipeDataParallelTopology order)
-    world = [list(range(num_pp * num_dp))]
-    replicas = [[rank(s, d) for d in range(num_dp)] for s in range(num_pp)]
-    pipes = [[rank(s, d) for s in range(num_pp)] for d in range(num_dp)]
-    return {"reduce_metrics": world, "reduce_grads": replicas, "reduce_head_grads": pipes, "broadcast_head": pipes}
+    """The process groups the runtime builds for this layout (trainer.parallel.layout.group_members)."""
+    return group_members(_spec(num_pp, num_dp))
+
+
+def _programs(num_pp, num_dp, units, chunks, head_parallel, **kw):
+    return global_programs(_spec(num_pp, num_dp, units, chunks, head_parallel), **kw)
 
 
 @pytest.mark.parametrize("num_pp", range(2, 9))
 @pytest.mark.parametrize("units,chunks", [(1, 1), (2, 1), (4, 1), (8, 1), (3, 2), (1, 4)])
 @pytest.mark.parametrize("head_parallel", [True, False])
 def test_pipeline_schedules_never_deadlock(num_pp, units, chunks, head_parallel):
-    programs = global_programs(num_pp, 1, units, chunks, head_parallel)
+    programs = _programs(num_pp, 1, units, chunks, head_parallel)
     replay(programs, _groups(num_pp, 1))
 
 
 @pytest.mark.parametrize("num_pp,num_dp", [(1, 2), (1, 8), (2, 2), (2, 4), (4, 2), (3, 3)])
 def test_grid_schedules_never_deadlock(num_pp, num_dp):
-    programs = global_programs(num_pp, num_dp, 3, 2, head_parallel=num_pp > 1)
+    programs = _programs(num_pp, num_dp, 3, 2, head_parallel=num_pp > 1)
     replay(programs, _groups(num_pp, num_dp))
 
 
@@ -53,7 +60,7 @@ def test_head_phase_only_in_hybrid_on_every_stage():
 
 
 def test_replay_catches_a_deadlock():
-    programs = global_programs(3, 1, 2, 1, True)
+    programs = _programs(3, 1, 2, 1, True)
     # stage 1 waits for a gradient before it has sent its forward activation: a cycle
     prog = programs[1]
     i = next(k for k, ins in enumerate(prog) if ins.op == "send_forward")
@@ -63,16 +70,16 @@ def test_replay_catches_a_deadlock():
 
 
 def test_replay_catches_a_missing_collective_and_a_lost_message():
-    programs = global_programs(2, 2, 1, 1, True)
+    programs = _programs(2, 2, 1, 1, True)
     programs[3] = [i for i in programs[3] if i.op != "reduce_grads"]
     with pytest.raises(RuntimeError, match="deadlock"):
         replay(programs, _groups(2, 2))
-    programs = global_programs(2, 1, 1, 1, True)
+    programs = _programs(2, 1, 1, 1, True)
     programs[1] = [i for i in programs[1] if i.op != "recv_forward" or i.kind != "dec"]
     with pytest.raises(RuntimeError):
         replay(programs, _groups(2, 1))
 
 
 def test_dry_run_prints_every_rank(capsys):
-    text = format_schedule(global_programs(2, 1, 2, 1, True))
+    text = format_schedule(_programs(2, 1, 2, 1, True))
     assert "rank 0" in text and "rank 1" in text and "scatter_shard" in text and "recv_shard" in text

@@ -21,65 +21,59 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
-def _lost_peer_exit(err: Exception, trainer) -> None:
+def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
     """A peer died or stopped answering: say who and what was kept, then leave at once (exit 3)
     without the collective teardown, which would wait on the lost peer."""
     from trainer import checkpoint
-    from trainer.distributed import peer_status
+    from trainer.parallel.runtime import current_rank
 
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_initialized() else "?"
-    lines = [f"error: rank {rank}: lost contact with a peer rank: {str(err).splitlines()[0][:400]}"]
-    if trainer is not None:
-        lines.append(f"  ranks on this host: {peer_status(trainer.peers)}")
-        lines.append(f"  timeout for an unresponsive peer: train.comm_timeout_s={trainer.cfg.train.comm_timeout_s}")
-        latest = checkpoint.read_pointer(trainer.run_dir, "latest")
-        lines.append(f"  newest complete checkpoint: {latest or 'none'} (continue with train.resume=auto)")
+    lines = [f"error: rank {current_rank()}: lost contact with a peer rank: {str(err).splitlines()[0][:400]}"]
+    if runtime is not None:
+        lines.append(f"  ranks on this host: {runtime.peer_status()}")
+    lines.append(f"  timeout for an unresponsive peer: train.comm_timeout_s={cfg.train.comm_timeout_s}")
+    latest = checkpoint.read_pointer(cfg.run.dir, "latest")
+    lines.append(f"  newest complete checkpoint: {latest or 'none'} (continue with train.resume=auto)")
     print("\n".join(lines), file=sys.stderr, flush=True)
     os._exit(3)
 
 
 def run_dry(ds_config_path: str) -> int:
-    from trainer.layout import SECTION, LayoutSpec
-    from trainer.schedule import format_schedule, global_programs
+    from trainer.ds_config import load_ds_config
+    from trainer.parallel.layout import SECTION, LayoutSpec
+    from trainer.parallel.schedule import format_schedule, global_programs
 
-    with open(ds_config_path) as f:
-        ds = json.load(f)
+    ds = load_ds_config(ds_config_path, max_steps=1)
     section = ds.get(SECTION, {})
     world = section.get("num_pp", 1) * section.get("num_dp", 1)
     spec = LayoutSpec.from_ds_config(ds, world)
     print(f"mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} micro_batches={spec.micro_batches} "
           f"time_chunks={spec.time_chunks} head_parallel={spec.head_parallel}")
-    print(format_schedule(global_programs(spec.num_pp, spec.num_dp, spec.micro_batches, spec.time_chunks,
-                                          spec.head_parallel)))
+    print(format_schedule(global_programs(spec)))
     return 0
 
 
 def train_main(config_path, overrides, ds_config_path) -> int:
     from trainer.config import load_config
+    from trainer.parallel.runtime import ParallelRuntime, is_comm_failure
+    from trainer.session import build_session, plan
     from trainer.trainer import Trainer
 
-    import torch.distributed as dist
-
-    from trainer.distributed import is_comm_failure
-
     cfg = load_config(config_path, overrides)
-    trainer = None
+    ds, spec = plan(cfg, ds_config_path)  # a bad config or layout fails here, before any process talks
+    runtime = session = None
     try:
-        trainer = Trainer(cfg, ds_config_path)
-        trainer.fit()
+        runtime = ParallelRuntime.start(spec, cfg.train.comm_timeout_s)
+        session = build_session(cfg, ds, runtime)
+        Trainer(session).fit()
     except Exception as e:
         if is_comm_failure(e):
-            _lost_peer_exit(e, trainer)
-        if dist.is_initialized():  # an error every rank raised together (a failed save, bad steps, ...):
-            if trainer is not None:  # leave no collective in flight, or gloo aborts the process at exit
-                trainer.runner.sync_head()
-            dist.destroy_process_group()
+            _lost_peer_exit(e, cfg, runtime)
+        if session is not None:  # an error every rank raised together (a failed save, bad steps, ...):
+            session.runner.sync_head()  # leave no collective in flight, or gloo aborts the process at exit
+        if runtime is not None:
+            runtime.close(together=False)
         raise
-    if dist.is_initialized():  # leave together: no rank tears gloo down under a peer still talking
-        dist.barrier()
-        dist.destroy_process_group()
+    runtime.close()
     return 0
 
 

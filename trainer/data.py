@@ -1,7 +1,7 @@
 """Batches from the binarized dataset: length-bucketed, seeded, identical on every rank.
 
 Every rank builds the same global batches from the same seed, so lengths, masks and targets never
-travel between ranks; each rank cuts out the rows it needs (see `trainer.layout`).
+travel between ranks; each rank cuts out the rows it needs (see `trainer.parallel.layout`).
 """
 from __future__ import annotations
 

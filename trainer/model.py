@@ -10,7 +10,7 @@ Global layer indices (the unit of placement and of checkpoint files):
 
 There is no input feeding: the decoder runs over the whole target before the head, which sees all
 target positions at once. That is what lets decoder layers be pipeline stages. Nothing here knows
-about ranks; `trainer.engine` places these modules and moves tensors between them.
+about ranks; `trainer.parallel` places these modules and moves tensors between them.
 """
 from __future__ import annotations
 

@@ -14,24 +14,22 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-import torch.distributed as dist
-
 from trainer import checkpoint as ck
 from trainer.state import capture_rng, gather_optimizer_state, restore_rng, scatter_optimizer_state
 
 
 class Persistence:
-    def __init__(self, run_dir: str, layout, module, engine, faults=None):
-        self.run_dir, self.layout, self.module, self.engine = run_dir, layout, module, engine
+    def __init__(self, run_dir: str, runtime, module, engine, faults=None):
+        self.run_dir, self.runtime, self.module, self.engine = run_dir, runtime, module, engine
+        self.layout = runtime.layout
         self.faults = faults
-        self.rank = layout.rank
+        self.rank = runtime.rank
         self.files: dict = {}
 
     def _agree(self, error: Optional[str], step: int, what: str, payload=None) -> list:
         """Every rank learns every rank's error (and `payload`); all raise the same CheckpointError if
         there is one. Returns every rank's payload."""
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (payload, error))
+        gathered = self.runtime.all_gather_object((payload, error))
         errors = [e for _, e in gathered if e]
         if errors:
             if self.rank == 0:

@@ -93,29 +93,6 @@ def owned_parameters(module) -> Iterator[tuple[str, str, nn.Parameter]]:
                 yield HEAD, name, p
 
 
-def _masters(engine) -> dict:
-    """id(model parameter) -> its fp32 master, for DeepSpeed's per-parameter mixed-precision
-    optimizer (bf16 without ZeRO: FP16_UnfusedOptimizer keeps `fp32_groups` beside the model's
-    `fp16_groups`); {} when the model parameters are the masters (fp32)."""
-    opt = engine.optimizer
-    if not (hasattr(opt, "fp16_groups") and hasattr(opt, "fp32_groups")):
-        return {}
-    return {id(lp): hp for lp_group, hp_group in zip(opt.fp16_groups, opt.fp32_groups)
-            for lp, hp in zip(lp_group, hp_group)}
-
-
-def _base_optimizer(engine):
-    """The torch optimizer whose `state` is keyed by the master parameters."""
-    opt = engine.optimizer
-    return opt.optimizer if hasattr(opt, "fp32_groups") else opt
-
-
-def _check_supported(engine) -> None:
-    if any(getattr(p, "_hp_mapping", None) is not None for p in engine.module.parameters()):
-        raise NotImplementedError("checkpointing DeepSpeed's flat-partitioned optimizers (ZeRO, BF16_Optimizer) "
-                                  "per layer is not implemented; use zero_optimization.stage 0")
-
-
 def _state_keys(base) -> list[str]:
     for st in base.state.values():
         return [k for k in st if k != "step"]
@@ -129,18 +106,11 @@ def _step_of(base) -> float:
     return 0.0
 
 
-def _loss_scaler(engine) -> dict:
-    cfg = getattr(engine.optimizer, "loss_scale_config", None)
-    if cfg is None:
-        return {}
-    return {k: getattr(cfg, k) for k in ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
-            if isinstance(getattr(cfg, k, None), (int, float))}
-
-
 def gather_optimizer_state(engine, module) -> tuple[dict, dict]:
-    """({part: {param name: {'fp32': master, <state key>: tensor}}}, optimizer summary)."""
-    _check_supported(engine)
-    base, masters = _base_optimizer(engine), _masters(engine)
+    """({part: {param name: {'fp32': master, <state key>: tensor}}}, optimizer summary).
+    `engine`: `trainer.parallel.deepspeed_adapter.Engine`."""
+    engine.check_per_parameter_state()
+    base, masters = engine.base_optimizer(), engine.masters()
     keys = _state_keys(base)
     out: dict[str, dict] = {}
     for part, name, p in owned_parameters(module):
@@ -151,7 +121,7 @@ def gather_optimizer_state(engine, module) -> tuple[dict, dict]:
     group = {k: (list(v) if isinstance(v, tuple) else v) for k, v in base.param_groups[0].items()
              if k != "params" and isinstance(v, (int, float, bool, tuple, list, str, type(None)))}
     return out, {"step": _step_of(base), "state_keys": keys, "param_group": group,
-                 "loss_scaler": _loss_scaler(engine)}
+                 "loss_scaler": engine.loss_scaler_state()}
 
 
 def _init_state(base, step: float, keys: list[str]) -> None:
@@ -168,8 +138,8 @@ def _init_state(base, step: float, keys: list[str]) -> None:
 def scatter_optimizer_state(engine, module, parts: dict, summary: dict) -> list[str]:
     """Load masters and optimizer state saved by `gather_optimizer_state` (in any layout) into this
     rank's parameters; returns the names of owned parameters the checkpoint did not have."""
-    _check_supported(engine)
-    base, masters = _base_optimizer(engine), _masters(engine)
+    engine.check_per_parameter_state()
+    base, masters = engine.base_optimizer(), engine.masters()
     keys = list(summary.get("state_keys", []))
     if keys:
         _init_state(base, summary["step"], keys)
@@ -193,8 +163,5 @@ def scatter_optimizer_state(engine, module, parts: dict, summary: dict) -> list[
         for k, v in summary.get("param_group", {}).items():
             if k in group and k not in ("params", "fused", "foreach", "capturable", "differentiable"):
                 group[k] = tuple(v) if isinstance(group[k], tuple) else v
-    cfg = getattr(engine.optimizer, "loss_scale_config", None)
-    for k, v in summary.get("loss_scaler", {}).items():
-        if cfg is not None and hasattr(cfg, k):
-            setattr(cfg, k, v)
+    engine.load_loss_scaler_state(summary.get("loss_scaler", {}))
     return missing

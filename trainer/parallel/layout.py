@@ -1,8 +1,9 @@
 """The parallel layout: one validated object that knows how the job is split.
 
 Read from the DeepSpeed JSON's own section ``"parallel_layout"`` (DeepSpeed already owns
-``pipeline`` and ``hybrid_engine``), checked before anything is built, then bound to the process
-groups once torch.distributed is up.
+``pipeline`` and ``hybrid_engine``) and checked before anything is built. Nothing here talks to other
+processes: `group_members` says which ranks form each process group, `ParallelLayout` where one rank
+sits; the runtime (`trainer.parallel.runtime`) creates the groups from them.
 
 Modes (the paper's comparison, Ono et al. 2019):
 
@@ -22,7 +23,7 @@ shards.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -125,23 +126,47 @@ def split_even(n: int, parts: int) -> list[tuple[int, int]]:
     return [(int(starts[i]), int(starts[i + 1])) for i in range(parts)]
 
 
-@dataclass
-class ParallelLayout:
-    """A LayoutSpec bound to this rank and its process groups.
+def rank_of(spec: LayoutSpec, stage: int, replica: int) -> int:
+    """Global rank of (stage, replica): DeepSpeed's PipeDataParallelTopology order (axes pipe, data)."""
+    return stage * spec.num_dp + replica
 
-    grid: DeepSpeed's PipelineParallelGrid (passed to deepspeed.initialize as mpu): pipe group =
-    the stages of this rank's pipeline, data-parallel group = this stage's replicas.
-    head_group: in hybrid/grid, the pipe group, over which the head replicas' gradients are summed
-    into the owner (the last stage) and its updated weights broadcast back.
+
+def group_members(spec: LayoutSpec) -> dict[str, list[list[int]]]:
+    """Every process group of the layout by name, as lists of global ranks (each rank in exactly one
+    list per name). The runtime creates (and checks) its groups from this, and the schedule replay
+    takes the groups of every collective from it, so both see the same ranks.
+
+        world  every rank
+        pipe   the stages of one pipeline replica (head gradients into the owner, its broadcast)
+        data   the replicas of one stage (DeepSpeed's data-parallel all-reduce)
     """
+    stages, replicas = range(spec.num_pp), range(spec.num_dp)
+    return {"world": [list(range(spec.world_size))],
+            "pipe": [[rank_of(spec, s, d) for s in stages] for d in replicas],
+            "data": [[rank_of(spec, s, d) for d in replicas] for s in stages]}
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """A LayoutSpec placed at one global rank: which stage and replica it is, and how the rows of a
+    global micro-batch are split among replicas, pipeline units and head shards. Pure arithmetic;
+    the process groups live in `trainer.parallel.runtime.ParallelRuntime`."""
 
     spec: LayoutSpec
     rank: int
-    stage: int
-    replica: int
-    grid: object = None
-    head_group: object = None
-    stage_ranks: list = field(default_factory=list)  # global rank of each stage of this pipeline
+
+    @property
+    def stage(self) -> int:
+        return self.rank // self.spec.num_dp
+
+    @property
+    def replica(self) -> int:
+        return self.rank % self.spec.num_dp
+
+    @property
+    def stage_ranks(self) -> list[int]:
+        """Global rank of each stage of this rank's pipeline."""
+        return [rank_of(self.spec, s, self.replica) for s in range(self.spec.num_pp)]
 
     @property
     def num_pp(self) -> int:
@@ -163,11 +188,3 @@ class ParallelLayout:
         if not self.spec.head_parallel:
             return [(0, 0)] * (self.num_pp - 1) + [(0, rows)]
         return split_even(rows, self.num_pp)
-
-    @classmethod
-    def bind(cls, spec: LayoutSpec, grid, rank: int) -> "ParallelLayout":
-        stage, replica = grid.get_stage_id(), grid.get_data_parallel_id()
-        stage_ranks = [grid.stage_to_global(s) for s in range(spec.num_pp)]
-        head_group = grid.get_pipe_parallel_group() if spec.head_parallel else None
-        return cls(spec=spec, rank=rank, stage=stage, replica=replica, grid=grid, head_group=head_group,
-                   stage_ranks=stage_ranks)

@@ -27,14 +27,66 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Op:
+    """An instruction type. `kind` says how it meets other ranks, which is all the replay, the
+    interpreter's timing and the timeline need to know:
+
+        compute     local work (kernels, the optimizer)
+        send        point-to-point, non-blocking; `pairs` names the receive that takes it
+        recv        point-to-point, blocks until the matching send arrives
+        collective  entered by every rank of `group` (a name of `layout.group_members`), in order
+        wait        local: finishes something started earlier (an async collective, pending sends)
+    """
+
+    name: str
+    kind: str
+    group: str = ""
+    pairs: str = ""
+    eval: bool = False  # part of the forward-only program (dev loss)
+    doc: str = ""
+
+
+KINDS = ("compute", "send", "recv", "collective", "wait")
+OPS: dict[str, Op] = {op.name: op for op in (
+    Op("forward", "compute", eval=True, doc="run local layers (kind enc|dec) on (unit, chunk)"),
+    Op("send_forward", "send", pairs="recv_forward", eval=True, doc="activation of (kind, unit, chunk) to stage peer"),
+    Op("recv_forward", "recv", pairs="send_forward", eval=True),
+    Op("scatter_shard", "send", pairs="recv_shard", eval=True,
+       doc="last stage -> peer: its head shard of the top outputs"),
+    Op("recv_shard", "recv", pairs="scatter_shard", eval=True),
+    Op("head", "compute", eval=True, doc="head forward (+ backward when training) on this rank's shard"),
+    Op("send_shard_grad", "send", pairs="gather_grad", doc="gradient w.r.t. this rank's shard to the last stage"),
+    Op("gather_grad", "recv", pairs="send_shard_grad"),
+    Op("backward", "compute", doc="backward through local layers (kind, unit, chunk)"),
+    Op("send_backward", "send", pairs="recv_backward",
+       doc="gradient w.r.t. the input of (kind, unit, chunk) to stage peer"),
+    Op("recv_backward", "recv", pairs="send_backward"),
+    Op("reduce_head_grads", "collective", group="pipe",
+       doc="started without blocking right after the head phase: head replicas' gradients summed into "
+           "the owner (last stage); hybrid only"),
+    Op("wait_head_grads", "wait", doc="finish reduce_head_grads before the optimizer step"),
+    Op("reduce_metrics", "collective", group="world", eval=True, doc="loss sums of the micro-step"),
+    Op("reduce_grads", "collective", group="data", doc="DeepSpeed's all-reduce over this stage's replicas"),
+    Op("optimizer_step", "compute"),
+    Op("broadcast_head", "collective", group="pipe",
+       doc="non-blocking: the owner's updated head weights; replicas wait for it before their next head"),
+    Op("flush_sends", "wait", eval=True, doc="wait until every non-blocking send of the micro-step is done"),
+)}
+
+
+@dataclass(frozen=True)
 class Instr:
-    """op: one of OPS. unit/chunk: which pipeline unit. kind: 'enc' | 'dec'. peer: stage to talk to."""
+    """op: a name in OPS. unit/chunk: which pipeline unit. kind: 'enc' | 'dec'. peer: stage to talk to."""
 
     op: str
     unit: int = -1
     chunk: int = -1
     kind: str = ""
     peer: int = -1
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"unknown instruction {self.op!r}")
 
     def __str__(self) -> str:
         parts = [self.op]
@@ -47,30 +99,6 @@ class Instr:
         if self.peer >= 0:
             parts.append(f"peer {self.peer}")
         return " ".join(parts)
-
-
-OPS = (
-    "forward",          # run local layers (kind enc|dec) on (unit, chunk)
-    "send_forward",     # activation of (kind, unit, chunk) to stage peer
-    "recv_forward",
-    "scatter_shard",    # last stage -> peer: its head shard of the top outputs
-    "recv_shard",
-    "head",             # head forward + backward on this rank's shard
-    "gather_grad",      # last stage <- peer: gradient w.r.t. peer's shard
-    "send_shard_grad",
-    "backward",         # backward through local layers (kind, unit, chunk)
-    "send_backward",    # gradient w.r.t. the input of (kind, unit, chunk) to stage peer
-    "recv_backward",
-    "reduce_head_grads",  # collective over the pipeline's stages, started without blocking right
-                          # after the head phase: head replicas' gradients into the owner (last
-                          # stage), hybrid only
-    "wait_head_grads",  # local: finish it before the optimizer step
-    "reduce_grads",     # collective over this stage's replicas (DeepSpeed's data-parallel reduce)
-    "reduce_metrics",   # collective over all ranks
-    "optimizer_step",
-    "broadcast_head",   # collective over the pipeline's stages, non-blocking: the owner's updated
-                        # head weights; replicas wait for it before their next head phase
-)
 
 
 def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parallel: bool,
@@ -113,7 +141,19 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
     prog.append(Instr("optimizer_step"))
     if boundary and head_parallel:
         prog.append(Instr("broadcast_head"))
+    prog.append(Instr("flush_sends"))
     return prog
+
+
+def eval_program(program: list[Instr]) -> list[Instr]:
+    """The forward-only part of a training program (dev loss): no backward, no update."""
+    return [i for i in program if OPS[i.op].eval]
+
+
+def rank_programs(spec, stage: int) -> dict[bool, list[Instr]]:
+    """The training program of the rank at `stage`, at and between accumulation boundaries."""
+    return {b: build_schedule(stage, spec.num_pp, spec.micro_batches, spec.time_chunks, spec.head_parallel,
+                              boundary=b) for b in (True, False)}
 
 
 def format_schedule(programs: dict[int, list[Instr]]) -> str:
@@ -125,46 +165,40 @@ def format_schedule(programs: dict[int, list[Instr]]) -> str:
     return "\n".join(lines)
 
 
-_PAIRS = {"send_forward": "recv_forward", "send_backward": "recv_backward",
-          "scatter_shard": "recv_shard", "send_shard_grad": "gather_grad"}
-_COLLECTIVES = ("reduce_metrics", "reduce_grads", "reduce_head_grads", "broadcast_head")
-
-
 def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]]) -> None:
     """Run all ranks' programs abstractly: sends are buffered (non-blocking), receives block until the
-    matching message (same op pair, unit, chunk, kind, in FIFO order per channel) is there, and a
-    collective blocks until every rank of its group has reached it. Raises RuntimeError naming the
-    stuck ranks and their next instructions on deadlock, or on a message nobody receives.
+    matching message (the paired op, same unit, chunk, kind, in FIFO order per channel) is there, and
+    a collective blocks until every rank of its group (`OPS[op].group`) has reached it. Raises
+    RuntimeError naming the stuck ranks and their next instructions on deadlock, or on a message
+    nobody receives.
 
     programs: global rank -> instruction list; `peer` fields are global ranks here.
-    groups: collective op -> list of rank groups (each rank in exactly one group per op).
+    groups: `layout.group_members(spec)`: group name -> lists of global ranks.
     """
     pc = {r: 0 for r in programs}
     channels: dict[tuple, list] = {}
     waiting: dict[tuple, set] = {}
-
-    def key_of(src: int, dst: int, send_op: str) -> tuple:
-        return (src, dst, send_op)
-
     progress = True
     while progress:
         progress = False
         for r, prog in programs.items():
             while pc[r] < len(prog):
                 ins = prog[pc[r]]
-                if ins.op in _PAIRS:
-                    channels.setdefault(key_of(r, ins.peer, ins.op), []).append((ins.unit, ins.chunk, ins.kind))
-                elif ins.op in _PAIRS.values():
-                    send_op = next(k for k, v in _PAIRS.items() if v == ins.op)
-                    queue = channels.get(key_of(ins.peer, r, send_op), [])
+                op = OPS[ins.op]
+                if op.kind == "send":
+                    channels.setdefault((r, ins.peer, op.name), []).append((ins.unit, ins.chunk, ins.kind))
+                elif op.kind == "recv":
+                    queue = channels.get((ins.peer, r, op.pairs), [])
                     if not queue:
                         break
                     got = queue.pop(0)
                     if got != (ins.unit, ins.chunk, ins.kind):
                         raise RuntimeError(f"rank {r} {ins} received {got} from rank {ins.peer}: order mismatch")
-                elif ins.op in _COLLECTIVES:
-                    group = next(g for g in groups[ins.op] if r in g)
-                    arrived = waiting.setdefault((ins.op, tuple(group), _count(prog, pc[r], ins.op)), set())
+                elif op.kind == "collective":
+                    group = next((g for g in groups[op.group] if r in g), None)
+                    if group is None:
+                        raise RuntimeError(f"rank {r} {ins}: not a member of any {op.group!r} group")
+                    arrived = waiting.setdefault((op.name, tuple(group), _count(prog, pc[r], op.name)), set())
                     arrived.add(r)
                     if len(arrived) < len(group):
                         break
@@ -183,15 +217,18 @@ def _count(prog: list[Instr], upto: int, op: str) -> int:
     return sum(1 for ins in prog[:upto] if ins.op == op)
 
 
-def global_programs(num_pp: int, num_dp: int, units: int, chunks: int, head_parallel: bool,
-                    rank_of=None) -> dict[int, list[Instr]]:
-    """All ranks' programs with `peer` rewritten from stage ids to global ranks (grid order:
-    rank = stage * num_dp + replica, as DeepSpeed's PipeDataParallelTopology numbers them)."""
-    rank_of = rank_of or (lambda stage, replica: stage * num_dp + replica)
+def global_programs(spec, boundary: bool = True, forward_only: bool = False) -> dict[int, list[Instr]]:
+    """Every rank's program for the layout `spec`, with `peer` rewritten from stage ids to global
+    ranks (`layout.rank_of`); `forward_only`: the evaluation programs."""
+    from trainer.parallel.layout import rank_of
+
     out = {}
-    for stage in range(num_pp):
-        for replica in range(num_dp):
-            prog = build_schedule(stage, num_pp, units, chunks, head_parallel)
-            out[rank_of(stage, replica)] = [
-                Instr(i.op, i.unit, i.chunk, i.kind, rank_of(i.peer, replica)) if i.peer >= 0 else i for i in prog]
+    for stage in range(spec.num_pp):
+        prog = rank_programs(spec, stage)[boundary]
+        if forward_only:
+            prog = eval_program(prog)
+        for replica in range(spec.num_dp):
+            out[rank_of(spec, stage, replica)] = [
+                Instr(i.op, i.unit, i.chunk, i.kind, rank_of(spec, i.peer, replica)) if i.peer >= 0 else i
+                for i in prog]
     return out

@@ -1,4 +1,5 @@
-"""Every tensor that crosses ranks goes through this class and its named verbs.
+"""Point-to-point transfers between pipeline stages as named verbs, and the flat-buffer async
+collective the runtime starts (`trainer.parallel.runtime` owns both).
 
 Point-to-point sends are non-blocking (kept alive until `flush()`), receives block. Receive shapes
 are always known locally (every rank reads the same batch), so only the payload travels. gloo needs
@@ -87,17 +88,3 @@ class FlatCollective:
                 t.copy_(self.flat[offset:offset + n].view_as(t))
                 offset += n
         self.work = None
-
-
-def reduce_sum(tensors: list[torch.Tensor], dst: int, group=None) -> FlatCollective:
-    """Start the SUM of `tensors` over `group` into global rank `dst`; `wait()` writes it there."""
-    rank = dist.get_rank()
-    return FlatCollective(tensors, lambda flat: dist.reduce(flat, dst=dst, op=dist.ReduceOp.SUM, group=group,
-                                                             async_op=True), copy_back=rank == dst)
-
-
-def broadcast(tensors: list[torch.Tensor], src: int, group=None) -> FlatCollective:
-    """Start sending `src`'s values of `tensors` to every rank of `group`; `wait()` writes them."""
-    rank = dist.get_rank()
-    return FlatCollective(tensors, lambda flat: dist.broadcast(flat, src=src, group=group, async_op=True),
-                          copy_back=rank != src)

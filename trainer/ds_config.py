@@ -1,0 +1,115 @@
+"""The DeepSpeed JSON: read, completed and type-checked before anything is built.
+
+DeepSpeed checks most values only deep inside `deepspeed.initialize` (a string learning rate fails
+after the optimizer is built), with a traceback. Every key we rely on is checked here first, and an
+error names the file and the key.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+import os
+
+MAX_BYTES = 1 << 20  # a DeepSpeed JSON is a few hundred bytes; refuse to parse anything huge
+
+
+class DSConfigError(ValueError):
+    """A bad DeepSpeed JSON; the message names the file and the key."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _check(path: str, key: str, value, ok: bool, what: str) -> None:
+    if not ok:
+        raise DSConfigError(f"{path}: {key}={json.dumps(value)}: must be {what}")
+
+
+def _section(path: str, ds: dict, key: str) -> dict:
+    value = ds.get(key, {})
+    _check(path, key, value, isinstance(value, dict), "an object")
+    return value
+
+
+def validate(ds, path: str) -> None:
+    """Types and ranges of the keys the trainer and DeepSpeed rely on."""
+    if not isinstance(ds, dict):
+        raise DSConfigError(f"{path}: the top level must be a JSON object, got {type(ds).__name__}")
+    if "train_micro_batch_size_per_gpu" not in ds:
+        raise DSConfigError(f"{path}: train_micro_batch_size_per_gpu is required (sentences per replica per "
+                            f"micro-batch)")
+    for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+                "steps_per_print"):
+        if key in ds:
+            _check(path, key, ds[key], _is_int(ds[key]) and ds[key] >= 1, "an integer >= 1")
+    if "gradient_clipping" in ds:
+        v = ds["gradient_clipping"]
+        _check(path, "gradient_clipping", v, _is_number(v) and v >= 0, "a number >= 0")
+    for key in ("bf16", "fp16"):
+        sec = _section(path, ds, key)
+        if "enabled" in sec:
+            _check(path, f"{key}.enabled", sec["enabled"], isinstance(sec["enabled"], bool), "true or false")
+    zero = _section(path, ds, "zero_optimization")
+    if "stage" in zero:
+        _check(path, "zero_optimization.stage", zero["stage"], _is_int(zero["stage"]), "an integer")
+    for name in ("optimizer", "scheduler"):
+        sec = _section(path, ds, name)
+        if not sec:
+            continue
+        _check(path, f"{name}.type", sec.get("type"), isinstance(sec.get("type"), str), "a string")
+        params = sec.get("params", {})
+        _check(path, f"{name}.params", params, isinstance(params, dict), "an object")
+        for k, v in params.items():
+            key = f"{name}.params.{k}"
+            if k == "betas":
+                _check(path, key, v, isinstance(v, list) and len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v),
+                       "a list of two numbers in [0, 1)")
+            elif k in ("fused", "foreach", "amsgrad", "torch_adam", "adam_w_mode", "nesterov"):
+                _check(path, key, v, isinstance(v, bool), "true or false")
+            elif k.endswith("_type") or k == "warmup_type":
+                _check(path, key, v, isinstance(v, str), "a string")
+            elif k in ("total_num_steps", "warmup_num_steps"):
+                _check(path, key, v, _is_int(v) and v >= 0, "an integer >= 0")
+            else:
+                _check(path, key, v, _is_number(v) and v >= 0, "a number >= 0")
+    if ds.get("zero_optimization", {}).get("stage", 0) > 0:
+        raise DSConfigError(f"{path}: zero_optimization.stage > 0 is not supported: checkpoints keep optimizer "
+                            f"state per parameter, which ZeRO's flat partitions do not expose (and the schedule "
+                            f"owns the gradient reductions)")
+    if ds.get("fp16", {}).get("enabled"):
+        raise DSConfigError(f"{path}: fp16 is not supported (use bf16): checkpoints keep optimizer state per "
+                            f"parameter, which DeepSpeed's fp16 optimizer does not expose")
+
+
+def check_batch(ds: dict, path: str, num_dp: int) -> None:
+    """DeepSpeed refuses (with a traceback) a train_batch_size that is not micro x accumulation x replicas."""
+    if "train_batch_size" in ds:
+        want = ds["train_micro_batch_size_per_gpu"] * ds.get("gradient_accumulation_steps", 1) * num_dp
+        if ds["train_batch_size"] != want:
+            raise DSConfigError(f"{path}: train_batch_size={ds['train_batch_size']} != train_micro_batch_size_per_gpu "
+                                f"x gradient_accumulation_steps x replicas (num_dp) = {want}; drop it or fix it")
+
+
+def load_ds_config(path: str, max_steps: int) -> dict:
+    """The DeepSpeed JSON, checked; a WarmupDecayLR without total_num_steps decays over train.max_steps."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--deepspeed_config {path}: no such file")
+    if os.path.getsize(path) > MAX_BYTES:
+        raise DSConfigError(f"{path}: {os.path.getsize(path)} bytes; a DeepSpeed JSON is at most {MAX_BYTES}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            ds = json.load(f)
+    except json.JSONDecodeError as e:
+        raise DSConfigError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise DSConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    validate(ds, path)
+    sched = ds.get("scheduler")
+    if sched and sched.get("type") == "WarmupDecayLR":
+        sched.setdefault("params", {}).setdefault("total_num_steps", max_steps)
+    return ds

@@ -1,0 +1,283 @@
+"""The one module that touches DeepSpeed's internals (private attributes, patched methods, engine
+counters, the optimizer's parameter groups). A DeepSpeed upgrade that moves any of them fails here,
+at start (`check_version`) or in tests/test_deepspeed_adapter.py (one test per touch point), not
+silently somewhere in the training loop.
+
+Touch points, each wrapped by one function or `Engine` method below:
+    distributed  deepspeed.init_distributed on a process group we started; the CPU comm op's leaked
+                 /dev/shm buffers (`unlink_shm_buffers`)
+    grid         PipeDataParallelTopology / PipelineParallelGrid and its group members (`pp_group`,
+                 `dp_group`)
+    stages       PipelineModule + LayerSpec: `_local_start`, `forward_funcs`, `parts`, `stage_id`
+    engine       deepspeed.initialize with the grid as mpu, `enable_backward_allreduce`, the fp32
+                 clipping hook `clip_fp32_gradients` and a guarded `optimizer.step`, the counters
+                 `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`
+    optimizer    the bf16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
+                 `_hp_mapping` (flat-partitioned optimizers we refuse), `loss_scale_config`
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+
+import torch
+import torch.nn as nn
+
+WRITTEN_FOR = "0.19"  # major.minor of the DeepSpeed these touch points were written and tested against
+
+
+class DeepSpeedVersionError(RuntimeError):
+    """The installed DeepSpeed is not the one this adapter was written for."""
+
+
+def check_version() -> str:
+    import deepspeed
+
+    version = deepspeed.__version__
+    if ".".join(version.split(".")[:2]) != WRITTEN_FOR:
+        raise DeepSpeedVersionError(
+            f"deepspeed {version} is installed, but trainer/parallel/deepspeed_adapter.py was written for "
+            f"{WRITTEN_FOR}.x (requirements.txt pins it): its use of DeepSpeed internals must be checked "
+            f"against the new version first (tests/test_deepspeed_adapter.py)")
+    return version
+
+
+# ---- distributed ----
+def accelerator():
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator()
+
+
+def init_comm(timeout_s: int) -> None:
+    """Let DeepSpeed wrap the torch.distributed process group the runtime has started."""
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=comm_backend(), timeout=timedelta(seconds=timeout_s))
+
+
+def comm_backend() -> str:
+    return "nccl" if accelerator().device_name() == "cuda" else "gloo"
+
+
+def unlink_shm_buffers(rank: int) -> None:
+    """DeepSpeed's CPU communication op creates a 66 MB /dev/shm buffer per rank
+    (deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>) and never unlinks it, so every run --
+    even a clean one -- leaves world_size x 66 MB of RAM behind, until /dev/shm fills the machine.
+    Call once every rank has mapped every buffer (after a barrier): the names can go, the mappings
+    stay valid, and the memory is freed when the last rank exits, however it exits. Only DeepSpeed's
+    inference all-reduce uses these buffers; training never does."""
+    import glob
+
+    port = os.environ.get("MASTER_PORT", "*")
+    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_{rank}"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+# ---- grid ----
+def make_grid(num_pp: int, num_dp: int):
+    """DeepSpeed's PipelineParallelGrid over the pipe x data topology (rank = stage * num_dp + replica):
+    it creates the pipe and data-parallel process groups, and is the `mpu` of deepspeed.initialize."""
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
+
+    return PipelineParallelGrid(topology=PipeDataParallelTopology(num_pp=num_pp, num_dp=num_dp))
+
+
+def grid_members(grid) -> dict[str, list[int]]:
+    """This rank's pipe and data groups as global ranks, as the grid built them."""
+    return {"pipe": sorted(grid.pp_group), "data": sorted(grid.dp_group)}
+
+
+def grid_groups(grid) -> dict[str, object]:
+    return {"pipe": grid.get_pipe_parallel_group(), "data": grid.get_data_parallel_group()}
+
+
+# ---- stages ----
+class StageError(ValueError):
+    """A partition that does not fit the model (message names the JSON key)."""
+
+
+def build_stages(layer_builders, *, num_pp: int, num_dp: int, partition_method: str, seed: int, seed_fn,
+                 must_hold) -> nn.Module:
+    """This rank's slice of the global layers: a deepspeed.pipe PipelineModule built from LayerSpecs
+    (only the local layers are constructed, layer k after `seed_fn(seed + k)`). Every stage must
+    hold a layer of class `must_hold`. (PipelineModule always builds a grid of its own, over the
+    same topology; it is never used: the runtime's grid is the one DeepSpeed's engine gets.)"""
+    from deepspeed.pipe import LayerSpec, PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+    specs = [LayerSpec(cls, **kwargs) for cls, kwargs in layer_builders]
+    try:
+        stages = PipelineModule(layers=specs, topology=PipeDataParallelTopology(num_pp=num_pp, num_dp=num_dp),
+                                partition_method=partition_method, seed_layers=True, seed_fn=seed_fn,
+                                base_seed=seed)
+    except (NotImplementedError, ValueError, IndexError) as e:
+        raise StageError(f"parallel_layout.partition_method={partition_method!r}: {e}") from None
+    parts = stages.parts
+    for s in range(num_pp):
+        kinds = [specs[i].typename for i in range(parts[s], parts[s + 1])]
+        if must_hold not in kinds:
+            raise StageError(f"parallel_layout.partition_method={partition_method!r} gives stage {s} no "
+                             f"{must_hold.__name__} layer (layers {parts[s]}..{parts[s + 1] - 1}); use "
+                             f"'type:{must_hold.__name__}'")
+    return stages
+
+
+def stage_id(stages) -> int:
+    return stages.stage_id
+
+
+def local_start(stages) -> int:
+    """Global index of the first layer this rank holds."""
+    return stages._local_start
+
+
+def local_layers(stages) -> list[nn.Module]:
+    return list(stages.forward_funcs)
+
+
+# ---- engine ----
+def initialize(module: nn.Module, parameters, ds_config: dict, grid) -> "Engine":
+    """deepspeed.initialize with the runtime's grid as mpu. The schedule owns every gradient
+    reduction, so DeepSpeed's own backward all-reduce is switched off."""
+    import deepspeed
+
+    ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config, mpu=grid)
+    ds_engine.enable_backward_allreduce = False
+    return Engine(ds_engine)
+
+
+class Engine:
+    """What the trainer uses of a DeepSpeedEngine: backward, step, the replica all-reduce, the
+    learning rate and counters, and the optimizer state by parameter (for layout-independent
+    checkpoints)."""
+
+    def __init__(self, ds_engine):
+        self.ds = ds_engine
+        self.module = ds_engine.module
+        self.last_grad_norm = None
+        self._record_grad_norm()
+
+    def _record_grad_norm(self) -> None:
+        """DeepSpeed's fp32 clipping path computes the global norm but does not keep it (bf16 keeps
+        its own): run the same call and remember its result. In fp32 the optimizer step is also
+        guarded: a non-finite global norm skips the update, as DeepSpeed's bf16 optimizer does (it
+        sets `overflow`, so the engine counts the skip and holds the LR schedule)."""
+        from deepspeed.runtime.utils import clip_grad_norm_
+
+        ds = self.ds
+
+        def global_norm(max_norm: float) -> float:
+            return float(clip_grad_norm_(parameters=ds.module.parameters(), max_norm=max_norm, mpu=ds.mpu))
+
+        def clip_and_record():
+            self.last_grad_norm = global_norm(ds.gradient_clipping())
+
+        ds.clip_fp32_gradients = clip_and_record
+        if ds.bfloat16_enabled():
+            return
+        optimizer, step = ds.optimizer, ds.optimizer.step
+
+        def guarded_step(*args, **kwargs):
+            if self.last_grad_norm is None:
+                self.last_grad_norm = global_norm(float("inf"))
+            optimizer.overflow = not math.isfinite(self.last_grad_norm)
+            if not optimizer.overflow:
+                return step(*args, **kwargs)
+
+        optimizer.step = guarded_step
+
+    # the step
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a scalar whose scale we chose (no division by the accumulation steps)."""
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> None:
+        """Call after every micro-batch: DeepSpeed applies the update at the accumulation boundary."""
+        self.ds.step()
+
+    def allreduce_replica_grads(self) -> None:
+        self.ds.allreduce_gradients()
+
+    def is_boundary(self) -> bool:
+        return self.ds.is_gradient_accumulation_boundary()
+
+    def begin_window(self) -> None:
+        self.last_grad_norm = None
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.ds.gradient_accumulation_steps()
+
+    @property
+    def bf16(self) -> bool:
+        return self.ds.bfloat16_enabled()
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.ds.skipped_steps
+
+    def lr(self) -> float:
+        return self.ds.get_lr()[0]
+
+    def grad_norm(self) -> float | None:
+        norm = self.last_grad_norm if self.last_grad_norm is not None else self.ds.get_global_grad_norm()
+        return float(norm) if norm is not None else None
+
+    # counters and schedules (checkpoints)
+    COUNTERS = ("global_steps", "global_samples", "skipped_steps")
+
+    def counters(self) -> dict:
+        return {k: getattr(self.ds, k) for k in self.COUNTERS}
+
+    def load_counters(self, counters: dict, step: int) -> None:
+        for key, value in counters.items():
+            if key in self.COUNTERS:
+                setattr(self.ds, key, value)
+        self.ds.micro_steps = step * self.accumulation_steps  # the accumulation boundary follows the new gas
+
+    def lr_scheduler_state(self) -> dict:
+        return self.ds.lr_scheduler.state_dict() if self.ds.lr_scheduler is not None else {}
+
+    def load_lr_scheduler_state(self, state: dict) -> None:
+        if self.ds.lr_scheduler is not None and state:
+            self.ds.lr_scheduler.load_state_dict(state)
+
+    # the optimizer by parameter
+    def check_per_parameter_state(self) -> None:
+        if any(getattr(p, "_hp_mapping", None) is not None for p in self.ds.module.parameters()):
+            raise NotImplementedError("checkpointing DeepSpeed's flat-partitioned optimizers (ZeRO, BF16_Optimizer) "
+                                      "per layer is not implemented; use zero_optimization.stage 0")
+
+    def masters(self) -> dict:
+        """id(model parameter) -> its fp32 master, for DeepSpeed's per-parameter mixed-precision
+        optimizer (bf16 without ZeRO: FP16_UnfusedOptimizer keeps `fp32_groups` beside the model's
+        `fp16_groups`); {} when the model parameters are the masters (fp32)."""
+        opt = self.ds.optimizer
+        if not (hasattr(opt, "fp16_groups") and hasattr(opt, "fp32_groups")):
+            return {}
+        return {id(lp): hp for lp_group, hp_group in zip(opt.fp16_groups, opt.fp32_groups)
+                for lp, hp in zip(lp_group, hp_group)}
+
+    def base_optimizer(self):
+        """The torch optimizer whose `state` is keyed by the master parameters."""
+        opt = self.ds.optimizer
+        return opt.optimizer if hasattr(opt, "fp32_groups") else opt
+
+    SCALER_KEYS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+
+    def loss_scaler_state(self) -> dict:
+        cfg = getattr(self.ds.optimizer, "loss_scale_config", None)
+        if cfg is None:
+            return {}
+        return {k: getattr(cfg, k) for k in self.SCALER_KEYS if isinstance(getattr(cfg, k, None), (int, float))}
+
+    def load_loss_scaler_state(self, state: dict) -> None:
+        cfg = getattr(self.ds.optimizer, "loss_scale_config", None)
+        for k, v in state.items():
+            if cfg is not None and hasattr(cfg, k):
+                setattr(cfg, k, v)

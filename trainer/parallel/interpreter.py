@@ -1,0 +1,323 @@
+"""The interpreter: runs one micro-step's instruction list (`trainer.parallel.schedule`) on this rank.
+
+Each instruction type in `schedule.OPS` has a handler `op_<name>` here (checked at import); what
+crosses ranks goes through the runtime's verbs, over the group its `Op` declares. Everything a
+micro-step builds up (autograd records, received activations, the head's inputs and gradients)
+lives in one `MicroStep`, made fresh for every micro-step.
+
+Reductions: each head replica sums token cross-entropies of its shard and divides by the token count
+of the whole accumulation window (all replicas, all micro-batches), times num_dp because DeepSpeed's
+data-parallel all-reduce averages over replicas. So every gradient is d(global summed CE / global
+tokens).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from trainer.data import Batch
+from trainer.model import Embeddings, EncoderDecoderLayer
+from trainer.parallel.layout import split_even
+from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
+from trainer.parallel.schedule import OPS, Instr, eval_program, rank_programs
+
+
+class _Record:
+    """Autograd bookkeeping of one (kind, unit, chunk) on this rank."""
+
+    __slots__ = ("x_in", "x_out", "state_in", "state_out")
+
+    def __init__(self, x_in, x_out, state_in, state_out):
+        self.x_in, self.x_out, self.state_in, self.state_out = x_in, x_out, state_in, state_out
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_(True)
+
+
+@dataclass
+class MicroStep:
+    """The state of one micro-step on this rank."""
+
+    replica: Batch  # this replica's rows of the global micro-batch
+    units: list  # its pipeline units (Batches)
+    unit_rows: list  # [start, stop) of each unit in `replica`
+    chunks: dict  # 'enc'|'dec' -> per unit, [start, stop) of each time chunk
+    loss_scale: float
+    train: bool
+    records: dict = field(default_factory=dict)  # (kind, unit, chunk) -> _Record
+    received: dict = field(default_factory=dict)  # activations / gradients received, not yet used
+    top: tuple | None = None  # last stage: the replica's top (encoder, decoder) outputs
+    shard: tuple | None = None  # this rank's head input (encoder, decoder) rows
+    shard_grads: tuple | None = None  # gradients w.r.t. `shard`
+    top_grads: dict | None = None  # last stage: gradients w.r.t. `top`, assembled from every shard
+    metrics: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+
+
+class StepRunner:
+    """Executes micro-steps on this rank: `run(batch)` for training, `run(batch, train=False)` for
+    the forward-only evaluation program."""
+
+    def __init__(self, runtime: ParallelRuntime, engine, module, hidden: int):
+        self.rt, self.layout, self.engine, self.module, self.hidden = runtime, runtime.layout, engine, module, hidden
+        self.device = runtime.device()
+        self.dtype = next(module.parameters()).dtype
+        self.comm = runtime.stage_comm(self.dtype)
+        layers = module.layers
+        self.embeddings = layers[0] if isinstance(layers[0], Embeddings) else None
+        self.pairs = [m for m in layers if isinstance(m, EncoderDecoderLayer)]
+        self.programs = rank_programs(self.layout.spec, self.layout.stage)
+        self.eval_program = eval_program(self.programs[False])
+        self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
+        self.pending_head_grads = self.pending_head_weights = None  # async head collectives in flight
+        self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
+        self.ms: MicroStep | None = None
+
+    def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True) -> dict:
+        """One micro-step on the global micro-batch `batch` (identical on every rank).
+
+        Returns {'loss_sum', 'nll_sum'} summed over every rank (the whole global micro-batch).
+        """
+        self.ms = self._micro_step(batch, window_tokens, train)
+        program = self.programs[boundary] if train else self.eval_program
+        clock, times = time.perf_counter, self.op_seconds if train else {}
+        with torch.set_grad_enabled(train):
+            for ins in program:
+                start = clock()
+                try:
+                    HANDLERS[ins.op](self, ins)
+                except RuntimeError as e:
+                    raise self._comm_error(ins, e) if is_comm_failure(e) else e
+                times[ins.op] = times.get(ins.op, 0.0) + clock() - start
+        metrics, self.ms = self.ms.metrics, None
+        return {"loss_sum": float(metrics[0]), "nll_sum": float(metrics[1])}
+
+    def _comm_error(self, ins: Instr, err: RuntimeError) -> CommError:
+        """Name the instruction and, for point-to-point ones, the peer's global rank."""
+        layout = self.layout
+        peer = f" with rank {layout.stage_ranks[ins.peer]} (stage {ins.peer})" if ins.peer >= 0 else ""
+        return CommError(f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): {ins.op}{peer} "
+                         f"failed: {str(err).splitlines()[0][:300]}")
+
+    def _micro_step(self, batch: Batch, window_tokens: int, train: bool) -> MicroStep:
+        spec = self.layout.spec
+        start, stop = self.layout.replica_rows(batch.size)
+        replica = batch.rows(start, stop).to(self.device)
+        unit_rows = split_even(replica.size, spec.micro_batches)
+        units = [replica.rows(a, b) for a, b in unit_rows]
+        chunks = {"enc": [split_even(u.src.shape[1], spec.time_chunks) for u in units],
+                  "dec": [split_even(u.tgt_in.shape[1], spec.time_chunks) for u in units]}
+        # num_dp: DeepSpeed averages over replicas; we want the sum over the global window
+        loss_scale = spec.num_dp / window_tokens if window_tokens else 0.0
+        return MicroStep(replica, units, unit_rows, chunks, loss_scale, train)
+
+    def _act_shape(self, kind: str, unit: int, chunk: int):
+        a, b = self.ms.chunks[kind][unit][chunk]
+        return (self.ms.units[unit].size, b - a, self.hidden)
+
+    # ---- forward ----
+    def op_recv_forward(self, ins: Instr) -> None:
+        shape = self._act_shape(ins.kind, ins.unit, ins.chunk)
+        self.ms.received[(ins.kind, ins.unit, ins.chunk)] = self.comm.recv_forward(shape, ins.peer)
+
+    def op_forward(self, ins: Instr) -> None:
+        ms, kind, u, c = self.ms, ins.kind, ins.unit, ins.chunk
+        unit = ms.units[u]
+        a, b = ms.chunks[kind][u][c]
+        if self.embeddings is not None:
+            x_in = None
+            x = (self.embeddings.embed_src(unit.src[:, a:b]) if kind == "enc"
+                 else self.embeddings.embed_tgt(unit.tgt_in[:, a:b]))
+        else:
+            x_in = ms.received.pop((kind, u, c))
+            x = x_in = _leaf(x_in) if ms.train else x_in
+        state_in = self._state_in(kind, u, c)
+        state_out = []
+        if kind == "enc":
+            lengths = (unit.src_lengths - a).clamp(0, b - a)
+            for pair, st in zip(self.pairs, state_in):
+                x, st = pair.encode(x, lengths, st)
+                state_out.append(pair.decoder_init(st) if c == len(ms.chunks["enc"][u]) - 1 else st)
+        else:
+            for pair, st in zip(self.pairs, state_in):
+                x, st = pair.decode(x, st)
+                state_out.append(st)
+        ms.records[(kind, u, c)] = _Record(x_in, x, state_in, state_out)
+
+    def _state_in(self, kind: str, u: int, c: int) -> list:
+        """Each local layer's incoming LSTM state: carried from the previous time chunk of the same
+        unit, or (decoder chunk 0) the encoder's final state. Detached leaves, so each chunk's
+        backward is separate and hands the state gradient on explicitly."""
+        ms = self.ms
+        if kind == "enc" and c == 0:
+            return [None] * len(self.pairs)
+        prev = ms.records[("enc", u, len(ms.chunks["enc"][u]) - 1) if c == 0 else (kind, u, c - 1)]
+        if not ms.train:
+            return list(prev.state_out)
+        return [tuple(_leaf(t) for t in st) if st is not None else None for st in prev.state_out]
+
+    def op_send_forward(self, ins: Instr) -> None:
+        self.comm.send_forward(self.ms.records[(ins.kind, ins.unit, ins.chunk)].x_out, ins.peer)
+
+    # ---- the head phase ----
+    def _top(self, kind: str) -> torch.Tensor:
+        """The replica's top encoder (kind 'enc') or decoder outputs, (rows, len, hidden), detached."""
+        ms = self.ms
+        width = ms.replica.src.shape[1] if kind == "enc" else ms.replica.tgt_in.shape[1]
+        parts = []
+        for u in range(len(ms.units)):
+            t = torch.cat([ms.records[(kind, u, c)].x_out.detach() for c in range(len(ms.chunks[kind][u]))], 1)
+            parts.append(F.pad(t, (0, 0, 0, width - t.shape[1])))
+        return torch.cat(parts, 0)
+
+    def _shard_rows(self, stage: int) -> tuple[Batch, int, int]:
+        a, b = self.layout.head_shards(self.ms.replica.size)[stage]
+        return self.ms.replica.rows(a, b), a, b
+
+    def _top_rows(self, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Last stage: the top outputs of `stage`'s head shard, trimmed to the shard's lengths."""
+        ms = self.ms
+        if ms.top is None:
+            ms.top = (self._top("enc"), self._top("dec"))
+        shard, a, b = self._shard_rows(stage)
+        return ms.top[0][a:b, :shard.src.shape[1]], ms.top[1][a:b, :shard.tgt_in.shape[1]]
+
+    def op_scatter_shard(self, ins: Instr) -> None:
+        self.comm.scatter_shard(*self._top_rows(ins.peer), ins.peer)
+
+    def _shard_shapes(self, stage: int):
+        shard, _, _ = self._shard_rows(stage)
+        return (shard.size, shard.src.shape[1], self.hidden), (shard.size, shard.tgt_in.shape[1], self.hidden)
+
+    def op_recv_shard(self, ins: Instr) -> None:
+        self.ms.shard = self.comm.recv_shard(*self._shard_shapes(self.layout.stage), ins.peer)
+
+    def op_head(self, ins: Instr) -> None:
+        ms = self.ms
+        shard, _, _ = self._shard_rows(self.layout.stage)
+        enc, dec = ms.shard if ms.shard is not None else self._top_rows(self.layout.stage)
+        if ms.train:
+            enc, dec = _leaf(enc), _leaf(dec)
+        self.sync_head()
+        loss_sum, nll_sum = self.module.head(enc, shard.src_mask, dec, shard.tgt_out)
+        if self.poison and ms.train:  # fault injection (trainer.faults): a non-finite loss
+            loss_sum = loss_sum * float("nan")
+        ms.metrics += torch.tensor([loss_sum.item(), nll_sum.item()], dtype=torch.float64)
+        if not ms.train:
+            return
+        self.engine.backward(loss_sum * ms.loss_scale)
+        ms.shard_grads = (enc.grad, dec.grad)
+        if self.layout.is_last:
+            rep = ms.replica
+            ms.top_grads = {
+                "enc": torch.zeros(rep.size, rep.src.shape[1], self.hidden, device=self.device, dtype=self.dtype),
+                "dec": torch.zeros(rep.size, rep.tgt_in.shape[1], self.hidden, device=self.device, dtype=self.dtype),
+            }
+            self._place_grads(self.layout.stage, *ms.shard_grads)
+
+    def _place_grads(self, stage: int, enc_grad, dec_grad) -> None:
+        _, a, b = self._shard_rows(stage)
+        self.ms.top_grads["enc"][a:b, :enc_grad.shape[1]] += enc_grad
+        self.ms.top_grads["dec"][a:b, :dec_grad.shape[1]] += dec_grad
+
+    def op_send_shard_grad(self, ins: Instr) -> None:
+        self.comm.send_shard_grad(*self.ms.shard_grads, ins.peer)
+
+    def op_gather_grad(self, ins: Instr) -> None:
+        enc, dec = self.comm.gather_grad(*self._shard_shapes(ins.peer), ins.peer)
+        self._place_grads(ins.peer, enc, dec)
+
+    # ---- backward ----
+    def op_recv_backward(self, ins: Instr) -> None:
+        shape = self._act_shape(ins.kind, ins.unit, ins.chunk)
+        self.ms.received[("grad", ins.kind, ins.unit, ins.chunk)] = self.comm.recv_backward(shape, ins.peer)
+
+    def _out_grad(self, kind: str, u: int, c: int) -> torch.Tensor:
+        ms = self.ms
+        if not self.layout.is_last:
+            return ms.received.pop(("grad", kind, u, c))
+        a, b = ms.unit_rows[u]
+        ca, cb = ms.chunks[kind][u][c]
+        return ms.top_grads[kind][a:b, ca:cb]
+
+    def op_backward(self, ins: Instr) -> None:
+        kind, u, c = ins.kind, ins.unit, ins.chunk
+        rec = self.ms.records[(kind, u, c)]
+        outs, grads = [rec.x_out], [self._out_grad(kind, u, c)]
+        for st_out, st_leaf in zip(rec.state_out, self._next_state_leaves(kind, u, c)):
+            if st_leaf is None:
+                continue
+            for t, leaf in zip(st_out, st_leaf):
+                if leaf.grad is not None:
+                    outs.append(t)
+                    grads.append(leaf.grad)
+        self.engine.backward(sum((t * g).sum() for t, g in zip(outs, grads)))
+        rec.x_out = None
+
+    def _next_state_leaves(self, kind: str, u: int, c: int) -> list:
+        """The leaves that consumed this chunk's outgoing states (whose .grad we hand back)."""
+        ms = self.ms
+        last_enc = len(ms.chunks["enc"][u]) - 1
+        if kind == "enc":
+            nxt = ("dec", u, 0) if c == last_enc else ("enc", u, c + 1)
+        else:
+            nxt = ("dec", u, c + 1) if c + 1 < len(ms.chunks["dec"][u]) else None
+        if nxt is None:
+            return [None] * len(self.pairs)
+        return ms.records[nxt].state_in
+
+    def op_send_backward(self, ins: Instr) -> None:
+        self.comm.send_backward(self.ms.records[(ins.kind, ins.unit, ins.chunk)].x_in.grad, ins.peer)
+
+    # ---- collectives, the step ----
+    def op_reduce_metrics(self, ins: Instr) -> None:
+        self.rt.all_reduce(self.ms.metrics, group=OPS[ins.op].group)
+
+    def op_reduce_grads(self, ins: Instr) -> None:
+        if self.layout.num_dp > 1:
+            self.engine.allreduce_replica_grads()  # DeepSpeed's, over the grid's data group
+
+    def op_reduce_head_grads(self, ins: Instr) -> None:
+        """Start summing every replica's (final) head gradients into the owner (last stage); it runs
+        while the LSTM stages do their backward."""
+        params = list(self.module.head.parameters())
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.pending_head_grads = self.rt.reduce_async([p.grad for p in params], dst=self.layout.stage_ranks[-1],
+                                                       group=OPS[ins.op].group)
+
+    def op_wait_head_grads(self, ins: Instr) -> None:
+        self.pending_head_grads.wait()
+        self.pending_head_grads = None
+        if not self.module.owns_head:  # a replica's gradient now lives in the owner
+            for p in self.module.head.parameters():
+                p.grad = None
+
+    def op_broadcast_head(self, ins: Instr) -> None:
+        """Start sending the owner's updated head weights to every replica; it runs while the next
+        micro-step's LSTM forward does, and completes before the next head phase (`sync_head`)."""
+        self.pending_head_weights = self.rt.broadcast_async([p.data for p in self.module.head.parameters()],
+                                                            src=self.layout.stage_ranks[-1], group=OPS[ins.op].group)
+
+    def sync_head(self) -> None:
+        """Finish an in-flight head-weight broadcast (before the head runs, and at the end)."""
+        if self.pending_head_weights is not None:
+            self.pending_head_weights.wait()
+            self.pending_head_weights = None
+
+    def op_optimizer_step(self, ins: Instr) -> None:
+        self.engine.step()
+
+    def op_flush_sends(self, ins: Instr) -> None:
+        self.comm.flush()
+
+
+HANDLERS = {name: getattr(StepRunner, f"op_{name}", None) for name in OPS}
+_missing = [name for name, h in HANDLERS.items() if h is None]
+_extra = [name[3:] for name in vars(StepRunner) if name.startswith("op_") and name[3:] not in OPS]
+if _missing or _extra:
+    raise ImportError(f"schedule.OPS and StepRunner disagree: no handler for {_missing}, handler without op {_extra}")

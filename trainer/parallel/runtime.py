@@ -1,0 +1,259 @@
+"""The parallel runtime: one object per training process that starts torch.distributed, owns every
+process group and is the only way anything crosses ranks.
+
+Built front to back from the layout: LayoutSpec -> the process group (`start`) -> DeepSpeed's grid
+over the spec's topology (checked against `layout.group_members`, the same map the schedule replay
+uses) -> the eval group. Verbs:
+
+    p2p              `stage_comm(dtype)`: activations, shards and their gradients between stages
+    collectives      `all_reduce`, `reduce_async`, `broadcast_async` over a named group
+    objects          `broadcast_object`, `all_gather_object` (small Python values: errors, answers)
+    lifetime         `barrier`, `close`
+
+Rendezvous: a single process needs no store server (an in-memory HashStore); a multi-process job's
+store listens only on MASTER_ADDR (loopback for a job on one host), never on every interface, and a
+job on one host keeps gloo's own connections on loopback too.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from trainer.parallel import deepspeed_adapter as dsa
+from trainer.parallel.comm import FlatCollective, StageComm
+from trainer.parallel.layout import LayoutSpec, ParallelLayout, group_members
+
+EVAL_WAIT_S = 2 * 3600  # how long other ranks wait for rank 0's dev BLEU decode
+
+
+class CommError(RuntimeError):
+    """A collective or point-to-point transfer failed: a peer died, or stopped answering for longer
+    than train.comm_timeout_s."""
+
+
+class RendezvousError(RuntimeError):
+    """The job could not meet: no address to listen on or to reach (the message says which)."""
+
+
+def is_comm_failure(err: BaseException) -> bool:
+    """Whether `err` is a transport failure (peer gone, timeout) rather than a bug in our code."""
+    if isinstance(err, (CommError, getattr(dist, "DistError", CommError))):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(s in text for s in (
+        "gloo", "Connection closed by peer", "Connection reset by peer", "Timed out", "NCCL", "Broken pipe"))
+
+
+def launched_world() -> tuple[int, int]:
+    """(rank, world size) as the launcher set them; a plain `python` process is a world of one."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP))
+    except (OSError, ValueError):
+        return False
+
+
+def _store(rank: int, world: int, timeout: timedelta):
+    """The rendezvous store. World of one: in memory. Otherwise a TCPStore whose server (rank 0)
+    listens on MASTER_ADDR:MASTER_PORT only (torch's own server would bind every interface)."""
+    if world == 1:
+        return dist.HashStore()
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank != 0:
+        return dist.TCPStore(addr, port, world, False, timeout)
+    infos = sorted(socket.getaddrinfo(addr, port, proto=socket.IPPROTO_TCP), key=lambda i: i[0] != socket.AF_INET)
+    family, _, _, _, sockaddr = infos[0]
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(sockaddr)
+    except OSError as e:
+        listener.close()
+        raise RendezvousError(f"rendezvous: cannot listen on MASTER_ADDR={addr} MASTER_PORT={port}: {e.strerror or e}") from None
+    listener.listen(128)
+    store = dist.TCPStore(addr, port, world, True, timeout, master_listen_fd=listener.detach())
+    return store
+
+
+def start_process_group(timeout_s: int) -> tuple[int, int]:
+    """Start torch.distributed (gloo on CPU, nccl on CUDA) and DeepSpeed's comm layer on it.
+
+    `timeout_s` bounds every wait on a peer, in every process group: torch gives groups made later by
+    `new_group` (DeepSpeed's grid) its own 30-minute default instead of the world's timeout, so the
+    module default is set before any group exists."""
+    import torch.distributed.distributed_c10d as c10d
+
+    dsa.check_version()
+    timeout = timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout
+    if hasattr(c10d, "default_pg_nccl_timeout"):
+        c10d.default_pg_nccl_timeout = timeout
+    rank, world = launched_world()
+    if "RANK" not in os.environ:  # plain `python launch/train.py`: DeepSpeed reads these
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(os.getpid() + 20000))  # names DeepSpeed's shm buffer; nothing listens
+    os.environ.setdefault("LOCAL_RANK", "0")
+    if world == 1 or _is_loopback(os.environ["MASTER_ADDR"]):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's pair sockets on loopback
+    accel = dsa.accelerator()
+    if accel.device_name() == "cuda":
+        accel.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(dsa.comm_backend(), store=_store(rank, world, timeout), rank=rank, world_size=world,
+                            timeout=timeout)
+    dsa.init_comm(timeout_s)
+    dist.barrier()  # every rank has mapped DeepSpeed's shm buffers before their names go
+    dsa.unlink_shm_buffers(rank)
+    return rank, world
+
+
+@dataclass
+class ParallelRuntime:
+    """This process's place in the job and its process groups (see the module docstring)."""
+
+    layout: ParallelLayout
+    grid: object  # DeepSpeed's PipelineParallelGrid: the `mpu` of deepspeed.initialize
+    groups: dict  # name -> process group handle (None = the world group)
+    peers: list = field(default_factory=list)  # (host, pid) of every rank, for failure messages
+    comm_timeout_s: int = 300
+
+    @classmethod
+    def start(cls, spec: LayoutSpec, comm_timeout_s: int = 300) -> "ParallelRuntime":
+        """Start this process's share of the job for `spec` (every rank calls it)."""
+        rank, world = start_process_group(comm_timeout_s)
+        spec.check_world(world)
+        return cls.on_started(spec, rank, comm_timeout_s)
+
+    @classmethod
+    def on_started(cls, spec: LayoutSpec, rank: int, comm_timeout_s: int = 300) -> "ParallelRuntime":
+        """The groups of `spec` on a process group that is already up."""
+        grid = dsa.make_grid(spec.num_pp, spec.num_dp)
+        layout = ParallelLayout(spec, rank)
+        expected = {name: next(g for g in lists if rank in g) for name, lists in group_members(spec).items()}
+        built = dsa.grid_members(grid)
+        for name in ("pipe", "data"):
+            if built[name] != expected[name]:
+                raise RuntimeError(f"rank {rank}: DeepSpeed's grid built the {name} group {built[name]}, the layout "
+                                   f"expects {expected[name]} (topology order changed?)")
+        # ranks wait on this group while rank 0 decodes the dev set, which may take longer than
+        # comm_timeout_s; a rank 0 that dies is still noticed at once (its connections close)
+        eval_group = dist.new_group(timeout=timedelta(seconds=max(comm_timeout_s, EVAL_WAIT_S)))
+        groups = {"world": None, **dsa.grid_groups(grid), "eval": eval_group}
+        rt = cls(layout=layout, grid=grid, groups=groups, comm_timeout_s=comm_timeout_s)
+        rt.peers = rt.all_gather_object({"host": socket.gethostname(), "pid": os.getpid()})
+        return rt
+
+    # ---- who am I ----
+    @property
+    def spec(self) -> LayoutSpec:
+        return self.layout.spec
+
+    @property
+    def rank(self) -> int:
+        return self.layout.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    def device(self) -> torch.device:
+        return torch.device(dsa.accelerator().current_device_name())
+
+    # ---- point to point ----
+    def stage_comm(self, dtype) -> StageComm:
+        return StageComm(self.layout.stage_ranks, self.device(), dtype)
+
+    # ---- collectives (group: a name of layout.group_members, or "eval") ----
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: str = "world") -> torch.Tensor:
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op],
+                            group=self.groups[group])
+        return tensor
+
+    def reduce_async(self, tensors: list[torch.Tensor], dst: int, group: str) -> FlatCollective:
+        """Start the SUM of `tensors` over `group` into global rank `dst`; `wait()` writes it there."""
+        return FlatCollective(tensors, lambda flat: dist.reduce(flat, dst=dst, op=dist.ReduceOp.SUM,
+                                                                 group=self.groups[group], async_op=True),
+                              copy_back=self.rank == dst)
+
+    def broadcast_async(self, tensors: list[torch.Tensor], src: int, group: str) -> FlatCollective:
+        """Start sending `src`'s values of `tensors` to every rank of `group`; `wait()` writes them."""
+        return FlatCollective(tensors, lambda flat: dist.broadcast(flat, src=src, group=self.groups[group],
+                                                                    async_op=True),
+                              copy_back=self.rank != src)
+
+    def broadcast_object(self, obj, src: int = 0, group: str = "world"):
+        """`src`'s `obj` on every rank of `group`."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=self.groups[group])
+        return box[0]
+
+    def all_gather_object(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    # ---- lifetime ----
+    def close(self, together: bool = True) -> None:
+        """Leave the job: `together` waits for every rank first (no rank tears gloo down under a peer
+        still talking); after an error all ranks raised alike, leave without waiting."""
+        if not dist.is_initialized():
+            return
+        if together:
+            self.barrier()
+        dist.destroy_process_group()
+
+    def peer_status(self) -> str:
+        """Which ranks on this host are gone or stopped (others cannot be checked from here)."""
+        import psutil
+
+        host, notes = socket.gethostname(), []
+        for rank, peer in enumerate(self.peers):
+            if peer["host"] != host:
+                continue
+            try:
+                status = psutil.Process(peer["pid"]).status()
+            except psutil.NoSuchProcess:
+                notes.append(f"rank {rank} (pid {peer['pid']}) has exited")
+                continue
+            if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                notes.append(f"rank {rank} (pid {peer['pid']}) has exited")
+            elif status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
+                notes.append(f"rank {rank} (pid {peer['pid']}) is stopped (SIGSTOP?)")
+        return "; ".join(notes) or "every rank on this host is still running"
+
+
+def current_rank() -> int | str:
+    """This process's global rank for messages, '?' before the process group exists."""
+    return dist.get_rank() if dist.is_initialized() else "?"
+
+
+def set_threads(threads: int) -> int:
+    """torch threads per rank: `threads`, or the host's cores divided among its local ranks."""
+    if threads <= 0:
+        local = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        threads = max(1, (os.cpu_count() or 1) // max(1, local))
+    torch.set_num_threads(threads)
+    return threads

@@ -1,0 +1,85 @@
+"""Everything a training run is built from, built once, in order, from the two config files:
+
+    config + DeepSpeed JSON -> LayoutSpec (checked before any process talks to another)
+      -> ParallelRuntime (process group, grid, every group)
+      -> data (manifest, splits, the batch stream)
+      -> RankModule (this rank's layers and head) -> DeepSpeed engine (through the adapter)
+      -> StepRunner (the schedule's interpreter) and Persistence (collective checkpoints)
+
+`Session` only holds what was built; the loop (`trainer.trainer`) uses it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer import faults
+from trainer.data import BatchStream, ParallelData, has_split, read_manifest
+from trainer.ds_config import check_batch, load_ds_config
+from trainer.parallel import deepspeed_adapter as dsa
+from trainer.parallel.interpreter import StepRunner
+from trainer.parallel.layout import LayoutSpec
+from trainer.parallel.rank_module import RankModule, build_rank_module
+from trainer.parallel.runtime import ParallelRuntime, launched_world, set_threads
+from trainer.persist import Persistence
+
+
+def plan(cfg, ds_config_path: str) -> tuple[dict, LayoutSpec]:
+    """The DeepSpeed JSON and the layout for the launched world, checked against the model config;
+    raises before anything is started."""
+    ds = load_ds_config(ds_config_path, cfg.train.max_steps)
+    spec = LayoutSpec.from_ds_config(ds, launched_world()[1])
+    spec.check_model(cfg.model, cfg.data.min_batch_sentences, ds["train_micro_batch_size_per_gpu"])
+    check_batch(ds, ds_config_path, spec.num_dp)
+    return ds, spec
+
+
+@dataclass
+class Session:
+    cfg: object
+    ds: dict
+    runtime: ParallelRuntime
+    threads: int
+    manifest: dict
+    train_data: ParallelData
+    dev_data: ParallelData | None
+    module: RankModule
+    engine: dsa.Engine
+    runner: StepRunner
+    stream: BatchStream
+    persist: Persistence
+    global_micro: int  # sentences of a global micro-batch, at most
+    faults: faults.Faults
+
+    @property
+    def run_dir(self) -> str:
+        return self.cfg.run.dir
+
+    def batching(self) -> dict:
+        """What fixes the sequence of global batches: a checkpoint's data position means nothing if it differs."""
+        d = self.cfg.data
+        return {"global_micro_batch": self.global_micro, "max_tokens": d.max_tokens,
+                "bucket_batches": d.bucket_batches, "min_batch_sentences": d.min_batch_sentences,
+                "seed": self.cfg.train.seed}
+
+
+def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
+    """This rank's share of the run, on a started runtime."""
+    spec = runtime.spec
+    threads = set_threads(cfg.train.threads)
+    manifest = read_manifest(cfg.data.dir)
+    vocab = manifest["vocab"]
+    train_data = ParallelData(cfg.data.dir, "train")
+    dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
+    module = build_rank_module(cfg.model, spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
+                               cfg.train.seed)
+    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid)
+    runner = StepRunner(runtime, engine, module, cfg.model.hidden)
+    global_micro = ds["train_micro_batch_size_per_gpu"] * spec.num_dp
+    stream = BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
+                         seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
+                         min_batch=cfg.data.min_batch_sentences)
+    fault_plan = faults.from_env()
+    persist = Persistence(cfg.run.dir, runtime, module, engine, fault_plan)
+    return Session(cfg=cfg, ds=ds, runtime=runtime, threads=threads, manifest=manifest, train_data=train_data,
+                   dev_data=dev_data, module=module, engine=engine, runner=runner, stream=stream, persist=persist,
+                   global_micro=global_micro, faults=fault_plan)
