@@ -55,3 +55,27 @@ def tiny_data(tmp_path_factory) -> Path:
 def read_metrics(run_dir: Path) -> list[dict]:
     with open(run_dir / "metrics.jsonl") as f:
         return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="session")
+def workers():
+    """Four spawned gloo workers, reused by every in-process multi-rank test (tests/harness.py)."""
+    from tests.harness import Workers
+
+    pool = Workers(4)
+    yield pool
+    pool.close()
+
+
+DEFAULT_TIMEOUT_S = 600  # per test; a multi-process test that hangs fails instead of the CI
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: starts the real CLIs as processes (end-to-end, faults); "
+                                       "`pytest -m 'not slow' tests` is the fast tier")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_S))

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
+
+pytestmark = pytest.mark.slow  # real CLIs as processes; the fast tier is `pytest -m "not slow" tests`
+
 
 
 def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):

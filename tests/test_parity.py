@@ -77,6 +77,7 @@ def reference14(tiny_data, tmp_path_factory):
     ("hybrid_4", 4, {"mode": "hybrid", "num_pp": 4, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
     ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
 ])
+@pytest.mark.slow
 def test_pipelined_modes_match_single(tiny_data, tmp_path, reference13, name, ranks, layout):
     _compare(reference13, _train(tmp_path, tiny_data, name, ranks, 13, layout), name)
 
@@ -85,10 +86,12 @@ def test_pipelined_modes_match_single(tiny_data, tmp_path, reference13, name, ra
     ("data_2", 2, {"mode": "data", "num_pp": 1, "num_dp": 2}),
     ("grid_2x2", 4, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2, "time_chunks": 2}),
 ])
+@pytest.mark.slow
 def test_replicated_modes_match_single(tiny_data, tmp_path, reference14, name, ranks, layout):
     _compare(reference14, _train(tmp_path, tiny_data, name, ranks, 7, layout), name)
 
 
+@pytest.mark.slow
 def test_bf16_hybrid_matches_bf16_single(tiny_data, tmp_path):
     """bf16 (DeepSpeed's bf16 optimizer wrapper, fp32 master weights): the hybrid step still equals
     the single step, to bf16 resolution (the reductions run in a different order)."""

@@ -24,6 +24,9 @@ from trainer import checkpoint
 HYBRID = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}
 SINGLE = {"mode": "single", "num_pp": 1, "num_dp": 1}
 
+pytestmark = pytest.mark.slow  # real CLIs as processes; the fast tier is `pytest -m "not slow" tests`
+
+
 
 def ds_config(tmp_path: Path, layout: dict, bf16: bool = False, total_steps: int = 12) -> str:
     """Adam with warm-up/decay over a fixed `total_steps` (so a run may stop early and continue)."""

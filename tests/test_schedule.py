@@ -83,3 +83,38 @@ def test_replay_catches_a_missing_collective_and_a_lost_message():
 def test_dry_run_prints_every_rank(capsys):
     text = format_schedule(_programs(2, 1, 2, 1, True))
     assert "rank 0" in text and "rank 1" in text and "scatter_shard" in text and "recv_shard" in text
+
+
+@pytest.mark.parametrize("num_pp,num_dp,units,chunks,head_parallel", [
+    (2, 1, 2, 1, True), (4, 1, 3, 2, True), (3, 1, 2, 2, False), (1, 4, 1, 1, False), (2, 2, 2, 2, True),
+    (4, 2, 1, 3, True)])
+def test_eval_programs_never_deadlock(num_pp, num_dp, units, chunks, head_parallel):
+    """The forward-only program (dev loss) is replayed too, with the groups the runtime builds."""
+    from trainer.parallel.schedule import OPS
+
+    programs = _programs(num_pp, num_dp, units, chunks, head_parallel, forward_only=True)
+    assert all(OPS[i.op].eval for prog in programs.values() for i in prog)
+    assert all(not any(i.op in ("backward", "optimizer_step", "reduce_grads") for i in p) for p in programs.values())
+    replay(programs, _groups(num_pp, num_dp))
+
+
+def test_replay_uses_each_ops_group():
+    """A collective checked against the wrong ranks is caught: the replay takes every collective's group
+    from the op (schedule.OPS), over the members the runtime builds (layout.group_members)."""
+    groups = _groups(2, 2)
+    replay(_programs(2, 2, 1, 1, True), groups)
+    swapped = dict(groups, pipe=groups["data"])  # what a runtime reducing head gradients over replicas would do
+    with pytest.raises(RuntimeError, match="root rank 2 is not in its 'pipe' group"):
+        replay(_programs(2, 2, 1, 1, True), swapped)
+
+
+def test_every_op_has_a_kind_and_collectives_a_group():
+    from trainer.parallel.schedule import KINDS, OPS
+
+    for op in OPS.values():
+        assert op.kind in KINDS
+        assert bool(op.group) == (op.kind == "collective"), op.name
+        if op.kind in ("send", "recv"):
+            assert OPS[op.pairs].pairs == op.name and OPS[op.pairs].kind != op.kind
+    with pytest.raises(ValueError, match="unknown instruction"):
+        Instr("teleport")

@@ -287,7 +287,7 @@ class StepRunner:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.pending_head_grads = self.rt.reduce_async([p.grad for p in params], dst=self.layout.stage_ranks[-1],
+        self.pending_head_grads = self.rt.reduce_async([p.grad for p in params], dst=self.layout.stage_ranks[ins.peer],
                                                        group=OPS[ins.op].group)
 
     def op_wait_head_grads(self, ins: Instr) -> None:
@@ -301,7 +301,8 @@ class StepRunner:
         """Start sending the owner's updated head weights to every replica; it runs while the next
         micro-step's LSTM forward does, and completes before the next head phase (`sync_head`)."""
         self.pending_head_weights = self.rt.broadcast_async([p.data for p in self.module.head.parameters()],
-                                                            src=self.layout.stage_ranks[-1], group=OPS[ins.op].group)
+                                                            src=self.layout.stage_ranks[ins.peer],
+                                                            group=OPS[ins.op].group)
 
     def sync_head(self) -> None:
         """Finish an in-flight head-weight broadcast (before the head runs, and at the end)."""

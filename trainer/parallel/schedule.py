@@ -76,7 +76,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
 
 @dataclass(frozen=True)
 class Instr:
-    """op: a name in OPS. unit/chunk: which pipeline unit. kind: 'enc' | 'dec'. peer: stage to talk to."""
+    """op: a name in OPS. unit/chunk: which pipeline unit. kind: 'enc' | 'dec'. peer: the stage to talk
+    to (point-to-point), or the root stage of a rooted collective (reduce into it, broadcast from it)."""
 
     op: str
     unit: int = -1
@@ -124,7 +125,7 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
     elif last:
         prog.append(Instr("head"))
     if boundary and head_parallel:  # the head's gradients are final: start their reduction now
-        prog.append(Instr("reduce_head_grads"))
+        prog.append(Instr("reduce_head_grads", peer=num_pp - 1))
     for u in reversed(range(units)):
         for kind in ("dec", "enc"):
             for c in reversed(range(chunks)):
@@ -140,7 +141,7 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
         prog.append(Instr("reduce_grads"))
     prog.append(Instr("optimizer_step"))
     if boundary and head_parallel:
-        prog.append(Instr("broadcast_head"))
+        prog.append(Instr("broadcast_head", peer=num_pp - 1))
     prog.append(Instr("flush_sends"))
     return prog
 
@@ -198,7 +199,11 @@ def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]])
                     group = next((g for g in groups[op.group] if r in g), None)
                     if group is None:
                         raise RuntimeError(f"rank {r} {ins}: not a member of any {op.group!r} group")
-                    arrived = waiting.setdefault((op.name, tuple(group), _count(prog, pc[r], op.name)), set())
+                    if ins.peer >= 0 and ins.peer not in group:
+                        raise RuntimeError(f"rank {r} {ins}: root rank {ins.peer} is not in its {op.group!r} group "
+                                           f"{group}")
+                    key = (op.name, tuple(group), ins.peer, _count(prog, pc[r], op.name))
+                    arrived = waiting.setdefault(key, set())
                     arrived.add(r)
                     if len(arrived) < len(group):
                         break

@@ -1,0 +1,147 @@
+"""Jobs the in-process harness (tests/harness.py) runs on every rank of a gloo job."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
+    """Build the run exactly as launch/train.py does (config, plan, runtime, session, Trainer), take
+    `steps` optimizer steps, and return the metrics rows and, from replica 0, this rank's parameters
+    by global name ('layer_XX.<name>', 'head.<name>') as float32 numpy arrays."""
+    from trainer.config import load_config
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.session import build_session, plan
+    from trainer.trainer import Trainer
+
+    os.makedirs(work, exist_ok=True)
+    path = os.path.join(work, "ds.json")
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        with open(path + ".tmp", "w") as f:
+            json.dump(ds, f)
+        os.replace(path + ".tmp", path)
+    else:
+        _wait_for(path)
+    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                             "logging.progress=false"])
+    ds_loaded, spec = plan(cfg, path)
+    runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
+    session = build_session(cfg, ds_loaded, runtime)
+    trainer = Trainer(session)
+    rows = [trainer.train_step() for _ in range(steps)]
+    trainer.runner.sync_head()
+    trainer.log.close()
+    params = {}
+    if runtime.layout.replica == 0:
+        module = session.module
+        for offset, layer in enumerate(module.layers):
+            for name, p in layer.named_parameters():
+                params[f"layer_{module.first_layer + offset:02d}.{name}"] = p.detach().float().numpy().copy()
+        if module.owns_head:
+            for name, p in module.head.named_parameters():
+                params[f"head.{name}"] = p.detach().float().numpy().copy()
+    runtime.close()
+    return {"rows": rows, "params": params}
+
+
+def _wait_for(path: str, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        if time.time() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.01)
+
+
+def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
+    """Exercise every DeepSpeed touch point of trainer/parallel/deepspeed_adapter.py on a started
+    job and report what was observed (asserted by tests/test_deepspeed_adapter.py)."""
+    import glob
+    import math
+
+    import torch
+
+    from trainer.config import load_config
+    from trainer.data import BatchStream, ParallelData
+    from trainer.parallel import deepspeed_adapter as dsa
+    from trainer.parallel.layout import LayoutSpec, group_members
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.session import build_session
+
+    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    world = int(os.environ["WORLD_SIZE"])
+    spec = LayoutSpec.from_ds_config(ds, world)
+    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
+    obs = {"rank": rt.rank, "stage": rt.layout.stage, "replica": rt.layout.replica}
+    # distributed: DeepSpeed's shm buffers are unlinked once mapped
+    obs["shm_left"] = glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{os.environ['MASTER_PORT']}_*")
+    # grid: the groups DeepSpeed built are the layout's, and the handles reduce over exactly them
+    obs["grid_members"] = dsa.grid_members(rt.grid)
+    obs["layout_members"] = {k: next(g for g in v if rt.rank in g) for k, v in group_members(spec).items()}
+    for name in ("pipe", "data", "world"):
+        t = torch.tensor([float(rt.rank + 1)])
+        obs[f"sum_over_{name}"] = float(rt.all_reduce(t, group=name))
+    # stages + engine
+    session = build_session(cfg, ds, rt)
+    module, engine = session.module, session.engine
+    obs["local_start"] = module.first_layer
+    obs["local_layers"] = [type(m).__name__ for m in module.layers]
+    obs["stage_id"] = dsa.stage_id(module.stages)
+    obs["backward_allreduce"] = engine.ds.enable_backward_allreduce
+    obs["mpu_is_grid"] = engine.ds.mpu is rt.grid
+    obs["bf16"] = engine.bf16
+    # one real step: the recorded global norm equals the norm of every owned gradient over all ranks
+    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=session.global_micro, max_tokens=0,
+                         seed=1, bucket_batches=10, min_batch=cfg.data.min_batch_sentences)
+    batch = stream.next()
+    engine.begin_window()
+    session.runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True)
+    obs["grad_norm"] = engine.grad_norm()
+    obs["lr"] = engine.lr()
+    obs["skipped_after_good_step"] = engine.skipped_steps
+    # counters round trip
+    counters = engine.counters()
+    engine.load_counters({**counters, "global_steps": 41}, step=41)
+    obs["counters"] = engine.counters()
+    obs["micro_steps"] = engine.ds.micro_steps
+    obs["accumulation_steps"] = engine.accumulation_steps
+    engine.load_counters(counters, step=1)
+    # the optimizer by parameter
+    masters = engine.masters()
+    owned = [p for p in module.optimizer_parameters()]
+    obs["masters"] = len(masters)
+    obs["owned"] = len(owned)
+    obs["masters_fp32_match"] = all(masters[id(p)].dtype == torch.float32 and
+                                    torch.equal(masters[id(p)].to(p.dtype), p.detach()) for p in owned) if masters else None
+    base = engine.base_optimizer()
+    obs["state_keyed_by_master"] = all((masters.get(id(p), p) in base.state) for p in owned)
+    obs["state_keys"] = sorted(k for k in next(iter(base.state.values())) if k != "step")
+    obs["scaler"] = engine.loss_scaler_state()
+    engine.load_loss_scaler_state(obs["scaler"])
+    sched = engine.lr_scheduler_state()
+    engine.load_lr_scheduler_state(sched)
+    obs["scheduler_state"] = bool(sched)
+    engine.check_per_parameter_state()
+    owned[0]._hp_mapping = object()
+    try:
+        engine.check_per_parameter_state()
+        obs["hp_mapping_refused"] = False
+    except NotImplementedError:
+        obs["hp_mapping_refused"] = True
+    del owned[0]._hp_mapping
+    # fp32 only: a non-finite gradient makes the guarded step skip the update (as bf16's optimizer does)
+    if not engine.bf16:
+        before = [p.detach().clone() for p in owned]
+        skipped = engine.skipped_steps
+        session.runner.poison = True
+        engine.begin_window()
+        session.runner.run(stream.next(), window_tokens=batch.tgt_tokens, boundary=True)
+        session.runner.poison = False
+        obs["nan_norm_finite"] = math.isfinite(engine.grad_norm())
+        obs["nan_step_skipped"] = engine.skipped_steps == skipped + 1
+        obs["nan_params_unchanged"] = all(torch.equal(a, p.detach()) for a, p in zip(before, owned))
+    session.runner.sync_head()
+    rt.close()
+    return obs

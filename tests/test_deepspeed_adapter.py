@@ -1,0 +1,110 @@
+"""One test per DeepSpeed touch point (trainer/parallel/deepspeed_adapter.py): a DeepSpeed upgrade
+that moves one of them fails here by name. The touch points run on a real 2x2 grid (and a bf16
+hybrid_2) of the in-process harness."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO
+from tests.parallel_jobs import adapter_touch_points
+
+MODEL = ["model.layers=2", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "data.min_batch_sentences=8"]
+
+
+def _ds(layout: dict, bf16: bool) -> dict:
+    ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
+    ds.update(train_micro_batch_size_per_gpu=8, parallel_layout=layout, bf16={"enabled": bf16})
+    ds["scheduler"]["params"]["total_num_steps"] = 100
+    return ds
+
+
+@pytest.fixture(scope="module")
+def grid(workers, tiny_data, tmp_path_factory):
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2}
+    return workers.run(4, adapter_touch_points, [f"data.dir={tiny_data}", *MODEL], _ds(layout, False),
+                       str(tmp_path_factory.mktemp("grid")))
+
+
+@pytest.fixture(scope="module")
+def bf16_hybrid(workers, tiny_data, tmp_path_factory):
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1}
+    return workers.run(2, adapter_touch_points, [f"data.dir={tiny_data}", *MODEL], _ds(layout, True),
+                       str(tmp_path_factory.mktemp("bf16")))
+
+
+def test_version_is_checked(monkeypatch):
+    import deepspeed
+
+    from trainer.parallel import deepspeed_adapter as dsa
+
+    assert dsa.check_version().startswith(dsa.WRITTEN_FOR + ".")
+    monkeypatch.setattr(deepspeed, "__version__", "0.99.1")
+    with pytest.raises(dsa.DeepSpeedVersionError, match="0.99.1.*written for 0.19"):
+        dsa.check_version()
+
+
+def test_shm_buffers_are_unlinked(grid):
+    assert all(r["shm_left"] == [] for r in grid)
+
+
+def test_grid_groups_are_the_layouts(grid):
+    for r in grid:
+        assert r["grid_members"] == {"pipe": r["layout_members"]["pipe"], "data": r["layout_members"]["data"]}
+        # rank = stage * num_dp + replica; each group's handle reduces over exactly its members
+        assert r["rank"] == r["stage"] * 2 + r["replica"]
+        assert r["sum_over_pipe"] == sum(m + 1 for m in r["layout_members"]["pipe"])
+        assert r["sum_over_data"] == sum(m + 1 for m in r["layout_members"]["data"])
+        assert r["sum_over_world"] == 1 + 2 + 3 + 4
+
+
+def test_stages_hold_their_slice(grid):
+    for r in grid:
+        assert r["stage_id"] == r["stage"]
+        if r["stage"] == 0:  # type:EncoderDecoderLayer partitioning: embeddings go with the first pair
+            assert (r["local_start"], r["local_layers"]) == (0, ["Embeddings", "EncoderDecoderLayer"])
+        else:
+            assert (r["local_start"], r["local_layers"]) == (2, ["EncoderDecoderLayer"])
+
+
+def test_engine_uses_the_grid_and_leaves_reductions_to_the_schedule(grid):
+    for r in grid:
+        assert r["mpu_is_grid"] and r["backward_allreduce"] is False
+
+
+def test_recorded_grad_norm_is_global(grid):
+    norms = {round(r["grad_norm"], 6) for r in grid}
+    assert len(norms) == 1 and next(iter(norms)) > 0  # every rank reports the same global norm
+    # the first step of a linear warm-up from warmup_min_lr=0 runs at lr 0 (DeepSpeed counts from 0)
+    assert all(r["skipped_after_good_step"] == 0 and r["lr"] == 0.0 for r in grid)
+
+
+def test_counters_round_trip(grid):
+    for r in grid:
+        assert r["counters"]["global_steps"] == 41 and set(r["counters"]) == {"global_steps", "global_samples",
+                                                                              "skipped_steps"}
+        assert r["micro_steps"] == 41 * r["accumulation_steps"]
+
+
+def test_fp32_optimizer_state_is_keyed_by_the_parameters(grid):
+    for r in grid:
+        assert r["masters"] == 0 and r["masters_fp32_match"] is None  # fp32: the parameters are the masters
+        assert r["state_keyed_by_master"] and r["state_keys"] == ["exp_avg", "exp_avg_sq"]
+        assert r["scheduler_state"]
+
+
+def test_bf16_masters_are_fp32_copies(bf16_hybrid):
+    for r in bf16_hybrid:
+        assert r["bf16"] and r["masters"] == r["owned"] > 0 and r["masters_fp32_match"]
+        assert r["state_keyed_by_master"] and r["state_keys"] == ["exp_avg", "exp_avg_sq"]
+        assert isinstance(r["scaler"], dict)
+
+
+def test_flat_partitioned_optimizers_are_refused(grid):
+    assert all(r["hp_mapping_refused"] for r in grid)
+
+
+def test_fp32_step_with_a_non_finite_gradient_is_skipped(grid):
+    for r in grid:
+        assert not r["nan_norm_finite"] and r["nan_step_skipped"] and r["nan_params_unchanged"]

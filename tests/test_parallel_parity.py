@@ -1,0 +1,88 @@
+"""The parallel step equals the single-process step, in seconds: every layout as a real gloo job of the
+in-process harness (tests/harness.py), built by the same code as launch/train.py.
+
+As in tests/test_parity.py (the same check through the CLI): SGD at lr 1, so a parameter's change IS
+its clipped gradient; clipping active; 2 accumulation micro-batches per step; uneven head shards,
+padding, several pipeline units and time chunks; dropout 0. Compared with `single`: the loss and the
+global gradient norm of both steps, and every parameter after the updates.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.parallel_jobs import train_steps
+
+TOL = 2e-6
+MODEL = ["model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "train.seed=7",
+         "data.min_batch_sentences=8"]
+
+
+def _ds(micro: int, layout: dict, bf16: bool = False) -> dict:
+    ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
+    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=2, gradient_clipping=0.05,
+              parallel_layout=layout, bf16={"enabled": bf16})
+    ds["optimizer"] = {"type": "SGD", "params": {"lr": 1.0}}
+    ds.pop("scheduler")
+    return ds
+
+
+def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False):
+    out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL], _ds(micro, layout, bf16),
+                      str(tmp_path / name), 2)
+    params = {}
+    for rank_out in out:
+        params.update(rank_out["params"])
+    return out[0]["rows"], params
+
+
+def _compare(ref, got, label, tol=TOL):
+    (ref_rows, ref_p), (got_rows, got_p) = ref, got
+    assert [r["step"] for r in got_rows] == [1, 2]
+    for r, g in zip(ref_rows, got_rows):
+        assert g["loss"] == pytest.approx(r["loss"], rel=tol, abs=tol), f"{label}: loss at step {r['step']}"
+        assert r["grad_norm"] > 0.05, "clipping must be active for this test to mean something"
+        assert g["grad_norm"] == pytest.approx(r["grad_norm"], rel=max(tol, 1e-5)), f"{label}: global grad norm"
+    assert sorted(got_p) == sorted(ref_p), f"{label}: parameter names differ"
+    worst = max(float(np.abs(got_p[k] - v).max()) for k, v in ref_p.items())
+    print(f"{label}: max |param - single| = {worst:.3g}")
+    assert worst < tol, f"{label}: max parameter difference {worst:.3g}"
+
+
+@pytest.fixture(scope="module")
+def single13(workers, tiny_data, tmp_path_factory):
+    return _run(workers, tiny_data, tmp_path_factory.mktemp("s13"), "single", 1, 13, {"mode": "single"})
+
+
+@pytest.fixture(scope="module")
+def single14(workers, tiny_data, tmp_path_factory):
+    return _run(workers, tiny_data, tmp_path_factory.mktemp("s14"), "single", 1, 14, {"mode": "single"})
+
+
+@pytest.mark.parametrize("name,world,layout", [
+    ("hybrid_2", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 1}),
+    ("hybrid_2_chunks", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 1, "time_chunks": 3}),
+    ("hybrid_3", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}),
+    ("hybrid_4", 4, {"mode": "hybrid", "num_pp": 4, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
+    ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
+])
+def test_pipelined_layouts_match_single(workers, tiny_data, tmp_path, single13, name, world, layout):
+    _compare(single13, _run(workers, tiny_data, tmp_path, name, world, 13, layout), name)
+
+
+@pytest.mark.parametrize("name,world,layout", [
+    ("data_2", 2, {"mode": "data", "num_pp": 1, "num_dp": 2}),
+    ("grid_2x2", 4, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2, "time_chunks": 2}),
+])
+def test_replicated_layouts_match_single(workers, tiny_data, tmp_path, single14, name, world, layout):
+    _compare(single14, _run(workers, tiny_data, tmp_path, name, world, 7, layout), name)
+
+
+def test_bf16_hybrid_matches_bf16_single(workers, tiny_data, tmp_path):
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 2}
+    ref = _run(workers, tiny_data, tmp_path, "single_bf16", 1, 13, {"mode": "single"}, bf16=True)
+    _compare(ref, _run(workers, tiny_data, tmp_path, "hybrid_bf16", 2, 13, layout, bf16=True), "hybrid_2 bf16",
+             tol=2e-2)
