@@ -145,3 +145,22 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     session.runner.sync_head()
     rt.close()
     return obs
+
+
+def listening_sockets(master_addr: str | None = None) -> dict:
+    """Start a runtime (MASTER_ADDR replaced by `master_addr` if given) and report this process's
+    listening TCP sockets as (ip, port)."""
+    import psutil
+
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.parallel.runtime import ParallelRuntime
+
+    if master_addr:
+        os.environ["MASTER_ADDR"] = master_addr
+    world = int(os.environ["WORLD_SIZE"])
+    spec = LayoutSpec.from_ds_config({"parallel_layout": {"mode": "single" if world == 1 else "hybrid"}}, world)
+    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
+    listening = [(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN]
+    rt.close()
+    return {"rank": rt.rank, "listening": listening, "master_port": int(os.environ["MASTER_PORT"])}
