@@ -30,9 +30,9 @@ def _ds(micro: int, layout: dict, bf16: bool = False) -> dict:
     return ds
 
 
-def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False):
-    out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL], _ds(micro, layout, bf16),
-                      str(tmp_path / name), 2)
+def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0):
+    out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL, f"model.dropout={dropout}"],
+                      _ds(micro, layout, bf16), str(tmp_path / name), 2)
     params = {}
     for rank_out in out:
         params.update(rank_out["params"])
@@ -86,3 +86,29 @@ def test_bf16_hybrid_matches_bf16_single(workers, tiny_data, tmp_path):
     ref = _run(workers, tiny_data, tmp_path, "single_bf16", 1, 13, {"mode": "single"}, bf16=True)
     _compare(ref, _run(workers, tiny_data, tmp_path, "hybrid_bf16", 2, 13, layout, bf16=True), "hybrid_2 bf16",
              tol=2e-2)
+
+
+LAYOUTS = {
+    "hybrid_2": (2, 13, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 2}),
+    "hybrid_4": (4, 13, {"mode": "hybrid", "num_pp": 4, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
+    "pipeline_2": (2, 13, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
+    "data_2": (2, 7, {"mode": "data", "num_pp": 1, "num_dp": 2}),
+    "grid_2x2": (4, 7, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2, "time_chunks": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def single_dropout(workers, tiny_data, tmp_path_factory):
+    return _run(workers, tiny_data, tmp_path_factory.mktemp("sd"), "single", 1, 14, {"mode": "single"}, dropout=0.3)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_dropout_masks_are_the_same_in_every_layout(workers, tiny_data, tmp_path, single14, single_dropout, name):
+    """Dropout 0.3 on (embeddings, every LSTM layer, the attentional layer): each layout draws the masks
+    keyed by (seed, step, micro-batch, site, row, position), so its step still equals single's."""
+    world, micro, layout = LAYOUTS[name]
+    micro = 14 // (layout.get("num_dp", 1))  # the same 14-sentence global micro-batches as the reference
+    moved = max(float(np.abs(single_dropout[1][k] - v).max()) for k, v in single14[1].items())
+    assert moved > 10 * TOL, f"dropout must change the step far more than the tolerance ({moved:.3g})"
+    _compare(single_dropout, _run(workers, tiny_data, tmp_path, name, world, micro, layout, dropout=0.3),
+             f"{name} dropout 0.3")

@@ -103,6 +103,26 @@ def test_layout_change_on_resume(tiny_data, tmp_path):
     assert worst < 1e-5
 
 
+def test_layout_change_on_resume_with_dropout(tiny_data, tmp_path):
+    """With dropout on (0.3), the masks are keyed by (seed, step, micro-batch, site, row, position), not
+    by a rank's generator, so hybrid_2 -> single -> hybrid_2 still continues the uninterrupted single run
+    to summation-order tolerance, dropout included."""
+    extra = ("model.dropout=0.3", "train.max_steps=12")
+    single, hybrid = ds_config(tmp_path, SINGLE), ds_config(tmp_path, HYBRID)
+    train(tiny_data, tmp_path / "ref", 1, single, *extra)
+    train(tiny_data, tmp_path / "nodrop", 1, single, "model.dropout=0", "train.max_steps=12")
+    run = tmp_path / "run"
+    train(tiny_data, run, 2, hybrid, *extra, faults="die@5:1", check=False)
+    train(tiny_data, run, 1, single, *extra, "train.resume=auto", faults="die@9:0", check=False)
+    train(tiny_data, run, 2, hybrid, *extra, "train.resume=auto")
+    ref, got, nodrop = losses(tmp_path / "ref"), losses(run), losses(tmp_path / "nodrop")
+    assert sorted(got) == list(range(1, 13))
+    assert max(abs(ref[s] - nodrop[s]) for s in ref) > 1e-4, "dropout must change the losses far more than the tolerance"
+    worst = max(abs(ref[s] - got[s]) for s in ref)
+    print(f"layout change with dropout: max |loss - single| over 12 steps = {worst:.3g}")
+    assert worst < 1e-5
+
+
 # ---- failing well -------------------------------------------------------------------------------------
 def _spawn(cmd, log: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="disabled", PYTHONPATH=str(REPO))

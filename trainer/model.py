@@ -19,6 +19,7 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from data_prep.binary import PAD_ID
+from trainer.dropout import KeyedDropout
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
 
@@ -28,7 +29,8 @@ class Embeddings(nn.Module):
         super().__init__()
         self.src = nn.Embedding(src_vocab, emb_dim, padding_idx=PAD_ID)
         self.tgt = nn.Embedding(tgt_vocab, emb_dim, padding_idx=PAD_ID)
-        self.dropout = nn.Dropout(dropout)
+        self.src_dropout = KeyedDropout(dropout, site=SITE_EMB_SRC, side="src")
+        self.tgt_dropout = KeyedDropout(dropout, site=SITE_EMB_TGT, side="tgt")
         for emb in (self.src, self.tgt):
             nn.init.normal_(emb.weight, std=emb_dim ** -0.5)
             with torch.no_grad():
@@ -36,11 +38,11 @@ class Embeddings(nn.Module):
 
     def embed_src(self, src: torch.Tensor) -> torch.Tensor:
         """(batch, src_len) ids -> (batch, src_len, emb)."""
-        return self.dropout(self.src(src))
+        return self.src_dropout(self.src(src))
 
     def embed_tgt(self, tgt_in: torch.Tensor) -> torch.Tensor:
         """(batch, tgt_len) ids -> (batch, tgt_len, emb)."""
-        return self.dropout(self.tgt(tgt_in))
+        return self.tgt_dropout(self.tgt(tgt_in))
 
 
 def _run_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, state: State | None):
@@ -105,7 +107,8 @@ class EncoderDecoderLayer(nn.Module):
         self.encoder = nn.LSTM(in_dim, hidden // 2 if bidirectional else hidden, batch_first=True,
                                bidirectional=bidirectional)
         self.decoder = nn.LSTM(in_dim, hidden, batch_first=True)
-        self.dropout = nn.Dropout(dropout)
+        self.enc_dropout = KeyedDropout(dropout, site=SITE_PAIRS + 2 * index, side="src")
+        self.dec_dropout = KeyedDropout(dropout, site=SITE_PAIRS + 2 * index + 1, side="tgt")
         for lstm in (self.encoder, self.decoder):
             for name, p in lstm.named_parameters():
                 nn.init.uniform_(p, -0.1, 0.1)
@@ -119,7 +122,7 @@ class EncoderDecoderLayer(nn.Module):
         for a bidirectional encoder, the raw per-direction state.
         """
         out, state = _run_bulk_then_packed(self.encoder, x, lengths, state)
-        return self.dropout(out), state
+        return self.enc_dropout(out), state
 
     def decoder_init(self, enc_state: State) -> State:
         """Encoder final state -> decoder initial state (1, batch, hidden) x 2."""
@@ -134,7 +137,7 @@ class EncoderDecoderLayer(nn.Module):
         Teacher-forced and causal: outputs at padded target positions are computed but never used.
         """
         out, state = self.decoder(y, state)
-        return self.dropout(out), state
+        return self.dec_dropout(out), state
 
     def forward(self, x: torch.Tensor, src_lengths: torch.Tensor, y: torch.Tensor):
         enc_out, enc_state = self.encode(x, src_lengths)
@@ -160,7 +163,7 @@ class AttentionSoftmaxHead(nn.Module):
         out_dim = out_dim or hidden
         self.w_c = nn.Linear(2 * hidden, out_dim, bias=False)
         self.proj = nn.Linear(out_dim, tgt_vocab)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = KeyedDropout(dropout, site=SITE_HEAD, side="tgt")
         for p in self.parameters():
             nn.init.uniform_(p, -0.1, 0.1)
 
@@ -181,9 +184,11 @@ class AttentionSoftmaxHead(nn.Module):
         scores = self.scores(enc, dec).masked_fill(~src_mask.unsqueeze(1), float("-inf"))
         return torch.softmax(scores, dim=-1) @ enc
 
-    def attentional(self, context: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
-        """tanh(W_c [c; h]) with dropout, for any leading shape (..., hidden) -> (..., out_dim)."""
-        return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))))
+    def attentional(self, context: torch.Tensor, dec: torch.Tensor, keep_at: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+        """tanh(W_c [c; h]) with dropout: (batch, tgt_len, hidden) x 2 -> (batch, tgt_len, out_dim), or
+        (tokens, hidden) x 2 -> (tokens, out_dim) for the tokens `keep_at` (batch, tgt_len) selected."""
+        return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))), keep_at)
 
     def logits(self, enc, src_mask, dec) -> torch.Tensor:
         """-> (batch, tgt_len, vocab)."""
@@ -198,7 +203,7 @@ class AttentionSoftmaxHead(nn.Module):
         """
         keep = target != PAD_ID
         context = self.context(enc, src_mask, dec)[keep]
-        hidden = self.attentional(context, dec[keep])  # (tokens, out_dim)
+        hidden = self.attentional(context, dec[keep], keep_at=keep)  # (tokens, out_dim)
         return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias, target[keep], self.label_smoothing)
 
 
@@ -342,3 +347,5 @@ def build_model(cfg, src_vocab: int, tgt_vocab: int, seed: int = 0) -> Seq2Seq:
 
 
 HEAD_SEED_OFFSET = 10_000
+# dropout sites (trainer.dropout): the same numbers in every layout
+SITE_EMB_SRC, SITE_EMB_TGT, SITE_PAIRS, SITE_HEAD = 0, 1, 2, 1_000

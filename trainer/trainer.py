@@ -77,8 +77,9 @@ class Trainer:
         skipped_before = engine.skipped_steps
         start = time.perf_counter()
         loss = nll = 0.0
-        for b in batches:
-            out = self.runner.run(b, window_tokens=window_tokens, boundary=engine.is_boundary())
+        for micro, b in enumerate(batches):
+            out = self.runner.run(b, window_tokens=window_tokens, boundary=engine.is_boundary(),
+                                  key=(self.cfg.train.seed, st.step + 1, micro))
             loss, nll = loss + out["loss_sum"], nll + out["nll_sum"]
         elapsed = time.perf_counter() - start
         st.step += 1

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.data import Batch
+from trainer.dropout import DropoutKeys, keyed
 from trainer.model import Embeddings, EncoderDecoderLayer
 from trainer.parallel.layout import split_even
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
@@ -43,6 +44,7 @@ class MicroStep:
     """The state of one micro-step on this rank."""
 
     replica: Batch  # this replica's rows of the global micro-batch
+    replica_row0: int  # its first row in the global micro-batch
     units: list  # its pipeline units (Batches)
     unit_rows: list  # [start, stop) of each unit in `replica`
     chunks: dict  # 'enc'|'dec' -> per unit, [start, stop) of each time chunk
@@ -55,6 +57,7 @@ class MicroStep:
     shard_grads: tuple | None = None  # gradients w.r.t. `shard`
     top_grads: dict | None = None  # last stage: gradients w.r.t. `top`, assembled from every shard
     metrics: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+    dropout: DropoutKeys | None = None  # where each forward sits in the global micro-batch (masks)
 
 
 class StepRunner:
@@ -76,15 +79,20 @@ class StepRunner:
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
         self.ms: MicroStep | None = None
 
-    def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True) -> dict:
-        """One micro-step on the global micro-batch `batch` (identical on every rank).
+    def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True,
+            key: tuple = ()) -> dict:
+        """One micro-step on the global micro-batch `batch` (identical on every rank). `key` (seed,
+        step, micro-batch) names it for the dropout masks, the same in every layout.
 
         Returns {'loss_sum', 'nll_sum'} summed over every rank (the whole global micro-batch).
         """
-        self.ms = self._micro_step(batch, window_tokens, train)
+        self.ms = ms = self._micro_step(batch, window_tokens, train)
+        if train:
+            ms.dropout = DropoutKeys(key, batch.size, {"src": batch.src.shape[1], "tgt": batch.tgt_in.shape[1]},
+                                     self.device)
         program = self.programs[boundary] if train else self.eval_program
         clock, times = time.perf_counter, self.op_seconds if train else {}
-        with torch.set_grad_enabled(train):
+        with torch.set_grad_enabled(train), keyed(ms.dropout):
             for ins in program:
                 start = clock()
                 try:
@@ -112,7 +120,7 @@ class StepRunner:
                   "dec": [split_even(u.tgt_in.shape[1], spec.time_chunks) for u in units]}
         # num_dp: DeepSpeed averages over replicas; we want the sum over the global window
         loss_scale = spec.num_dp / window_tokens if window_tokens else 0.0
-        return MicroStep(replica, units, unit_rows, chunks, loss_scale, train)
+        return MicroStep(replica, start, units, unit_rows, chunks, loss_scale, train)
 
     def _act_shape(self, kind: str, unit: int, chunk: int):
         a, b = self.ms.chunks[kind][unit][chunk]
@@ -127,6 +135,8 @@ class StepRunner:
         ms, kind, u, c = self.ms, ins.kind, ins.unit, ins.chunk
         unit = ms.units[u]
         a, b = ms.chunks[kind][u][c]
+        if ms.dropout is not None:
+            ms.dropout.row0, ms.dropout.t0 = ms.replica_row0 + ms.unit_rows[u][0], a
         if self.embeddings is not None:
             x_in = None
             x = (self.embeddings.embed_src(unit.src[:, a:b]) if kind == "enc"
@@ -197,7 +207,9 @@ class StepRunner:
 
     def op_head(self, ins: Instr) -> None:
         ms = self.ms
-        shard, _, _ = self._shard_rows(self.layout.stage)
+        shard, a, _ = self._shard_rows(self.layout.stage)
+        if ms.dropout is not None:
+            ms.dropout.row0, ms.dropout.t0 = ms.replica_row0 + a, 0
         enc, dec = ms.shard if ms.shard is not None else self._top_rows(self.layout.stage)
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)

@@ -1,0 +1,99 @@
+"""Dropout whose mask is a function of (seed, step, micro-batch, layer site, sentence row, position,
+feature), not of a generator's state.
+
+Every rank builds the same global micro-batch, so a row and a position name the same token in every
+layout. Drawing each site's mask for the whole global micro-batch from a generator seeded by
+(run seed, step, micro-batch, site), and slicing out the rows and positions a layer computes, gives
+every layout the same masks as the single process: a run is the same run in any layout (up to
+floating-point summation order), and a resumed run continues bitwise in any layout.
+
+Outside a `DropoutKeys` context (ad-hoc use, tests of single modules) it is ordinary dropout.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+_ACTIVE: "DropoutKeys | None" = None
+_MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant for mixing the key parts
+
+
+def _key(*parts: int) -> int:
+    h = 0
+    for p in parts:
+        h = ((h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * _MIX + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 29
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def keep_mask(shape: tuple, keep: float, seed: int, device=None) -> torch.Tensor:
+    """A bool tensor, True with probability `keep` (to 1/65536), from a generator seeded by `seed`:
+    16-bit uniform lanes of 48-bit random integers, the same for any thread count."""
+    n = 1
+    for d in shape:
+        n *= d
+    words = -(-n // 3)
+    g = torch.Generator().manual_seed(seed)
+    lanes = torch.randint(0, 2 ** 48, (words,), dtype=torch.int64, generator=g).view(torch.int16).view(words, 4)
+    bits = lanes[:, :3].reshape(-1)[:n]
+    return (bits < (round(keep * 65536) - 32768)).view(shape).to(device or "cpu")
+
+
+class DropoutKeys:
+    """The position of the tensors a forward computes within the global micro-batch `key`.
+
+    `widths`: global padded length per side ('src', 'tgt'); `rows`: the global micro-batch's row
+    count. Set `row0` / `t0` (the global row and position of the slice's [0, 0]) before each forward.
+    """
+
+    def __init__(self, key: tuple, rows: int, widths: dict, device=None):
+        self.key, self.rows, self.widths, self.device = key, rows, widths, device
+        self.row0, self.t0 = 0, 0
+        self._masks: dict = {}
+
+    def mask(self, site: int, side: str, p: float, n: int, width: int, feat: int, dtype,
+             keep_at=None) -> torch.Tensor:
+        """This slice's mask, already scaled: 0 or 1 / (1 - p) in `dtype`."""
+        full = self._masks.get((site, dtype))
+        if full is None:
+            bits = keep_mask((self.rows, self.widths[side], feat), 1.0 - p, _key(*self.key, site), self.device)
+            full = bits.to(dtype).mul_(1.0 / (1.0 - p))
+            self._masks[(site, dtype)] = full
+        m = full[self.row0:self.row0 + n, self.t0:self.t0 + width]
+        return m[keep_at] if keep_at is not None else m
+
+
+@contextlib.contextmanager
+def keyed(keys: DropoutKeys):
+    """Dropout inside draws its masks from `keys`."""
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, keys
+    try:
+        yield keys
+    finally:
+        _ACTIVE = previous
+
+
+class KeyedDropout(nn.Module):
+    """Dropout at `site` (a number unique in the model, the same in every layout) on tensors of `side`
+    ('src' or 'tgt'): x is (rows, positions, features), or (tokens, features) with `keep_at` the
+    (rows, positions) bool mask that selected the tokens."""
+
+    def __init__(self, p: float, site: int, side: str):
+        super().__init__()
+        self.p, self.site, self.side = p, site, side
+
+    def forward(self, x: torch.Tensor, keep_at: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keys = _ACTIVE
+        if keys is None:
+            return F.dropout(x, self.p, True)
+        n, width = (keep_at.shape if keep_at is not None else x.shape[:2])
+        return x * keys.mask(self.site, self.side, self.p, n, width, x.shape[-1], x.dtype, keep_at)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, site={self.site}, side={self.side}"
