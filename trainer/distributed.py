@@ -39,7 +39,10 @@ def init_distributed(timeout_s: int = 300) -> tuple[int, int]:
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     os.environ.setdefault("LOCAL_RANK", "0")
     accel = get_accelerator()
-    backend = "nccl" if accel.device_name() == "cuda" else "gloo"
+    # on CUDA, NCCL for CUDA tensors and gloo for CPU ones: a pure NCCL group refuses the CPU tensors
+    # of the metrics all-reduce and the stop-flag all-reduce ("No backend type associated with device
+    # type cpu"), even in a world of one; object collectives then travel over gloo as well
+    backend = "cpu:gloo,cuda:nccl" if accel.device_name() == "cuda" else "gloo"
     if accel.device_name() == "cuda":
         accel.set_device(int(os.environ["LOCAL_RANK"]))
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
