@@ -17,7 +17,10 @@
                  sentences are short (~12 pieces), shorter than patent sentences;
    each: pairs/s, tokens/s, median step, peak memory of the process (nvidia-smi; RSS on CPU), model
    TFLOP/s and MFU against the datasheet peak of the precision (fp32 also against TF32: cuDNN runs fp32
-   LSTMs on TF32 by default) and against the measured GEMM peak; a dev-BLEU decode on the device at the end.
+   LSTMs on TF32 by default) and against the measured GEMM peak; a dev-BLEU decode on the device at the end;
+4. resume: the first run continued by 5 steps with train.resume=auto (fused Adam state, RNG states and
+   the data position restored on the device), every step logged once;
+5. portability: `launch/translate.py` in a process that sees no GPU translates from that checkpoint.
 Everything measured is printed as it comes and written to OUT/gpu_check.json.
 
 `--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same steps at tiny sizes on the demo corpus, so the
@@ -193,15 +196,18 @@ class MemoryWatch:
 
 
 def train_run(work: Path, device: str, name: str, precision: str, overrides: dict, micro: int, data: Path,
-              steps: int, dev_sentences: int, wandb: bool) -> dict:
+              steps: int, dev_sentences: int, wandb: bool, resume: bool = False) -> dict:
+    """One run of the training CLI (with `resume`: continue the run of that name to `steps`)."""
     ds = ds_variant(work, "single", name, train_micro_batch_size_per_gpu=micro, bf16={"enabled": precision == "bf16"})
     run_dir = work / "runs" / name
-    shutil.rmtree(run_dir, ignore_errors=True)
+    if not resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "launch/train.py", "--deepspeed_config", str(ds), "--config", ENJA_YAML,
            f"data.dir={data}", f"run.dir={run_dir}", f"train.max_steps={steps}", f"train.eval_every={steps}",
            "train.log_every=1", f"decode.dev_max_sentences={dev_sentences}", "logging.progress=false",
            f"logging.wandb_mode={'offline' if wandb else 'disabled'}",
-           *[f"model.{k}={v}" for k, v in overrides.items()], *(["train.threads=1"] if device == "cpu" else [])]
+           *[f"model.{k}={v}" for k, v in overrides.items()], *(["train.threads=1"] if device == "cpu" else []),
+           *(["train.resume=auto"] if resume else [])]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **({} if wandb else {"WANDB_MODE": "disabled"}))
     log(f"{name}: {' '.join(cmd[1:])}")
     start = time.time()
@@ -213,7 +219,7 @@ def train_run(work: Path, device: str, name: str, precision: str, overrides: dic
         proc.kill()
         out, _ = proc.communicate()
     peak = watch.stop()
-    (work / f"{name}.log").write_text(out)
+    (work / f"{name}{'_resume' if resume else ''}.log").write_text(out)
     result = {"name": name, "exit": proc.returncode, "wall_s": round(time.time() - start, 1), "peak_memory_mib": peak}
     if proc.returncode != 0:
         log(f"{name}: FAILED (exit {proc.returncode}); the end of its output:\n{out[-4000:]}")
@@ -229,6 +235,27 @@ def train_run(work: Path, device: str, name: str, precision: str, overrides: dic
                   finite=all(r["loss"] is not None and math.isfinite(r["loss"]) for r in rows))
     if wandb:
         result["wandb_offline_run"] = any((run_dir / "wandb").glob("offline-run-*"))
+    if resume:
+        result.update(resumed="resume: from" in out, logged_steps=[r["step"] for r in rows])
+    return result
+
+
+def portability(run_dir: Path, data: Path) -> dict:
+    """A checkpoint written on the device translates in a CPU process (launch/translate.py)."""
+    src = data / "dev.src.txt"
+    lines = src.read_text(encoding="utf-8").splitlines()[:16]
+    (run_dir.parent / "portability.src").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = run_dir.parent / "portability.hyp"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "launch/translate.py", "--run", str(run_dir), "--checkpoint", "last",
+                           "--input", str(run_dir.parent / "portability.src"), "--output", str(out), "--beam", "2"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    hyps = out.read_text(encoding="utf-8").splitlines() if out.exists() else []
+    result = {"exit": proc.returncode, "lines_in": len(lines), "lines_out": len(hyps),
+              "ok": proc.returncode == 0 and len(hyps) == len(lines)}
+    if proc.returncode != 0:
+        result["error"] = proc.stderr[-2000:]
+    log(f"portability (translate on CPU from the device's checkpoint): {json.dumps(result)}")
     return result
 
 
@@ -305,6 +332,15 @@ def main() -> int:
             log(f"{name}: {json.dumps(r)}")
             runs.append(r)
     report["runs"] = runs
+    first = runs[0]
+    if "pairs_per_s" in first:  # continue the first run by 5 steps: the resume path on this device
+        overrides, micro, data_name = sizes["models"][first["model"]]
+        again = train_run(args.work, args.device, first["name"], first["precision"], overrides, micro,
+                          datas[data_name], steps + 5, sizes["dev_sentences"], wandb=False, resume=True)
+        again["ok"] = again.get("resumed", False) and again.get("logged_steps") == list(range(1, steps + 6))
+        report["resume"] = {k: again.get(k) for k in ("exit", "ok", "resumed", "logged_steps", "error")}
+        log(f"resume to step {steps + 5}: {json.dumps(report['resume'])}")
+        report["portability"] = portability(args.work / "runs" / first["name"], datas[data_name])
     for model_name in sizes["models"]:
         pair = {r["precision"]: r for r in runs if r["model"] == model_name and "first_loss" in r}
         if len(pair) == 2:  # same seed, same first batch: bf16 and fp32 start from the same loss
@@ -314,8 +350,9 @@ def main() -> int:
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print_table(report)
     failed = [r["name"] for r in runs if "error" in r or not r.get("finite", False)]
-    if failed or not report["placement"]["ok"]:
-        log(f"FAILED: {failed or ''} {'' if report['placement']['ok'] else 'placement'}")
+    failed += [check for check in ("placement", "resume", "portability") if not report.get(check, {}).get("ok")]
+    if failed:
+        log(f"FAILED: {', '.join(failed)}")
         return 1
     log(f"all checks passed in {report['wall_s']}s; {args.out}/gpu_check.json, {args.out}/device_profile.json")
     return 0

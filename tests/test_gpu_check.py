@@ -30,6 +30,8 @@ def test_gpu_check_cpu_path_writes_report_and_profile(tmp_path):
         assert r["dev_bleu"] is not None and math.isfinite(r["first_loss"])
     # the paper-size stand-in is bigger than enja-small's: more FLOPs per pair
     assert runs["paper-size_fp32"]["model_tflop_per_pair"] > runs["enja-small_fp32"]["model_tflop_per_pair"]
+    assert report["resume"]["ok"] and report["resume"]["logged_steps"] == list(range(1, report["steps"] + 6))
+    assert report["portability"]["ok"] and report["portability"]["lines_out"] == 16
     for diff in report["bf16_vs_fp32_first_loss_rel_diff"].values():
         assert diff < 0.02  # same weights, same first batch; bf16 rounding only
 
