@@ -2,9 +2,9 @@
 
     python benchmarks/gpu_check.py [--device cuda|cpu] [--out DIR] [--work DIR] [--corpus DIR]
 
-1. placement: DeepSpeed's accelerator and `trainer.distributed.device()` name the requested device; a
-   model step there leaves every parameter and gradient on it, with the loss and gradient norm of the
-   same step on the CPU in fp32 (TF32 off; relative difference < 1e-3);
+1. placement: DeepSpeed's accelerator and its current device (where the trainer puts everything) are
+   the requested device; a model step there leaves every parameter and gradient on it, with the loss
+   and gradient norm of the same step on the CPU in fp32 (TF32 off; relative difference < 1e-3);
 2. the device profile (benchmarks/gpu_profile.py): GEMM and LSTM TFLOP/s by precision at our shapes,
    copy rates, datasheet peaks with their source -> OUT/device_profile.json;
 3. training through the real CLI (`python launch/train.py --deepspeed_config single.json`, one process,
@@ -118,10 +118,10 @@ def placement(device_name: str, data: Path, model_overrides: dict) -> dict:
 
     from trainer.config import ModelConfig
     from trainer.data import ParallelData
-    from trainer.distributed import device as trainer_device
     from trainer.model import build_model
 
-    accel, dev = get_accelerator().device_name(), trainer_device()
+    # the trainer places everything on DeepSpeed's accelerator's current device
+    accel, dev = get_accelerator().device_name(), torch.device(get_accelerator().current_device_name())
     result = {"deepspeed_accelerator": accel, "trainer_device": str(dev)}
     if dev.type != device_name:
         raise SystemExit(f"gpu_check: placement: asked for {device_name}, but DeepSpeed's accelerator is {accel!r} "
