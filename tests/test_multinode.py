@@ -160,7 +160,8 @@ def test_a_dead_node_ends_the_other(tiny_data, tmp_path, hostfile):
     elapsed = time.time() - killed
     print(f"node-b killed: node-a's launcher exited {procs[0].returncode} after {elapsed:.1f}s")
     assert procs[0].returncode == 3, out[-3000:]
-    assert "error: rank 0: lost contact with a peer rank" in out and "with rank 1 (stage 1)" in out
+    # (which transfer failed depends on where rank 0 was: a receive from rank 1, or a collective)
+    assert "error: rank 0: lost contact with a peer rank" in out
     assert "newest complete checkpoint: step_000000" in out and "train.resume=auto" in out
     latest = checkpoint.read_pointer(str(run), "latest")
     assert latest and checkpoint.verify(str(run / "checkpoints" / latest)) == []
