@@ -36,6 +36,7 @@ class Trainer:
         if self.rt.is_rank0:
             self._init_run_dir()
         self.rt.barrier()
+        self._check_shared_run_dir()
         notes = []
         if resume_from:
             self.state, notes = resume.load(session, resume_from)
@@ -66,6 +67,17 @@ class Trainer:
             json.dump(self.s.manifest, f, indent=1)
         for name in RUN_FILES:  # the run translates on its own, even if DATA_DIR moves
             shutil.copy(os.path.join(self.cfg.data.dir, name), os.path.join(self.run_dir, name))
+
+    def _check_shared_run_dir(self) -> None:
+        """Every rank writes its checkpoint files into run.dir: on several nodes it must be one shared
+        directory. Found at start, not at the first save hours later."""
+        sees = os.path.exists(os.path.join(self.run_dir, "config.yaml"))
+        blind = [(r, p["host"]) for r, (ok, p) in enumerate(zip(self.rt.all_gather_object(sees), self.rt.peers))
+                 if not ok]
+        if blind:
+            where = ", ".join(f"rank {r} on {h}" for r, h in blind)
+            raise ValueError(f"run.dir={self.run_dir}: {where} does not see the run directory rank 0 created; every "
+                             f"node needs it on a shared filesystem at the same path")
 
     # ---- one optimizer step ----
     def train_step(self) -> dict:

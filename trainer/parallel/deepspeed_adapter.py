@@ -58,7 +58,9 @@ def init_comm(timeout_s: int) -> None:
 
 
 def comm_backend() -> str:
-    return "nccl" if accelerator().device_name() == "cuda" else "gloo"
+    """gloo on CPU. On CUDA, NCCL for CUDA tensors and gloo for the few CPU tensors (the per-step
+    loss sums, the stop flags): a pure NCCL group refuses CPU tensors."""
+    return "cpu:gloo,cuda:nccl" if accelerator().device_name() == "cuda" else "gloo"
 
 
 def unlink_shm_buffers(rank: int) -> None:

@@ -226,12 +226,13 @@ class ParallelRuntime:
         dist.destroy_process_group()
 
     def peer_status(self) -> str:
-        """Which ranks on this host are gone or stopped (others cannot be checked from here)."""
+        """Which ranks on this host are gone or stopped; ranks on other hosts cannot be checked from here."""
         import psutil
 
-        host, notes = socket.gethostname(), []
+        host, notes, elsewhere = socket.gethostname(), [], []
         for rank, peer in enumerate(self.peers):
             if peer["host"] != host:
+                elsewhere.append(f"rank {rank} ({peer['host']})")
                 continue
             try:
                 status = psutil.Process(peer["pid"]).status()
@@ -242,7 +243,10 @@ class ParallelRuntime:
                 notes.append(f"rank {rank} (pid {peer['pid']}) has exited")
             elif status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
                 notes.append(f"rank {rank} (pid {peer['pid']}) is stopped (SIGSTOP?)")
-        return "; ".join(notes) or "every rank on this host is still running"
+        text = "; ".join(notes) or "every rank on this host is still running"
+        if elsewhere:
+            text += f"; ranks on other hosts cannot be checked from here: {', '.join(elsewhere)}"
+        return text
 
 
 def current_rank() -> int | str:
