@@ -164,3 +164,35 @@ def listening_sockets(master_addr: str | None = None) -> dict:
                  if c.status == psutil.CONN_LISTEN]
     rt.close()
     return {"rank": rt.rank, "listening": listening, "master_port": int(os.environ["MASTER_PORT"])}
+
+
+def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
+    """`steps` steps with the timeline on every step; returns this rank's gathered per-rank stats
+    (the metrics columns) and its program."""
+    from trainer.config import load_config
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.session import build_session, plan
+    from trainer.trainer import Trainer
+
+    os.makedirs(work, exist_ok=True)
+    path = os.path.join(work, "ds.json")
+    if int(os.environ["RANK"]) == 0:
+        with open(path + ".tmp", "w") as f:
+            json.dump(ds, f)
+        os.replace(path + ".tmp", path)
+    else:
+        _wait_for(path)
+    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                             "logging.progress=false", "train.timeline_every=1"])
+    ds_loaded, spec = plan(cfg, path)
+    runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
+    session = build_session(cfg, ds_loaded, runtime)
+    trainer = Trainer(session)
+    for _ in range(steps):
+        trainer.train_step()
+    stats = trainer._rank_stats()
+    program = [i.op for i in session.runner.programs[True]]
+    trainer.runner.sync_head()
+    trainer.log.close()
+    runtime.close()
+    return {"stats": stats, "program": program, "run_dir": f"{work}/run"}

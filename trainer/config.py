@@ -58,6 +58,7 @@ class TrainConfig:
     resume_force: bool = False  # resume even if the model config, data or batching differ (says what)
     comm_timeout_s: int = 300  # give up on a peer that does not answer for this long (gloo's default: 30 min)
     max_bad_steps: int = 10  # stop after this many optimizer steps in a row skipped for non-finite loss/grads
+    timeline_every: int = 0  # every N steps: every rank's instruction spans to RUN_DIR/timeline/ (0 = off)
 
 
 @dataclass
@@ -104,7 +105,7 @@ _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps",
              "train.log_every", "train.keep_last", "decode.beam", "decode.batch_size", "data.bucket_batches",
              "data.min_batch_sentences", "train.comm_timeout_s", "train.max_bad_steps")
 _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
-                 "train.threads", "decode.dev_beam", "decode.dev_max_sentences", "decode.max_len_add")
+                 "train.threads", "train.timeline_every", "decode.dev_beam", "decode.dev_max_sentences", "decode.max_len_add")
 
 
 def _get(cfg: DictConfig, key: str):

@@ -13,7 +13,7 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from trainer import checkpoint, evaluation, faults, resume
+from trainer import checkpoint, evaluation, faults, resume, timeline
 from trainer.config import to_yaml
 from trainer.logger import NullLogger, RunLogger
 from trainer.state import TrainState
@@ -49,6 +49,8 @@ class Trainer:
                          f"gas={self.engine.accumulation_steps}")
         for line in notes:
             self.log.message(line)
+        self.timeline = timeline.TimelineWriter(self.run_dir) if self.rt.is_rank0 else None
+        self.interval_wall = 0.0  # step seconds since the per-rank numbers were last gathered
         self.stop_signal = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
@@ -87,13 +89,17 @@ class Trainer:
         self.runner.poison = (st.step + 1) in self.s.faults.nan_steps
         engine.begin_window()
         skipped_before = engine.skipped_steps
+        every = self.cfg.train.timeline_every
+        sampled = bool(every) and (st.step + 1) % every == 0
         start = time.perf_counter()
+        self.runner.spans, self.runner.span_origin = ([] if sampled else None), start
         loss = nll = 0.0
         for micro, b in enumerate(batches):
             out = self.runner.run(b, window_tokens=window_tokens, boundary=engine.is_boundary(),
                                   key=(self.cfg.train.seed, st.step + 1, micro))
             loss, nll = loss + out["loss_sum"], nll + out["nll_sum"]
         elapsed = time.perf_counter() - start
+        self.interval_wall += elapsed
         st.step += 1
         skipped = engine.skipped_steps > skipped_before or not math.isfinite(loss)
         st.skipped_steps += skipped
@@ -106,7 +112,27 @@ class Trainer:
                "step_time_s": elapsed, "skipped_steps": st.skipped_steps}
         if skipped:
             row.update(skipped=True, bad_steps=st.bad_steps)
+        if sampled:
+            self._write_timeline(st.step, self.runner.spans, elapsed)
+        self.runner.spans = None
         return row
+
+    def _write_timeline(self, step: int, spans: list, elapsed: float) -> None:
+        """Every rank's spans of this step to rank 0, which writes the trace and the Gantt chart."""
+        layout = self.rt.layout
+        label = f"rank {self.rt.rank} (stage {layout.stage}, replica {layout.replica})"
+        gathered = self.rt.all_gather_object((label, spans + [("step_end", elapsed, elapsed)]))
+        if self.timeline is not None:
+            spans_by_rank = [[s for s in sp if s[0] != "step_end"] for _, sp in gathered]
+            png = self.timeline.write(step, spans_by_rank, [lab for lab, _ in gathered])
+            self.log.message(f"step {step}: timeline {png}")
+
+    def _rank_stats(self) -> dict:
+        """Every rank's busy / waiting / communicating / idle fractions since the last call, and its
+        resident memory, as metrics columns (a collective: every rank calls it on the same steps)."""
+        mine = {**timeline.fractions(self.runner.kind_seconds, self.interval_wall), **timeline.memory_mb()}
+        self.runner.kind_seconds, self.interval_wall = {}, 0.0
+        return timeline.rank_columns(self.rt.all_gather_object(mine))
 
     def fit(self) -> None:
         cfg, st = self.cfg.train, self.state
@@ -140,6 +166,7 @@ class Trainer:
             elif cfg.save_every and st.step % cfg.save_every == 0:
                 self.save()
             if st.step % cfg.log_every == 0 or "dev_loss" in row or last or st.step == 1 or row.get("skipped"):
+                row.update(self._rank_stats())
                 self.log.log(row)
             self.log.progress(st.step, row)
             if st.step == TIMING_WARMUP_STEPS:

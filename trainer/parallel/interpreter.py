@@ -24,6 +24,7 @@ from trainer.model import Embeddings, EncoderDecoderLayer
 from trainer.parallel.layout import split_even
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
 from trainer.parallel.schedule import OPS, Instr, eval_program, rank_programs
+from trainer.timeline import CATEGORY as _KIND_CATEGORY
 
 
 class _Record:
@@ -75,6 +76,9 @@ class StepRunner:
         self.programs = rank_programs(self.layout.spec, self.layout.stage)
         self.eval_program = eval_program(self.programs[False])
         self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
+        self.kind_seconds: dict[str, float] = {}  # ... per timeline category (trainer.timeline)
+        self.spans: list | None = None  # when a list: (op, start, end) of every instruction (the timeline)
+        self.span_origin = 0.0
         self.pending_head_grads = self.pending_head_weights = None  # async head collectives in flight
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
         self.ms: MicroStep | None = None
@@ -91,7 +95,9 @@ class StepRunner:
             ms.dropout = DropoutKeys(key, batch.size, {"src": batch.src.shape[1], "tgt": batch.tgt_in.shape[1]},
                                      self.device)
         program = self.programs[boundary] if train else self.eval_program
-        clock, times = time.perf_counter, self.op_seconds if train else {}
+        clock = time.perf_counter
+        times, kinds = (self.op_seconds, self.kind_seconds) if train else ({}, {})
+        spans = self.spans if train else None
         with torch.set_grad_enabled(train), keyed(ms.dropout):
             for ins in program:
                 start = clock()
@@ -99,7 +105,12 @@ class StepRunner:
                     HANDLERS[ins.op](self, ins)
                 except RuntimeError as e:
                     raise self._comm_error(ins, e) if is_comm_failure(e) else e
-                times[ins.op] = times.get(ins.op, 0.0) + clock() - start
+                end = clock()
+                times[ins.op] = times.get(ins.op, 0.0) + end - start
+                cat = CATEGORY[ins.op]
+                kinds[cat] = kinds.get(cat, 0.0) + end - start
+                if spans is not None:
+                    spans.append((ins.op, start - self.span_origin, end - self.span_origin))
         metrics, self.ms = self.ms.metrics, None
         return {"loss_sum": float(metrics[0]), "nll_sum": float(metrics[1])}
 
@@ -330,6 +341,7 @@ class StepRunner:
 
 
 HANDLERS = {name: getattr(StepRunner, f"op_{name}", None) for name in OPS}
+CATEGORY = {name: _KIND_CATEGORY[op.kind] for name, op in OPS.items()}
 _missing = [name for name, h in HANDLERS.items() if h is None]
 _extra = [name[3:] for name in vars(StepRunner) if name.startswith("op_") and name[3:] not in OPS]
 if _missing or _extra:
