@@ -53,6 +53,11 @@ def test_layout_errors_name_the_key():
         _spec(2, mode="hybrid", micro_batches=16).check_model(cfg.model, 8, 64)
     with pytest.raises(LayoutError, match="train_micro_batch_size_per_gpu"):
         _spec(2, mode="data").check_model(cfg.model, 8, 3)
+    with pytest.raises(LayoutError, match="head_shares"):
+        _spec(2, mode="hybrid", head_shares=[1])
+    with pytest.raises(LayoutError, match="head_shares"):
+        _spec(2, mode="hybrid", head_shares=[1, 0])
+    assert _spec(2, mode="hybrid", head_shares=[5, 4]).head_shares == (5, 4)
     tied = load_config(None, ["model.tie_embeddings=true"])
     with pytest.raises(LayoutError, match="tie_embeddings"):
         _spec(2, mode="hybrid").check_model(tied.model, 8, 64)
@@ -110,3 +115,15 @@ def test_dry_run_prints_each_ranks_instruction_list():
     for rank in range(8):
         assert f"rank {rank} (" in proc.stdout
     assert proc.stdout.count("broadcast_head") == 8 and proc.stdout.count("scatter_shard") == 4
+
+
+def test_weighted_head_shards_cover_the_rows():
+    from trainer.parallel.layout import ParallelLayout, split_weighted
+
+    assert split_weighted(64, [5, 4]) == [(0, 36), (36, 64)]
+    assert split_weighted(13, [1, 1]) == [(0, 7), (7, 13)]  # as split_even
+    assert split_weighted(3, [100, 1, 1]) == [(0, 1), (1, 2), (2, 3)]  # no empty shard
+    layout = ParallelLayout(_spec(2, mode="hybrid", head_shares=[3, 1]), rank=1)
+    assert layout.head_shards(8) == [(0, 6), (6, 8)]
+    spec = _spec(2, mode="hybrid", head_shares=[3, 1])
+    assert LayoutSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec

@@ -65,6 +65,7 @@ def single14(workers, tiny_data, tmp_path_factory):
 @pytest.mark.parametrize("name,world,layout", [
     ("hybrid_2", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 1}),
     ("hybrid_2_chunks", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 1, "time_chunks": 3}),
+    ("hybrid_2_shares", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "head_shares": [3, 1]}),
     ("hybrid_3", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}),
     ("hybrid_4", 4, {"mode": "hybrid", "num_pp": 4, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
     ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),

@@ -7,6 +7,7 @@ import os
 from omegaconf import OmegaConf
 
 from trainer import checkpoint
+from trainer.parallel.layout import LayoutSpec
 from trainer.state import TrainState, reseed
 
 
@@ -64,7 +65,7 @@ def load(session, ckpt: str) -> tuple[TrainState, list[str]]:
     notes = [f"resume: from {ckpt} (step {ts.step})"]
     notes += [f"resume: FORCED although {p}" for p in check_compatible(session, ckpt, ts)]
     spec = rt.spec
-    same_layout = ts.layout == spec.__dict__ and ts.world_size == rt.world_size
+    same_layout = LayoutSpec.from_dict(ts.layout) == spec and ts.world_size == rt.world_size
     session.persist.load(ckpt, ts.optimizer, same_layout)
     if not same_layout:
         reseed(session.cfg.train.seed, ts.step, rt.rank)

@@ -228,7 +228,7 @@ class Trainer:
         s, e = self.s, self.engine
         return dataclasses.replace(
             self.state, stream=s.stream.state_dict(), engine=e.counters(), lr_scheduler=e.lr_scheduler_state(),
-            optimizer=s.persist.optimizer_summary, layout=dict(self.rt.spec.__dict__),
+            optimizer=s.persist.optimizer_summary, layout=self.rt.spec.to_dict(),
             world_size=self.rt.world_size, batching=s.batching(), data_checksum=s.manifest.get("checksum", ""),
             config=OmegaConf.to_container(self.cfg))
 
@@ -255,6 +255,6 @@ class Trainer:
             else:
                 st.bad_evals += 1
         meta = {"step": st.step, "epoch": self.s.stream.epoch, "data_checksum": self.s.manifest.get("checksum"),
-                "layout": self.rt.spec.__dict__, **row}
+                "layout": self.rt.spec.to_dict(), **row}
         self.s.persist.commit(st.step, self.snapshot().to_dict(), meta, best, self.cfg.train.keep_last)
         return row

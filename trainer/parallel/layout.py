@@ -44,6 +44,8 @@ class LayoutSpec:
     micro_batches: int = 1
     time_chunks: int = 1
     partition_method: str = PARTITION_DEFAULT
+    head_shares: tuple = ()  # hybrid: relative head rows per stage (e.g. (5, 4): the last stage, which also
+                             # assembles the top outputs and owns the head, gets fewer); () = equal
 
     @property
     def world_size(self) -> int:
@@ -61,10 +63,23 @@ class LayoutSpec:
         per_replica = max(self.micro_batches, self.num_pp if self.head_parallel else 1)
         return per_replica * self.num_dp
 
+    def to_dict(self) -> dict:
+        """JSON-ready (checkpoints record the layout they were written in)."""
+        return {**self.__dict__, "head_shares": list(self.head_shares)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayoutSpec | None":
+        """A layout recorded by `to_dict` (older records lack newer keys: their defaults); None if unreadable."""
+        try:
+            known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+            return cls(**{**known, "head_shares": tuple(known.get("head_shares", ()))})
+        except TypeError:
+            return None
+
     @classmethod
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
         section = ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"})
-        known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method"}
+        known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -80,9 +95,15 @@ class LayoutSpec:
                            ("time_chunks", section.get("time_chunks", 1))):
             if not isinstance(value, int) or value < 1:
                 raise LayoutError(f"{SECTION}.{key}={value!r}: must be an integer >= 1")
+        shares = section.get("head_shares", [])
+        if (not isinstance(shares, list) or (shares and len(shares) != num_pp)
+                or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in shares)):
+            raise LayoutError(f"{SECTION}.head_shares={shares!r}: must be a list of num_pp={num_pp} positive "
+                              f"numbers (relative head rows per stage), or left out for equal shares")
         spec = cls(mode=mode, num_pp=num_pp, num_dp=num_dp, micro_batches=section.get("micro_batches", 1),
                    time_chunks=section.get("time_chunks", 1),
-                   partition_method=section.get("partition_method", PARTITION_DEFAULT))
+                   partition_method=section.get("partition_method", PARTITION_DEFAULT),
+                   head_shares=tuple(shares))
         spec.check_world(world_size)
         return spec
 
@@ -117,6 +138,20 @@ class LayoutSpec:
         if micro_batch_per_rank * self.num_dp < min_batch:
             raise LayoutError(f"train_micro_batch_size_per_gpu={micro_batch_per_rank} x num_dp={self.num_dp} is "
                               f"smaller than data.min_batch_sentences={min_batch}")
+
+
+def split_weighted(n: int, weights) -> list[tuple[int, int]]:
+    """[start, stop) of consecutive pieces of range(n) sized in proportion to `weights`, each at least
+    one row when n >= len(weights) (largest remainders get the rounding)."""
+    total, k = float(sum(weights)), len(weights)
+    exact = [n * w / total for w in weights]
+    sizes = [max(1 if n >= k else 0, int(x)) for x in exact]
+    while sum(sizes) > n:  # the minimum of one row overshot: take from the largest
+        sizes[max(range(k), key=lambda i: sizes[i])] -= 1
+    for i in sorted(range(k), key=lambda i: sizes[i] - exact[i])[:n - sum(sizes)]:
+        sizes[i] += 1
+    starts = np.cumsum([0] + sizes)
+    return [(int(starts[i]), int(starts[i + 1])) for i in range(k)]
 
 
 def split_even(n: int, parts: int) -> list[tuple[int, int]]:
@@ -187,4 +222,6 @@ class ParallelLayout:
         """Row ranges of the replica slice handled by each stage's head replica."""
         if not self.spec.head_parallel:
             return [(0, 0)] * (self.num_pp - 1) + [(0, rows)]
+        if self.spec.head_shares:
+            return split_weighted(rows, self.spec.head_shares)
         return split_even(rows, self.num_pp)
