@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from trainer import checkpoint, evaluation, faults, resume, timeline
+from trainer.flops import batch_flops
 from trainer.config import to_yaml
 from trainer.logger import NullLogger, RunLogger
 from trainer.state import TrainState
@@ -105,10 +106,12 @@ class Trainer:
         st.skipped_steps += skipped
         st.bad_steps = st.bad_steps + 1 if skipped else 0
         tokens = sum(b.src_tokens + b.tgt_tokens for b in batches)
+        flops = sum(batch_flops(self.cfg.model, self.s.manifest["vocab"]["tgt_size"], b) for b in batches)
         row = {"step": st.step, "epoch": stream.epoch, "loss": loss / window_tokens,
                "nll": nll / window_tokens, "ppl": math.exp(min(nll / window_tokens, 50)),
                "lr": engine.lr(), "grad_norm": engine.grad_norm(),
                "tokens_per_s": tokens / elapsed, "sentences_per_s": sum(b.size for b in batches) / elapsed,
+               "model_gflop": flops / 1e9, "model_gflops_per_s": flops / 1e9 / elapsed,
                "step_time_s": elapsed, "skipped_steps": st.skipped_steps}
         if skipped:
             row.update(skipped=True, bad_steps=st.bad_steps)
