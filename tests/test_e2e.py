@@ -18,7 +18,7 @@ def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
     ds = json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text())
     ds["scheduler"]["params"].update(warmup_num_steps=5, warmup_max_lr=0.003)  # a short run: warm up fast
     (tmp_path / "ds.json").write_text(json.dumps(ds))
-    run_cli(deepspeed_cmd(2, "launch/train.py", "--deepspeed_config", tmp_path / "ds.json",
+    train = run_cli(deepspeed_cmd(2, "launch/train.py", "--deepspeed_config", tmp_path / "ds.json",
                           f"data.dir={tiny_data}", f"run.dir={run_dir}", "model.emb_dim=32", "model.hidden=64",
                           "train.max_steps=40", "train.eval_every=20", "train.log_every=5",
                           "decode.dev_max_sentences=20", "logging.wandb_mode=offline", "logging.progress=false"),
@@ -44,5 +44,22 @@ def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(result) >= {"bleu", "chrf", "signature"} and "tok:13a" in result["signature"]
     assert 0 <= result["bleu"] <= 100 and 0 <= result["chrf"] <= 100 and result["sentences"] == n_in
-    # wandb ran offline without an API key, inside the run directory
-    assert any((run_dir / "wandb").glob("offline-run-*"))
+    # wandb ran offline without an API key, inside the run directory, and holds what a dashboard needs
+    runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert runs
+    from tests.wandb_records import summary
+
+    logged = summary(str(next(runs[0].glob("run-*.wandb"))))
+    assert {"model", "train", "deepspeed", "layout"} <= set(logged["config"])
+    assert json.loads(logged["config"]["layout"])["mode"] == "hybrid"
+    assert json.loads(logged["config"]["deepspeed"])["parallel_layout"]["num_pp"] == 2
+    keys = {k for h in logged["history"] for k in h}
+    assert {f"rank{r}/{c}" for r in (0, 1) for c in ("busy", "waiting", "communicating", "idle", "rss_mb")} <= keys
+    tables = [h for h in logged["history"] if h.get("dev_samples._type") == '"table-file"']
+    assert len(tables) == 2 and all(h["dev_samples.ncols"] == "4" for h in tables)
+    table = json.loads(next(runs[0].glob("files/media/table/dev_samples_*.table.json")).read_text())
+    assert table["columns"] == ["step", "source", "reference", "hypothesis"] and len(table["data"]) == 8
+    assert f"wandb sync {runs[0]}" in train.stdout
+    # a picture without wandb
+    png = run_cli([sys.executable, "launch/plot.py", run_dir], timeout=120).stdout.strip()
+    assert png == str(run_dir / "training.png") and (run_dir / "training.png").read_bytes()[:4] == b"\x89PNG"

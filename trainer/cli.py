@@ -62,7 +62,7 @@ def train_main(config_path, overrides, ds_config_path) -> int:
     ds, spec = plan(cfg, ds_config_path)  # a bad config or layout fails here, before any process talks
     runtime = session = None
     try:
-        runtime = ParallelRuntime.start(spec, cfg.train.comm_timeout_s)
+        runtime = ParallelRuntime.start(spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
         session = build_session(cfg, ds, runtime)
         Trainer(session).fit()
     except Exception as e:

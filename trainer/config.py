@@ -84,6 +84,7 @@ class LoggingConfig:
     wandb_mode: str = "offline"  # online | offline | disabled; online without an API key -> offline
     wandb_project: str = "hybrid-nmt"
     progress: bool = True
+    verbose: bool = False  # DeepSpeed's own start-up prints and notices (quiet by default)
 
 
 @dataclass

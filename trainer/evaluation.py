@@ -8,6 +8,8 @@ import os
 from trainer.parallel.layout import split_even
 from trainer.state import capture_rng, restore_rng
 
+SAMPLES = 8  # dev translations shown per validation (wandb table)
+
 
 def dev_loss(session) -> float | None:
     """Mean token NLL of the first `decode.dev_max_sentences` dev pairs, in global micro-batches."""
@@ -26,8 +28,9 @@ def dev_loss(session) -> float | None:
     return nll / tokens
 
 
-def dev_bleu(session, ckpt: str) -> float:
-    """Rank 0 decodes the dev set with the whole model loaded from the checkpoint `ckpt`."""
+def dev_bleu(session, ckpt: str) -> tuple[float, list]:
+    """Rank 0 decodes the dev set with the whole model loaded from the checkpoint `ckpt`; returns the
+    BLEU and the first (source, reference, hypothesis) triples as samples."""
     import sacrebleu
 
     from trainer.translator import Translator, read_lines
@@ -39,18 +42,23 @@ def dev_bleu(session, ckpt: str) -> float:
     ref = read_lines(os.path.join(cfg.data.dir, "dev.tgt.txt"))
     n = d.dev_max_sentences or len(src)
     hyps = translator.translate(src[:n], beam=d.dev_beam)
-    return sacrebleu.corpus_bleu(hyps, [ref[:n]], tokenize=d.bleu_tokenize).score
+    samples = list(zip(src[:SAMPLES], ref[:SAMPLES], hyps[:SAMPLES]))
+    return sacrebleu.corpus_bleu(hyps, [ref[:n]], tokenize=d.bleu_tokenize).score, samples
 
 
-def evaluate(session, ckpt: str) -> dict:
+def evaluate(session, ckpt: str) -> tuple[dict, list]:
     """Dev loss (every rank) and dev BLEU (rank 0, the other ranks wait on the eval group); the RNG
-    streams are left as they were, so a resumed run continues exactly."""
+    streams are left as they were, so a resumed run continues exactly. Returns the metrics and, on
+    rank 0, sample translations."""
     rt = session.runtime
-    row, rng = {}, capture_rng()
+    row, rng, samples = {}, capture_rng(), []
     loss = dev_loss(session)
-    bleu = rt.broadcast_object(dev_bleu(session, ckpt) if rt.is_rank0 else None, src=0, group="eval")
+    bleu = None
+    if rt.is_rank0:
+        bleu, samples = dev_bleu(session, ckpt)
+    bleu = rt.broadcast_object(bleu, src=0, group="eval")
     restore_rng(rng)
     if loss is not None:
         row.update(dev_loss=loss, dev_ppl=math.exp(min(loss, 50)))
     row["dev_bleu"] = bleu
-    return row
+    return row, samples

@@ -1,9 +1,20 @@
-"""Rank 0 writes metrics.jsonl, wandb and the console progress bar; every other rank gets a no-op."""
+"""Rank 0 writes metrics.jsonl, wandb and the console; every other rank gets a no-op.
+
+Console: on a terminal, a progress bar; elsewhere (nohup, CI, a scheduler's log file) one compact
+line per logged step (step, loss, ppl, lr, tokens/s, elapsed, ETA), so the log tells the story.
+wandb: the run config holds the YAML, the DeepSpeed JSON and the resolved layout; every metrics
+row is logged (per-rank busy/waiting/communicating fractions and memory included), each validation
+adds a table of sample translations; an offline run ends by printing its `wandb sync` command.
+"""
 from __future__ import annotations
 
 import json
 import math
 import os
+import sys
+import time
+
+SAMPLES_PER_VALIDATION = 8
 
 
 class NullLogger:
@@ -13,6 +24,9 @@ class NullLogger:
     def progress(self, step: int, row: dict) -> None:
         pass
 
+    def samples(self, step: int, rows: list[tuple[str, str, str]]) -> None:
+        pass
+
     def message(self, text: str) -> None:
         pass
 
@@ -20,18 +34,35 @@ class NullLogger:
         pass
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int) -> str:
+    """One line per logged step for logs that are not a terminal."""
+    step = row["step"]
+    done = max(1, step - start_step)
+    eta = elapsed / done * (total_steps - step)
+    return (f"step {step}/{total_steps}  loss {row['loss']:.4f}  ppl {row['ppl']:.2f}  lr {row['lr']:.2e}  "
+            f"{row['tokens_per_s']:,.0f} tok/s  elapsed {_duration(elapsed)}  ETA {_duration(eta)}")
+
+
 class RunLogger(NullLogger):
-    def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0):
+    def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0, extra_config: dict | None = None):
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._file = open(self.path, "a", encoding="utf-8")
-        self._wandb = _start_wandb(run_dir, cfg)
+        self.run_dir, self.total, self.start_step = run_dir, total_steps, start_step
+        self.log_every = cfg.train.log_every
+        self._started = time.perf_counter()
+        self._wandb = _start_wandb(run_dir, cfg, extra_config or {})
         self._bar = None
-        if cfg.logging.progress:
+        if cfg.logging.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
-            # disable=None: no bar when the console is not a terminal (logs stay readable)
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=None,
-                             mininterval=1.0)
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, mininterval=1.0)
 
     def log(self, row: dict) -> None:
         # strict JSON: a non-finite value (a skipped step's loss) is written as null
@@ -40,6 +71,8 @@ class RunLogger(NullLogger):
         self._file.flush()
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        if self._bar is None and (row["step"] % self.log_every == 0 or row["step"] == 1) and row.get("loss") is not None:
+            self.message(compact_line(row, self.total, time.perf_counter() - self._started, self.start_step))
 
     def progress(self, step: int, row: dict) -> None:
         if self._bar is not None:
@@ -47,8 +80,17 @@ class RunLogger(NullLogger):
             self._bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
             self._bar.refresh()
 
+    def samples(self, step: int, rows: list[tuple[str, str, str]]) -> None:
+        """Sample translations of a validation: (source, reference, hypothesis)."""
+        if self._wandb is not None and rows:
+            import wandb
+
+            table = wandb.Table(columns=["step", "source", "reference", "hypothesis"],
+                                data=[[step, *r] for r in rows[:SAMPLES_PER_VALIDATION]])
+            self._wandb.log({"dev_samples": table}, step=step)
+
     def message(self, text: str) -> None:
-        if self._bar is not None and not self._bar.disable:
+        if self._bar is not None:
             self._bar.write(text)
         else:
             print(text, flush=True)
@@ -58,10 +100,15 @@ class RunLogger(NullLogger):
             self._bar.close()
         self._file.close()
         if self._wandb is not None:
+            offline = self._wandb.settings.mode == "offline"
+            run_dir = self._wandb.dir
             self._wandb.finish()
+            if offline:
+                # RUN_DIR/wandb/offline-run-*/files -> its run folder, which `wandb sync` takes
+                print(f"wandb: offline run saved; to upload it: wandb sync {os.path.dirname(run_dir)}", flush=True)
 
 
-def _start_wandb(run_dir: str, cfg):
+def _start_wandb(run_dir: str, cfg, extra_config: dict):
     """wandb in the configured mode; 'online' without an API key falls back to offline (never asks)."""
     mode = cfg.logging.wandb_mode
     if mode == "disabled":
@@ -72,5 +119,6 @@ def _start_wandb(run_dir: str, cfg):
     import wandb
     from omegaconf import OmegaConf
 
+    config = {**OmegaConf.to_container(cfg, resolve=True), **extra_config}
     return wandb.init(project=cfg.logging.wandb_project, name=cfg.run.name or os.path.basename(run_dir),
-                      dir=run_dir, mode=mode, config=OmegaConf.to_container(cfg, resolve=True))
+                      dir=run_dir, mode=mode, config=config)

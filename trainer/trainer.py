@@ -41,9 +41,12 @@ class Trainer:
         notes = []
         if resume_from:
             self.state, notes = resume.load(session, resume_from)
-        self.log = (RunLogger(self.run_dir, self.cfg, self.cfg.train.max_steps, start_step=self.state.step)
-                    if self.rt.is_rank0 else NullLogger())
         spec = self.rt.spec
+        self.log = (RunLogger(self.run_dir, self.cfg, self.cfg.train.max_steps, start_step=self.state.step,
+                              extra_config={"deepspeed": session.ds,
+                                            "layout": {**spec.to_dict(), "world_size": self.rt.world_size,
+                                                       "threads_per_rank": session.threads}})
+                    if self.rt.is_rank0 else NullLogger())
         self.log.message(f"layout: mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} "
                          f"units={spec.micro_batches} chunks={spec.time_chunks} threads/rank={session.threads} "
                          f"train pairs={len(session.train_data)} global micro-batch<={session.global_micro} "
@@ -249,7 +252,8 @@ class Trainer:
         tmp = self.s.persist.write_rank_files(st.step)
         row, best = {}, False
         if evaluate and self.s.dev_data is not None:
-            row = evaluation.evaluate(self.s, tmp)
+            row, samples = evaluation.evaluate(self.s, tmp)
+            self.log.samples(st.step, samples)
             loss = row.get("dev_loss")
             self.log.message(f"step {st.step}: dev loss {loss if loss is None else round(loss, 4)} "
                              f"dev BLEU {row['dev_bleu']:.2f}")

@@ -17,6 +17,9 @@ Touch points, each wrapped by one function or `Engine` method below:
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import math
 import os
 from datetime import timedelta
@@ -25,6 +28,36 @@ import torch
 import torch.nn as nn
 
 WRITTEN_FOR = "0.19"  # major.minor of the DeepSpeed these touch points were written and tested against
+
+# ---- quiet unless logging.verbose ----
+# What DeepSpeed says on every start that tells a user nothing: the CPU fallback notice of its
+# accelerator (this trainer runs on CPUs on purpose), WarmupLR's warning that get_lr() ran before the
+# first step (its own constructor calls it), and the prints of PipelineModule and its comm op build.
+NOISE = ("Setting accelerator to CPU", "Attempting to get learning rate from scheduler before it has started")
+_verbose = False
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _verbose or not any(n in record.getMessage() for n in NOISE)
+
+
+logging.getLogger("DeepSpeed").addFilter(_DropNoise())  # before deepspeed is imported: it reuses this logger
+
+
+def set_verbose(verbose: bool) -> None:
+    global _verbose
+    _verbose = verbose
+
+
+@contextlib.contextmanager
+def _quiet_prints():
+    """DeepSpeed's own prints (topology, layer partition, op builds) go nowhere unless verbose."""
+    if _verbose:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 class DeepSpeedVersionError(RuntimeError):
@@ -54,7 +87,8 @@ def init_comm(timeout_s: int) -> None:
     """Let DeepSpeed wrap the torch.distributed process group the runtime has started."""
     import deepspeed
 
-    deepspeed.init_distributed(dist_backend=comm_backend(), timeout=timedelta(seconds=timeout_s))
+    with _quiet_prints():
+        deepspeed.init_distributed(dist_backend=comm_backend(), timeout=timedelta(seconds=timeout_s))
 
 
 def comm_backend() -> str:
@@ -86,7 +120,8 @@ def make_grid(num_pp: int, num_dp: int):
     it creates the pipe and data-parallel process groups, and is the `mpu` of deepspeed.initialize."""
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology, PipelineParallelGrid
 
-    return PipelineParallelGrid(topology=PipeDataParallelTopology(num_pp=num_pp, num_dp=num_dp))
+    with _quiet_prints():
+        return PipelineParallelGrid(topology=PipeDataParallelTopology(num_pp=num_pp, num_dp=num_dp))
 
 
 def grid_members(grid) -> dict[str, list[int]]:
@@ -114,9 +149,10 @@ def build_stages(layer_builders, *, num_pp: int, num_dp: int, partition_method: 
 
     specs = [LayerSpec(cls, **kwargs) for cls, kwargs in layer_builders]
     try:
-        stages = PipelineModule(layers=specs, topology=PipeDataParallelTopology(num_pp=num_pp, num_dp=num_dp),
-                                partition_method=partition_method, seed_layers=True, seed_fn=seed_fn,
-                                base_seed=seed)
+        with _quiet_prints():
+            stages = PipelineModule(layers=specs, topology=PipeDataParallelTopology(num_pp=num_pp, num_dp=num_dp),
+                                    partition_method=partition_method, seed_layers=True, seed_fn=seed_fn,
+                                    base_seed=seed)
     except (NotImplementedError, ValueError, IndexError) as e:
         raise StageError(f"parallel_layout.partition_method={partition_method!r}: {e}") from None
     parts = stages.parts
@@ -148,7 +184,9 @@ def initialize(module: nn.Module, parameters, ds_config: dict, grid) -> "Engine"
     reduction, so DeepSpeed's own backward all-reduce is switched off."""
     import deepspeed
 
-    ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config, mpu=grid)
+    with _quiet_prints():
+        ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config,
+                                                  mpu=grid)
     ds_engine.enable_backward_allreduce = False
     return Engine(ds_engine)
 

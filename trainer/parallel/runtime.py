@@ -127,8 +127,10 @@ class ParallelRuntime:
     comm_timeout_s: int = 300
 
     @classmethod
-    def start(cls, spec: LayoutSpec, comm_timeout_s: int = 300) -> "ParallelRuntime":
-        """Start this process's share of the job for `spec` (every rank calls it)."""
+    def start(cls, spec: LayoutSpec, comm_timeout_s: int = 300, verbose: bool = False) -> "ParallelRuntime":
+        """Start this process's share of the job for `spec` (every rank calls it); `verbose`: let
+        DeepSpeed print its start-up notices."""
+        dsa.set_verbose(verbose)
         rank, world = start_process_group(comm_timeout_s)
         spec.check_world(world)
         return cls.on_started(spec, rank, comm_timeout_s)

@@ -1,0 +1,26 @@
+"""Plot: `python launch/plot.py RUN_DIR [--out PNG]`: loss, dev BLEU and tokens/s over steps from
+RUN_DIR/metrics.jsonl (default output RUN_DIR/training.png)."""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainer.cli import fail  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("run", help="run directory written by launch/train.py")
+    p.add_argument("--out", default=None, help="the PNG to write (default RUN_DIR/training.png)")
+    args = p.parse_args(argv)
+    from trainer.plots import plot_run
+
+    try:
+        print(plot_run(args.run, args.out))
+    except (ValueError, FileNotFoundError) as e:
+        fail(e)
+
+
+if __name__ == "__main__":
+    main()
