@@ -196,3 +196,59 @@ def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     trainer.log.close()
     runtime.close()
     return {"stats": stats, "program": program, "run_dir": f"{work}/run"}
+
+
+def lean_bf16_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> dict:
+    """The same gradients stepped by DeepSpeed's FP16_UnfusedOptimizer.step and by the adapter's
+    lean_bf16_step: the parameters, masters, Adam state and global norm after each."""
+    import copy
+
+    import torch
+
+    from trainer.config import load_config
+    from trainer.data import BatchStream, ParallelData
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.session import build_session
+
+    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
+    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
+    session = build_session(cfg, ds, rt)
+    opt = session.engine.ds.optimizer
+    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=session.global_micro, max_tokens=0,
+                         seed=1, bucket_batches=10, min_batch=cfg.data.min_batch_sentences)
+    batch = stream.next()
+    outcome = {}
+    lows = [p for g in opt.fp16_groups for p in g]
+    highs = [p for g in opt.fp32_groups for p in g]
+    every = list(session.module.parameters())  # the head replica too (the owner broadcasts into it)
+    saved = ([p.detach().clone() for p in every], [p.detach().clone() for p in highs],
+             copy.deepcopy(opt.optimizer.state_dict()))
+    for name in ("deepspeed", "lean"):
+        session.runner.sync_head()
+        with torch.no_grad():
+            for p, v in zip(every, saved[0]):
+                p.copy_(v)
+            for p, v in zip(highs, saved[1]):
+                p.copy_(v)
+        opt.optimizer.load_state_dict(copy.deepcopy(saved[2]))
+        if name == "deepspeed":  # DeepSpeed's own method, not the instance's replacement
+            opt.step = type(opt).step.__get__(opt)
+        else:
+            del opt.step  # the class method again ...
+            from trainer.parallel.deepspeed_adapter import lean_bf16_step
+            import types
+
+            opt.step = types.MethodType(lean_bf16_step, opt)
+        session.runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(1, 1, 0))
+        outcome[name] = {"norm": float(opt._global_grad_norm),
+                         "lows": [p.detach().float().clone() for p in lows],
+                         "highs": [p.detach().clone() for p in highs],
+                         "exp_avg_sq": [opt.optimizer.state[p]["exp_avg_sq"].clone() for p in highs]}
+    session.runner.sync_head()
+    rt.close()
+    a, b = outcome["deepspeed"], outcome["lean"]
+    diff = max(max(float((x - y).abs().max()) for x, y in zip(a[k], b[k])) for k in ("lows", "highs", "exp_avg_sq"))
+    return {"norm": (a["norm"], b["norm"]), "max_diff": diff, "moved": max(float((x - y).abs().max())
+                                                                          for x, y in zip(a["highs"], saved[1]))}

@@ -108,3 +108,16 @@ def test_flat_partitioned_optimizers_are_refused(grid):
 def test_fp32_step_with_a_non_finite_gradient_is_skipped(grid):
     for r in grid:
         assert not r["nan_norm_finite"] and r["nan_step_skipped"] and r["nan_params_unchanged"]
+
+
+@pytest.mark.parametrize("clip", [1.0, 1e-3])  # clipping inactive and active
+def test_lean_bf16_step_equals_deepspeeds_step(workers, tiny_data, tmp_path, clip):
+    from tests.parallel_jobs import lean_bf16_step_matches_deepspeed
+
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1}
+    ds = dict(_ds(layout, True), gradient_clipping=clip)
+    ds.pop("scheduler")  # a warm-up from lr 0 would not move the weights at the first step
+    for r in workers.run(2, lean_bf16_step_matches_deepspeed, [f"data.dir={tiny_data}", *MODEL], ds,
+                         str(tmp_path / "lean")):
+        assert r["moved"] > 0, "the step must change the weights for the comparison to mean something"
+        assert r["norm"][0] == r["norm"][1] and r["max_diff"] == 0.0, r
