@@ -66,6 +66,10 @@ def single14(workers, tiny_data, tmp_path_factory):
     ("hybrid_2", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 1}),
     ("hybrid_2_chunks", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 1, "time_chunks": 3}),
     ("hybrid_2_shares", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "head_shares": [3, 1]}),
+    ("hybrid_2_per_unit", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 2,
+                              "head_schedule": "per_unit"}),
+    ("hybrid_3_per_unit", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "micro_batches": 4,
+                              "head_schedule": "per_unit"}),
     ("hybrid_3", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}),
     ("hybrid_4", 4, {"mode": "hybrid", "num_pp": 4, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
     ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
@@ -95,6 +99,8 @@ LAYOUTS = {
     "pipeline_2": (2, 13, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
     "data_2": (2, 7, {"mode": "data", "num_pp": 1, "num_dp": 2}),
     "grid_2x2": (4, 7, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2, "time_chunks": 2}),
+    "hybrid_2_per_unit": (2, 14, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
+                                  "head_schedule": "per_unit"}),
 }
 
 

@@ -118,3 +118,27 @@ def test_every_op_has_a_kind_and_collectives_a_group():
             assert OPS[op.pairs].pairs == op.name and OPS[op.pairs].kind != op.kind
     with pytest.raises(ValueError, match="unknown instruction"):
         Instr("teleport")
+
+
+@pytest.mark.parametrize("num_pp", [2, 3, 4])
+@pytest.mark.parametrize("units", [4, 5, 8])
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_per_unit_head_schedules_never_deadlock(num_pp, units, chunks):
+    spec = LayoutSpec(mode="hybrid", num_pp=num_pp, num_dp=1, micro_batches=units, time_chunks=chunks,
+                      head_schedule="per_unit")
+    replay(global_programs(spec), group_members(spec))
+    replay(global_programs(spec, forward_only=True), group_members(spec))
+    grid = LayoutSpec(mode="hybrid", num_pp=num_pp, num_dp=2, micro_batches=units, head_schedule="per_unit")
+    replay(global_programs(grid), group_members(grid))
+
+
+def test_per_unit_heads_run_where_they_should():
+    """Each unit's head runs once, on stage u % num_pp; the last stage runs its own units' heads
+    between its forwards and starts the backward of its last unit before waiting for anyone."""
+    progs = {s: build_schedule(s, 2, units=4, chunks=1, head_parallel=True, head_schedule="per_unit") for s in (0, 1)}
+    heads = {s: [i.unit for i in p if i.op == "head"] for s, p in progs.items()}
+    assert heads == {0: [0, 2], 1: [1, 3]}
+    last = [str(i) for i in progs[1]]
+    assert last.index("head u1") < last.index("forward enc u2 c0")  # between forwards
+    assert last.index("backward dec u3 c0") < min(i for i, s in enumerate(last) if s.startswith("gather_grad"))
+    assert [i.unit for i in progs[1] if i.op == "gather_grad"] == [0, 2]  # in the order stage 0 sends them

@@ -53,10 +53,10 @@ class MicroStep:
     train: bool
     records: dict = field(default_factory=dict)  # (kind, unit, chunk) -> _Record
     received: dict = field(default_factory=dict)  # activations / gradients received, not yet used
-    top: tuple | None = None  # last stage: the replica's top (encoder, decoder) outputs
-    shard: tuple | None = None  # this rank's head input (encoder, decoder) rows
-    shard_grads: tuple | None = None  # gradients w.r.t. `shard`
-    top_grads: dict | None = None  # last stage: gradients w.r.t. `top`, assembled from every shard
+    top: tuple | None = None  # last stage: the replica's top (encoder, decoder) outputs, assembled
+    shards: dict = field(default_factory=dict)  # head inputs received, by unit (-1: this stage's shard)
+    shard_grads: dict = field(default_factory=dict)  # gradients w.r.t. them, by unit, until sent
+    top_grads: dict | None = None  # last stage: gradients w.r.t. the top outputs, from every piece
     metrics: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
     dropout: DropoutKeys | None = None  # where each forward sits in the global micro-batch (masks)
 
@@ -184,74 +184,85 @@ class StepRunner:
         self.comm.send_forward(self.ms.records[(ins.kind, ins.unit, ins.chunk)].x_out, ins.peer)
 
     # ---- the head phase ----
-    def _top(self, kind: str) -> torch.Tensor:
-        """The replica's top encoder (kind 'enc') or decoder outputs, (rows, len, hidden), detached."""
-        ms = self.ms
-        width = ms.replica.src.shape[1] if kind == "enc" else ms.replica.tgt_in.shape[1]
-        parts = []
-        for u in range(len(ms.units)):
-            t = torch.cat([ms.records[(kind, u, c)].x_out.detach() for c in range(len(ms.chunks[kind][u]))], 1)
-            parts.append(F.pad(t, (0, 0, 0, width - t.shape[1])))
-        return torch.cat(parts, 0)
+    # A head "piece" is the rows one head call works on: a stage's shard of the whole replica
+    # (after_forward: instructions without a unit) or one pipeline unit (per_unit).
+    def _piece(self, ins: Instr, stage: int) -> tuple[int, int]:
+        """[start, stop) rows of the replica."""
+        if ins.unit >= 0:
+            return self.ms.unit_rows[ins.unit]
+        return self.layout.head_shards(self.ms.replica.size)[stage]
 
-    def _shard_rows(self, stage: int) -> tuple[Batch, int, int]:
-        a, b = self.layout.head_shards(self.ms.replica.size)[stage]
-        return self.ms.replica.rows(a, b), a, b
-
-    def _top_rows(self, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Last stage: the top outputs of `stage`'s head shard, trimmed to the shard's lengths."""
+    def _unit_top(self, kind: str, u: int) -> torch.Tensor:
+        """Unit u's top encoder (kind 'enc') or decoder outputs, (rows, len, hidden), detached."""
         ms = self.ms
-        if ms.top is None:
-            ms.top = (self._top("enc"), self._top("dec"))
-        shard, a, b = self._shard_rows(stage)
-        return ms.top[0][a:b, :shard.src.shape[1]], ms.top[1][a:b, :shard.tgt_in.shape[1]]
+        return torch.cat([ms.records[(kind, u, c)].x_out.detach() for c in range(len(ms.chunks[kind][u]))], 1)
+
+    def _top_rows(self, ins: Instr, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Last stage: the top outputs of a piece, trimmed to the piece's lengths."""
+        ms = self.ms
+        if ins.unit >= 0:
+            return self._unit_top("enc", ins.unit), self._unit_top("dec", ins.unit)
+        if ms.top is None:  # the whole replica, assembled once
+            widths = {"enc": ms.replica.src.shape[1], "dec": ms.replica.tgt_in.shape[1]}
+            tops = {kind: [self._unit_top(kind, u) for u in range(len(ms.units))] for kind in ("enc", "dec")}
+            ms.top = tuple(torch.cat([F.pad(t, (0, 0, 0, widths[kind] - t.shape[1])) for t in tops[kind]], 0)
+                           for kind in ("enc", "dec"))
+        a, b = self._piece(ins, stage)
+        rows = ms.replica.rows(a, b)
+        return ms.top[0][a:b, :rows.src.shape[1]], ms.top[1][a:b, :rows.tgt_in.shape[1]]
+
+    def _piece_shapes(self, ins: Instr, stage: int):
+        a, b = self._piece(ins, stage)
+        rows = self.ms.replica.rows(a, b)
+        return (rows.size, rows.src.shape[1], self.hidden), (rows.size, rows.tgt_in.shape[1], self.hidden)
 
     def op_scatter_shard(self, ins: Instr) -> None:
-        self.comm.scatter_shard(*self._top_rows(ins.peer), ins.peer)
-
-    def _shard_shapes(self, stage: int):
-        shard, _, _ = self._shard_rows(stage)
-        return (shard.size, shard.src.shape[1], self.hidden), (shard.size, shard.tgt_in.shape[1], self.hidden)
+        self.comm.scatter_shard(*self._top_rows(ins, ins.peer), ins.peer)
 
     def op_recv_shard(self, ins: Instr) -> None:
-        self.ms.shard = self.comm.recv_shard(*self._shard_shapes(self.layout.stage), ins.peer)
+        self.ms.shards[ins.unit] = self.comm.recv_shard(*self._piece_shapes(ins, self.layout.stage), ins.peer)
 
     def op_head(self, ins: Instr) -> None:
-        ms = self.ms
-        shard, a, _ = self._shard_rows(self.layout.stage)
+        ms, stage = self.ms, self.layout.stage
+        a, b = self._piece(ins, stage)
+        rows = ms.replica.rows(a, b)
         if ms.dropout is not None:
             ms.dropout.row0, ms.dropout.t0 = ms.replica_row0 + a, 0
-        enc, dec = ms.shard if ms.shard is not None else self._top_rows(self.layout.stage)
+        enc, dec = ms.shards.pop(ins.unit) if ins.unit in ms.shards else self._top_rows(ins, stage)
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)
         self.sync_head()
-        loss_sum, nll_sum = self.module.head(enc, shard.src_mask, dec, shard.tgt_out)
+        loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out)
         if self.poison and ms.train:  # fault injection (trainer.faults): a non-finite loss
             loss_sum = loss_sum * float("nan")
         ms.metrics += torch.tensor([loss_sum.item(), nll_sum.item()], dtype=torch.float64)
         if not ms.train:
             return
         self.engine.backward(loss_sum * ms.loss_scale)
-        ms.shard_grads = (enc.grad, dec.grad)
         if self.layout.is_last:
+            self._place_grads((a, b), enc.grad, dec.grad)
+        else:
+            ms.shard_grads[ins.unit] = (enc.grad, dec.grad)
+
+    def _place_grads(self, rows: tuple[int, int], enc_grad, dec_grad) -> None:
+        """Last stage: gradients w.r.t. the top outputs of a piece, into the replica's."""
+        ms = self.ms
+        if ms.top_grads is None:
             rep = ms.replica
             ms.top_grads = {
                 "enc": torch.zeros(rep.size, rep.src.shape[1], self.hidden, device=self.device, dtype=self.dtype),
                 "dec": torch.zeros(rep.size, rep.tgt_in.shape[1], self.hidden, device=self.device, dtype=self.dtype),
             }
-            self._place_grads(self.layout.stage, *ms.shard_grads)
-
-    def _place_grads(self, stage: int, enc_grad, dec_grad) -> None:
-        _, a, b = self._shard_rows(stage)
-        self.ms.top_grads["enc"][a:b, :enc_grad.shape[1]] += enc_grad
-        self.ms.top_grads["dec"][a:b, :dec_grad.shape[1]] += dec_grad
+        a, b = rows
+        ms.top_grads["enc"][a:b, :enc_grad.shape[1]] += enc_grad
+        ms.top_grads["dec"][a:b, :dec_grad.shape[1]] += dec_grad
 
     def op_send_shard_grad(self, ins: Instr) -> None:
-        self.comm.send_shard_grad(*self.ms.shard_grads, ins.peer)
+        self.comm.send_shard_grad(*self.ms.shard_grads.pop(ins.unit), ins.peer)
 
     def op_gather_grad(self, ins: Instr) -> None:
-        enc, dec = self.comm.gather_grad(*self._shard_shapes(ins.peer), ins.peer)
-        self._place_grads(ins.peer, enc, dec)
+        enc, dec = self.comm.gather_grad(*self._piece_shapes(ins, ins.peer), ins.peer)
+        self._place_grads(self._piece(ins, ins.peer), enc, dec)
 
     # ---- backward ----
     def op_recv_backward(self, ins: Instr) -> None:

@@ -46,6 +46,7 @@ class LayoutSpec:
     partition_method: str = PARTITION_DEFAULT
     head_shares: tuple = ()  # hybrid: relative head rows per stage (e.g. (5, 4): the last stage, which also
                              # assembles the top outputs and owns the head, gets fewer); () = equal
+    head_schedule: str = "after_forward"  # hybrid: after_forward | per_unit (trainer.parallel.schedule)
 
     @property
     def world_size(self) -> int:
@@ -79,7 +80,8 @@ class LayoutSpec:
     @classmethod
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
         section = ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"})
-        known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares"}
+        known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares",
+                 "head_schedule"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -100,10 +102,16 @@ class LayoutSpec:
                 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in shares)):
             raise LayoutError(f"{SECTION}.head_shares={shares!r}: must be a list of num_pp={num_pp} positive "
                               f"numbers (relative head rows per stage), or left out for equal shares")
+        head_schedule = section.get("head_schedule", "after_forward")
+        if head_schedule not in ("after_forward", "per_unit"):
+            raise LayoutError(f"{SECTION}.head_schedule={head_schedule!r}: one of after_forward, per_unit")
         spec = cls(mode=mode, num_pp=num_pp, num_dp=num_dp, micro_batches=section.get("micro_batches", 1),
                    time_chunks=section.get("time_chunks", 1),
                    partition_method=section.get("partition_method", PARTITION_DEFAULT),
-                   head_shares=tuple(shares))
+                   head_shares=tuple(shares), head_schedule=head_schedule)
+        if head_schedule == "per_unit" and spec.head_parallel and spec.micro_batches < num_pp:
+            raise LayoutError(f"{SECTION}.head_schedule=per_unit runs each unit's head on one stage: micro_batches="
+                              f"{spec.micro_batches} must be >= num_pp={num_pp}")
         spec.check_world(world_size)
         return spec
 

@@ -102,11 +102,29 @@ class Instr:
         return " ".join(parts)
 
 
+HEAD_SCHEDULES = ("after_forward", "per_unit")
+
+
+def head_owner(unit: int, num_pp: int) -> int:
+    """per_unit: the stage that runs the head of `unit`."""
+    return unit % num_pp
+
+
 def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parallel: bool,
-                   boundary: bool = True) -> list[Instr]:
-    """The instruction list of one micro-step for the rank at `stage`."""
+                   boundary: bool = True, head_schedule: str = "after_forward") -> list[Instr]:
+    """The instruction list of one micro-step for the rank at `stage`.
+
+    head_schedule (hybrid only):
+        after_forward  after the forward of all units, every stage runs its shard of the whole replica
+                       (a phase all stages enter together)
+        per_unit       the head of unit u runs on stage u % num_pp, on the whole unit, as soon as its
+                       top outputs exist: the last stage runs its own units' heads between its
+                       forwards and starts their backward without waiting for any other stage; the
+                       others run theirs after their forwards, while the last stage is still busy
+    """
     prog: list[Instr] = []
     first, last = stage == 0, stage == num_pp - 1
+    per_unit = head_parallel and head_schedule == "per_unit"
     for u in range(units):
         for kind in ("enc", "dec"):
             for c in range(chunks):
@@ -115,7 +133,15 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
                 prog.append(Instr("forward", u, c, kind))
                 if not last:
                     prog.append(Instr("send_forward", u, c, kind, stage + 1))
-    if head_parallel:
+        if per_unit and last:
+            owner = head_owner(u, num_pp)
+            prog.append(Instr("head", unit=u) if owner == stage else Instr("scatter_shard", unit=u, peer=owner))
+    if per_unit:
+        if not last:
+            for u in range(stage, units, num_pp):
+                prog += [Instr("recv_shard", unit=u, peer=num_pp - 1), Instr("head", unit=u),
+                         Instr("send_shard_grad", unit=u, peer=num_pp - 1)]
+    elif head_parallel:
         if last:
             prog += [Instr("scatter_shard", peer=s) for s in range(num_pp - 1)]
             prog.append(Instr("head"))
@@ -126,7 +152,16 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
         prog.append(Instr("head"))
     if boundary and head_parallel:  # the head's gradients are final: start their reduction now
         prog.append(Instr("reduce_head_grads", peer=num_pp - 1))
+    gathered: set = set()
     for u in reversed(range(units)):
+        owner = head_owner(u, num_pp)
+        if per_unit and last and owner != stage and u not in gathered:
+            # a stage sends its units' gradients in forward order (p2p messages arrive in order): take
+            # every one it sent up to this unit
+            for v in range(owner, u + 1, num_pp):
+                if v not in gathered:
+                    prog.append(Instr("gather_grad", unit=v, peer=owner))
+                    gathered.add(v)
         for kind in ("dec", "enc"):
             for c in reversed(range(chunks)):
                 if not last:
@@ -154,7 +189,7 @@ def eval_program(program: list[Instr]) -> list[Instr]:
 def rank_programs(spec, stage: int) -> dict[bool, list[Instr]]:
     """The training program of the rank at `stage`, at and between accumulation boundaries."""
     return {b: build_schedule(stage, spec.num_pp, spec.micro_batches, spec.time_chunks, spec.head_parallel,
-                              boundary=b) for b in (True, False)}
+                              boundary=b, head_schedule=spec.head_schedule) for b in (True, False)}
 
 
 def format_schedule(programs: dict[int, list[Instr]]) -> str:
