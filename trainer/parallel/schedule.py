@@ -14,9 +14,9 @@ One micro-step (one DeepSpeed micro-batch) on the rank at pipeline stage `stage`
     backward  units in reverse; in each, the decoder chunks first (reverse time), then the encoder
               chunks (reverse time): the previous stage can start on a decoder gradient while this
               one still runs its encoders' backward.
-    reduce    the loss all-reduce; at the accumulation boundary the head replicas' gradients
-              into the owner (last stage), DeepSpeed's replica all-reduce, the optimizer step and
-              the owner's broadcast of the updated head.
+    reduce    at the accumulation boundary the head replicas' gradients into the owner (last stage),
+              DeepSpeed's replica all-reduce, the optimizer step and the owner's broadcast of the
+              updated head; then the loss sums' all-reduce.
 
 `replay` executes all ranks' lists abstractly and proves that every send meets a receive and every
 collective is entered by every rank of its group, so a schedule that would deadlock fails a test.
@@ -169,7 +169,6 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
                 prog.append(Instr("backward", u, c, kind))
                 if not first:
                     prog.append(Instr("send_backward", u, c, kind, stage - 1))
-    prog.append(Instr("reduce_metrics"))
     if boundary:
         if head_parallel:
             prog.append(Instr("wait_head_grads"))
@@ -177,6 +176,9 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
     prog.append(Instr("optimizer_step"))
     if boundary and head_parallel:
         prog.append(Instr("broadcast_head", peer=num_pp - 1))
+    # the loss sums are only read after the micro-step: summed last, so that no rank waits for the
+    # slowest one's backward before its own optimizer step
+    prog.append(Instr("reduce_metrics"))
     prog.append(Instr("flush_sends"))
     return prog
 
