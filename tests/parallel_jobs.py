@@ -14,15 +14,7 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     from trainer.session import build_session, plan
     from trainer.trainer import Trainer
 
-    os.makedirs(work, exist_ok=True)
-    path = os.path.join(work, "ds.json")
-    rank = int(os.environ["RANK"])
-    if rank == 0:
-        with open(path + ".tmp", "w") as f:
-            json.dump(ds, f)
-        os.replace(path + ".tmp", path)
-    else:
-        _wait_for(path)
+    path = _ds_file(ds, work)
     cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
                              "logging.progress=false"])
     ds_loaded, spec = plan(cfg, path)
@@ -43,6 +35,19 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
                 params[f"head.{name}"] = p.detach().float().numpy().copy()
     runtime.close()
     return {"rows": rows, "params": params}
+
+
+def _ds_file(ds: dict, work: str) -> str:
+    """The DeepSpeed JSON as a file (rank 0 writes it, the others wait for it), as the CLI reads it."""
+    os.makedirs(work, exist_ok=True)
+    path = os.path.join(work, "ds.json")
+    if int(os.environ["RANK"]) == 0:
+        with open(path + ".tmp", "w") as f:
+            json.dump(ds, f)
+        os.replace(path + ".tmp", path)
+    else:
+        _wait_for(path)
+    return path
 
 
 def _wait_for(path: str, timeout: float = 30) -> None:
@@ -174,14 +179,7 @@ def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     from trainer.session import build_session, plan
     from trainer.trainer import Trainer
 
-    os.makedirs(work, exist_ok=True)
-    path = os.path.join(work, "ds.json")
-    if int(os.environ["RANK"]) == 0:
-        with open(path + ".tmp", "w") as f:
-            json.dump(ds, f)
-        os.replace(path + ".tmp", path)
-    else:
-        _wait_for(path)
+    path = _ds_file(ds, work)
     cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
                              "logging.progress=false", "train.timeline_every=1"])
     ds_loaded, spec = plan(cfg, path)

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import torch
+import numpy as np
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainer.config import ModelConfig
 from trainer.data import collate
 from trainer.flops import batch_flops, forward_flops
 from trainer.model import build_model
-
-import numpy as np
 
 
 def test_forward_flops_match_torch_flop_counter_for_a_single_sentence():
