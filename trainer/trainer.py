@@ -16,6 +16,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from trainer import checkpoint, faults
+from trainer.metrics import dev_scores, dev_tokenize
 from trainer.config import to_yaml
 from trainer.data import BatchStream, ParallelData, has_split, read_manifest
 from trainer.distributed import device, init_distributed, peer_table, print0, set_threads
@@ -72,6 +73,7 @@ class Trainer:
         spec = LayoutSpec.from_ds_config(ds, world)
         spec.check_model(cfg.model, cfg.data.min_batch_sentences, ds["train_micro_batch_size_per_gpu"])
         self.manifest = read_manifest(cfg.data.dir)
+        self.bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, self.manifest, cfg.data.dir)
         vocab = self.manifest["vocab"]
         self.train_data = ParallelData(cfg.data.dir, "train")
         self.dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
@@ -366,22 +368,21 @@ class Trainer:
         streams are left as they were, so a resumed run continues exactly."""
         row, rng = {}, capture_rng()
         loss = self.dev_loss()
-        bleu = [None]
+        scores = [None]
         if self.rank == 0:
-            bleu[0] = self.dev_bleu(ckpt)
-        dist.broadcast_object_list(bleu, src=0, group=self.eval_group)
+            scores[0] = self.dev_bleu(ckpt)
+        dist.broadcast_object_list(scores, src=0, group=self.eval_group)
         restore_rng(rng)
         if loss is not None:
             row.update(dev_loss=loss, dev_ppl=math.exp(min(loss, 50)))
-        row["dev_bleu"] = bleu[0]
+        row.update(scores[0])
         self.log.message(f"step {self.step}: dev loss {loss if loss is None else round(loss, 4)} "
-                         f"dev BLEU {bleu[0]:.2f}")
+                         f"dev BLEU {row['dev_bleu']:.2f} chrF {row['dev_chrf']:.2f} ({self.bleu_tokenize})")
         return row
 
-    def dev_bleu(self, ckpt: str) -> float:
-        """Rank 0 decodes the dev set with the whole model loaded from the checkpoint just saved."""
-        import sacrebleu
-
+    def dev_bleu(self, ckpt: str) -> dict:
+        """Rank 0 decodes the dev set with the whole model loaded from the checkpoint just saved:
+        {"dev_bleu", "dev_chrf"}."""
         from trainer.translator import Translator, read_lines
 
         d = self.cfg.decode
@@ -390,7 +391,7 @@ class Trainer:
         ref = read_lines(os.path.join(self.cfg.data.dir, "dev.tgt.txt"))
         n = d.dev_max_sentences or len(src)
         hyps = translator.translate(src[:n], beam=d.dev_beam)
-        return sacrebleu.corpus_bleu(hyps, [ref[:n]], tokenize=d.bleu_tokenize).score
+        return dev_scores(hyps, ref[:n], self.bleu_tokenize)
 
     def train_state(self) -> TrainState:
         e = self.engine
