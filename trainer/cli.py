@@ -122,8 +122,7 @@ def translate_main(args) -> int:
 
 
 def evaluate_main(args) -> int:
-    import sacrebleu
-
+    from trainer.metrics import check_tokenize, resolve_tokenize, score
     from trainer.translator import read_lines
 
     for flag, path in (("--src", args.src), ("--ref", args.ref)):
@@ -136,11 +135,10 @@ def evaluate_main(args) -> int:
     hyps = translator.translate(src, beam=args.beam)
     if args.output:
         _write_lines(args.output, hyps)
-    bleu = sacrebleu.BLEU(tokenize=translator.decode_cfg.bleu_tokenize)
-    chrf = sacrebleu.CHRF()
-    b, c = bleu.corpus_score(hyps, [ref]), chrf.corpus_score(hyps, [ref])
-    result = {"bleu": round(b.score, 2), "chrf": round(c.score, 2), "signature": str(bleu.get_signature()),
-              "chrf_signature": str(chrf.get_signature()), "sentences": len(src)}
+    tokenize = resolve_tokenize(translator.decode_cfg.bleu_tokenize, translator.tgt_lang, ref)
+    s = score(hyps, ref, check_tokenize(tokenize, "tokenizer"))
+    result = {"bleu": round(s.bleu, 2), "chrf": round(s.chrf, 2), "signature": s.bleu_signature,
+              "chrf_signature": s.chrf_signature, "sentences": len(src)}
     if args.json:
         print(json.dumps(result))
     else:

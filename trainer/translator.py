@@ -13,6 +13,7 @@ from trainer import checkpoint
 from omegaconf import OmegaConf
 
 from trainer.config import Config, load_config
+from trainer.metrics import manifest_lang
 from trainer.model import Seq2Seq, build_model
 from trainer.search import beam_search
 
@@ -31,6 +32,7 @@ class Translator:
         self.model, self.src_sp, self.tgt_sp, self.norm = model.to(device).eval(), src_sp, tgt_sp, norm
         self.decode_cfg, self.device = decode_cfg, device
         self.origin: dict = {}
+        self.tgt_lang = None
 
     @classmethod
     def from_run(cls, run_dir: str, which: str = "best", device="cpu") -> "Translator":
@@ -42,6 +44,7 @@ class Translator:
         ckpt = checkpoint.resolve(run_dir, which)
         meta = checkpoint.load_model_weights(model, ckpt)
         translator = cls(model, src_sp, tgt_sp, manifest.get("normalize", {}), cfg.decode, device)
+        translator.tgt_lang = manifest_lang(manifest)
         translator.origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt),
                              "step": meta.get("step"), "dev_bleu": meta.get("dev_bleu"),
                              "data_checksum": manifest.get("checksum"), "config": OmegaConf.to_container(cfg)}
