@@ -49,7 +49,7 @@ from . import vocab
 from .binary import SIDES, side_paths
 from .clean import CleaningOptions, add_cleaning_arguments, base_lang
 from .dedup import Deduplicator
-from .filters import RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
+from .filters import MAX_PIECES, RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
 from .normalize import REPAIRS
 from .pipeline import (CleanTask, EncodeTask, clean_split, default_workers, encode_split, escape, read_samples,
                        tsv_line, unescape)
@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spm-sample", type=int, default=1_000_000, help="at most this many sentences per side train SPM")
     p.add_argument("--nfkc", action="store_true", help="Unicode NFKC normalisation")
     p.add_argument("--lowercase", action="store_true")
-    p.add_argument("--max-len", type=int, default=200, help="reject training pairs with a side longer (pieces)")
+    p.add_argument("--max-len", type=int, default=MAX_PIECES,
+                   help="reject training pairs with a side longer (pieces); translation cuts longer inputs")
     p.add_argument("--min-len", type=int, default=1, help="reject training pairs with a side shorter (pieces)")
     p.add_argument("--max-ratio", type=float, default=3.0,
                    help=f"reject training pairs whose piece-count ratio, scaled by the corpus' median tgt/src "

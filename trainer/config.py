@@ -68,7 +68,8 @@ class DecodeConfig:
     max_len_ratio: float = 2.0
     max_len_add: int = 10
     length_penalty: float = 1.0
-    batch_size: int = 64
+    batch_size: int = 64  # sentences per translation batch
+    max_tokens: int = 6000  # and at most this many padded source pieces per batch (beam x inside); 0 = no cap
     dev_beam: int = 1  # beam used for dev BLEU during training (1 = greedy, fast)
     dev_max_sentences: int = 500
     bleu_tokenize: str = "auto"  # auto: by the data's target language (ja-mecab, zh, ko-mecab, else 13a)
@@ -107,7 +108,7 @@ _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps",
              "data.bucket_batches",
              "data.min_batch_sentences", "train.comm_timeout_s", "train.max_bad_steps")
 _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
-                 "train.threads", "decode.dev_max_sentences", "decode.max_len_add")
+                 "train.threads", "decode.dev_max_sentences", "decode.max_len_add", "decode.max_tokens")
 
 
 def _get(cfg: DictConfig, key: str):
