@@ -193,3 +193,5 @@ def test_dev_beam_zero_is_a_config_error():
     with pytest.raises(ConfigError, match="decode.dev_beam=0"):
         load_config(None, ["decode.dev_beam=0"])
     assert load_config(None, []).decode.bleu_tokenize == "auto"
+    patent = load_config(os.path.join(os.path.dirname(__file__), "..", "trainer", "configs", "patent.yaml"))
+    assert patent.data.max_tokens > 0 and patent.train.keep_last >= 2  # token-capped batches; averaging
