@@ -29,8 +29,8 @@ def main(argv=None):
         return translate_main(args)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         fail(e)
-    except BrokenPipeError:  # `... | head`: the reader left; not an error
-        sys.stderr.close()
+    except BrokenPipeError:  # `... | head`: the reader left; not an error, and nothing more to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 

@@ -87,9 +87,11 @@ def _open_input(path):
         return sys.stdin.buffer, "stdin", None
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--input {path}: no such file")
+    total, last = 0, b"\n"
     with open(path, "rb") as f:
-        total = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    return open(path, "rb"), path, total
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            total, last = total + chunk.count(b"\n"), chunk[-1:]
+    return open(path, "rb"), path, total + (last != b"\n")
 
 
 def _open_output(path):
