@@ -13,18 +13,20 @@ REPO = Path(__file__).resolve().parents[1]
 ENJA = REPO.parent / "shared" / "data" / "small_parallel_enja"
 
 
-def prepare_enja(work: Path, raw_ja: bool = False) -> Path:
+def prepare_enja(work: Path, raw_ja: bool = False, model_type: str = "bpe") -> Path:
     """small_parallel_enja -> DATA_DIR with an 8k BPE SentencePiece vocabulary per side (a unigram
     model of this pre-tokenized corpus tops out at ~3.9k pieces), once per work directory. `raw_ja`:
     the Japanese side with its word-separating spaces removed first (as real patent text is), in
-    WORK/enja_raw_text/, prepared into WORK/enja_raw."""
+    WORK/enja_raw_text/, prepared into WORK/enja_raw (WORK/enja_raw_unigram with a unigram model)."""
     data = work / ("enja_raw" if raw_ja else "enja_small")
+    if model_type != "bpe":
+        data = data.with_name(f"{data.name}_{model_type}")
     manifest = data / "manifest.json"
     if manifest.exists() and json.loads(manifest.read_text()).get("vocab", {}).get("byte_fallback"):
         return data  # (a DATA_DIR from before byte fallback is prepared again)
     if not ENJA.exists():
         sys.exit(f"{ENJA}: not found (the shared data folder beside the checkout)")
-    args = ["--format", "moses", "--out", data, "--vocab-size", "8000", "--model-type", "bpe"]
+    args = ["--format", "moses", "--out", data, "--vocab-size", "8000", "--model-type", model_type]
     for split in ("train", "dev", "test"):
         args += [f"--{split}-src", ENJA / f"{split}.en", f"--{split}-tgt", raw_enja(work, split) if raw_ja else
                  ENJA / f"{split}.ja"]
