@@ -114,9 +114,13 @@ def test_evaluate_score_average_and_ensemble(raw_run, tiny_data, tmp_path):
 
 @pytest.mark.slow
 def test_translate_shows_a_progress_bar_on_a_terminal(raw_run, tiny_data, tmp_path):
+    import fcntl
     import pty
+    import struct
+    import termios
 
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal of 100 columns
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "launch/translate.py", "--run", str(raw_run), "--input",
                              str(tiny_data / "test.src.txt"), "--output", str(tmp_path / "out.txt"), "--beam", "1"],

@@ -22,7 +22,7 @@ HYP_JA = [REF_JA[0], REF_JA[1], "前記センサは前記筐体に固定され�
 def test_13a_cannot_score_raw_japanese_and_the_language_tokenizers_can():
     thirteen = metrics.score(HYP_JA, REF_JA, "13a")
     mecab = metrics.score(HYP_JA, REF_JA, "ja-mecab")
-    assert thirteen.bleu < 70  # each sentence is about one token: one wrong word loses the whole sentence
+    assert thirteen.bleu < 1  # each sentence is about one token: nothing to count n-grams of (measured 0.00)
     assert mecab.bleu > 80 and "tok:ja-mecab" in mecab.bleu_signature
     assert metrics.score(HYP_JA, REF_JA, "char").bleu > 80 and mecab.chrf > 80
 
