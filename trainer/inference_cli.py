@@ -8,6 +8,7 @@ translate output (one input line -> one output line, or K with --n-best K; lines
     plain        HYPOTHESIS
     --n-best K   INDEX<TAB>SCORE<TAB>HYPOTHESIS        K lines per input line, best first; INDEX counts input
                                                        lines from 0; SCORE = log p / (pieces + 1)^length_penalty
+                                                       (a line cut into segments: summed, +1 per segment)
     --alignments ...<TAB>ALIGNMENT                     a last column of "s-t" pairs: target piece t attended most
                                                        to source piece s (SentencePiece pieces of the normalised
                                                        source and of the hypothesis, from 0; Pharaoh format)
