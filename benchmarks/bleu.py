@@ -26,12 +26,13 @@ def _train(cmd_prefix: list[str], cfg: Path, data: Path, run_dir: Path, steps: i
     subprocess.run([*cmd_prefix, "launch/train.py", "--deepspeed_config", str(cfg), "--config",
                     "trainer/configs/enja_small.yaml", f"data.dir={data}", f"run.dir={run_dir}",
                     f"train.max_steps={steps}", "train.eval_every=1000", "train.keep_last=20", "logging.wandb_mode=offline",
+                    "decode.bleu_tokenize=13a",  # the rows of docs/BENCHMARKS.md section 4 (benchmarks/recipes.py: ja-mecab)
                     "logging.progress=false", *extra], cwd=REPO, check=True)
 
 
 def _evaluate(run_dir: Path, checkpoint: str) -> dict:
     out = subprocess.run([sys.executable, "launch/evaluate.py", "--run", str(run_dir), "--checkpoint", checkpoint,
-                          "--src", str(ENJA / "test.en"), "--ref", str(ENJA / "test.ja"), "--json"],
+                          "--src", str(ENJA / "test.en"), "--ref", str(ENJA / "test.ja"), "--json", "--tokenize", "13a"],
                          cwd=REPO, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

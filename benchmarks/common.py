@@ -13,26 +13,44 @@ REPO = Path(__file__).resolve().parents[1]
 ENJA = REPO.parent / "shared" / "data" / "small_parallel_enja"
 
 
-def prepare_enja(work: Path) -> Path:
+def prepare_enja(work: Path, raw_ja: bool = False, model_type: str = "bpe") -> Path:
     """small_parallel_enja -> DATA_DIR with an 8k BPE SentencePiece vocabulary per side (a unigram
-    model of this corpus tops out at ~3.5k pieces), once per work directory."""
-    data = work / "enja_small"
-    if (data / "manifest.json").exists():
-        return data
+    model of this pre-tokenized corpus tops out at ~3.9k pieces), once per work directory. `raw_ja`:
+    the Japanese side with its word-separating spaces removed first (as real patent text is), in
+    WORK/enja_raw_text/, prepared into WORK/enja_raw (WORK/enja_raw_unigram with a unigram model)."""
+    data = work / ("enja_raw" if raw_ja else "enja_small")
+    if model_type != "bpe":
+        data = data.with_name(f"{data.name}_{model_type}")
+    manifest = data / "manifest.json"
+    if manifest.exists() and json.loads(manifest.read_text()).get("vocab", {}).get("byte_fallback"):
+        return data  # (a DATA_DIR from before byte fallback is prepared again)
     if not ENJA.exists():
         sys.exit(f"{ENJA}: not found (the shared data folder beside the checkout)")
-    args = ["--format", "moses", "--out", data, "--vocab-size", "8000", "--model-type", "bpe"]
+    args = ["--format", "moses", "--out", data, "--vocab-size", "8000", "--model-type", model_type]
     for split in ("train", "dev", "test"):
-        args += [f"--{split}-src", ENJA / f"{split}.en", f"--{split}-tgt", ENJA / f"{split}.ja"]
+        args += [f"--{split}-src", ENJA / f"{split}.en", f"--{split}-tgt", raw_enja(work, split) if raw_ja else
+                 ENJA / f"{split}.ja"]
     subprocess.run([sys.executable, "-m", "data_prep.prepare", *map(str, args)], cwd=REPO, check=True)
     return data
 
 
+def raw_enja(work: Path, split: str) -> Path:
+    """WORK/enja_raw_text/SPLIT.ja: small_parallel_enja's Japanese without the spaces between words."""
+    path = work / "enja_raw_text" / f"{split}.ja"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = (ENJA / f"{split}.ja").read_text(encoding="utf-8")
+        path.write_text("\n".join(line.replace(" ", "") for line in text.split("\n")), encoding="utf-8")
+    return path
+
+
 def ds_variant(work: Path, base: str, name: str, **changes) -> Path:
-    """A copy of ds_configs/BASE.json with top-level keys and `parallel_layout` keys changed."""
+    """A copy of ds_configs/BASE.json with top-level keys (None: removed) and `parallel_layout` keys changed."""
     cfg = json.loads((REPO / "ds_configs" / f"{base}.json").read_text())
     layout = changes.pop("layout", {})
     cfg.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:  # None: drop the key (e.g. no LR scheduler)
+        del cfg[key]
     cfg["parallel_layout"] = {**cfg["parallel_layout"], **layout}
     path = work / f"{name}.json"
     path.write_text(json.dumps(cfg, indent=1))

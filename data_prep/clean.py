@@ -50,6 +50,7 @@ from .dedup import Deduplicator, hash64
 from .normalize import CJK_SPACES, repair
 
 LONG_MODES = ("drop", "split")
+MAX_WORDS = 250  # --max-words default; the translator cuts longer inputs (data_prep.segment)
 EVAL_REASONS = ("empty",)
 SCRIPT_MIN_LETTERS = 3
 
@@ -122,18 +123,29 @@ def count_words(text: str) -> int:
     return len(text.split()) if text.isascii() else len(_WORD.findall(text))
 
 
-def split_sentences(text: str) -> list[str]:
-    """Sentences of `text`: cut after . ! ? followed by a space and a capital (not after an abbreviation or a
-    single letter: "Fig. 2", "e.g. A", "J. Smith"), and after 。！？ (with closing brackets)."""
+def sentence_cuts(text: str) -> list[int]:
+    """Offsets where a new sentence of `text` starts: after . ! ? followed by a space and a capital (not after
+    an abbreviation or a single letter: "Fig. 2", "e.g. A", "J. Smith"), and after 。！？ (with closing
+    brackets). Sorted, without 0."""
     cuts = [m.end() for m in _CJK_END.finditer(text)]
     for m in _LATIN_END.finditer(text):
         before = text[:m.start()].rsplit(maxsplit=1)
         word = before[-1].lstrip("([\"'").lower() if before else ""
         if len(word) > 1 and word not in _ABBREVIATIONS:
             cuts.append(m.end())
-    starts = [0, *sorted(set(cuts))]
-    pieces = (text[a:b].strip() for a, b in zip(starts, [*starts[1:], len(text)]))
+    return sorted(set(cuts) - {0})
+
+
+def split_at(text: str, cuts: list[int]) -> list[str]:
+    """The non-empty, stripped pieces of `text` between the offsets `cuts`."""
+    starts = [0, *cuts]
+    pieces = (text[a:b].strip() for a, b in zip(starts, [*cuts, len(text)]))
     return [p for p in pieces if p]
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of `text` (see `sentence_cuts`)."""
+    return split_at(text, sentence_cuts(text))
 
 
 def text_key(text: str) -> str:
@@ -152,7 +164,7 @@ class CleaningOptions:
     cjk_spaces: str = "auto"
     src_lang: Optional[str] = None
     tgt_lang: Optional[str] = None
-    max_words: int = 250
+    max_words: int = MAX_WORDS
     long: str = "drop"
     dedup: bool = True
     near_dedup: bool = True
@@ -288,7 +300,7 @@ def add_cleaning_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cjk-spaces", choices=CJK_SPACES, default="auto",
                    help="spaces between CJK characters on a ja/zh side: remove (collapse), keep, or remove "
                         "unless the text looks pre-tokenized (auto)")
-    g.add_argument("--max-words", type=int, default=250,
+    g.add_argument("--max-words", type=int, default=MAX_WORDS,
                    help="drop training pairs with a side of more words (Han/kana characters count one each; 0: off)")
     g.add_argument("--long", choices=LONG_MODES, default="drop",
                    help="pairs over --max-words: drop, or split at sentence ends when both sides have as many")

@@ -22,6 +22,7 @@ REASONS = ("malformed", "invalid_utf8", "missing_lang", "other_pair", "low_score
            "empty", "too_long_text", "copy", "wrong_script", "duplicate",
            "near_duplicate", "too_long", "too_short", "ratio")
 RATIO_MIN_PIECES = 10
+MAX_PIECES = 200  # prepare --max-len default; the translator cuts longer inputs (data_prep.segment)
 RATIO_SAMPLE = 10_000
 
 

@@ -44,6 +44,7 @@ import html
 import re
 import unicodedata
 from html.entities import html5
+from typing import Optional
 
 PLACEHOLDER = "⟨formula⟩"
 
@@ -78,6 +79,7 @@ _ATTRS = r"""(?:\s+[\w:.-]+\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s"'<>=]+))*\s*"""
 _FORMULA_ELEMENTS = r"(?:mml:)?math|maths|chem|chemistry|in-line-formulae|tables?"
 _FORMULA = re.compile(rf"<({_FORMULA_ELEMENTS}){_ATTRS}>.*?</\1\s*>|<({_FORMULA_ELEMENTS}|img){_ATTRS}/>"
                       rf"|<img{_ATTRS}>", re.IGNORECASE | re.DOTALL)
+_FORMULA_OR_PLACEHOLDER = re.compile(f"{re.escape(PLACEHOLDER)}|{_FORMULA.pattern}", re.IGNORECASE | re.DOTALL)
 _INLINE = "sub|sup|i|b|u|o|em|strong|smallcaps|span|font|figref|claim-ref|patcit|nplcit|crossref"
 _INLINE_TAG = re.compile(rf"</?(?:{_INLINE}|{_FORMULA_ELEMENTS}){_ATTRS}/?>", re.IGNORECASE)
 _BREAK_TAG = re.compile(rf"</?(?:br|p|li|ul|ol|dl|dt|dd|claim-text){_ATTRS}/?>", re.IGNORECASE)
@@ -110,12 +112,38 @@ def unescape_entities(text: str) -> tuple[str, int]:
     return once, int(once != text)
 
 
-def replace_markup(text: str) -> str:
+def replace_markup(text: str, formulas: Optional[list] = None) -> str:
+    """Formula markup -> PLACEHOLDER, inline tags stripped. With a `formulas` list, appends what each
+    placeholder of the result stands for, in order: the markup it replaced, or itself where the text already
+    held a placeholder (so the translation can get the formulas back, `restore_formulas`)."""
     if "<" not in text:
+        if formulas is not None:
+            formulas.extend([PLACEHOLDER] * text.count(PLACEHOLDER))
         return text
-    text = _FORMULA.sub(PLACEHOLDER, text)
+    if formulas is None:
+        text = _FORMULA.sub(PLACEHOLDER, text)
+    else:
+        def keep(m: re.Match) -> str:
+            formulas.append(m.group(0))
+            return PLACEHOLDER
+        text = _FORMULA_OR_PLACEHOLDER.sub(keep, text)
     text = _BREAK_TAG.sub(" ", text)
     return _INLINE_TAG.sub("", text)
+
+
+def restore_formulas(text: str, formulas: list[str]) -> str:
+    """Put the source's formulas back into a translation, in order: the i-th placeholder of `text` becomes
+    `formulas[i]`; placeholders beyond the source's count are dropped, and formulas the translation has no
+    placeholder for are appended at its end (a formula is never lost)."""
+    if not formulas and PLACEHOLDER not in text:
+        return text
+    parts = text.split(PLACEHOLDER)
+    out = [parts[0]]
+    for i, part in enumerate(parts[1:]):
+        out.append(formulas[i] if i < len(formulas) else "")
+        out.append(part)
+    missing = formulas[len(parts) - 1:]
+    return " ".join(" ".join(["".join(out), *missing]).split())
 
 
 def collapse_cjk_spaces(text: str, mode: str) -> str:
@@ -129,9 +157,10 @@ def collapse_cjk_spaces(text: str, mode: str) -> str:
 
 
 def repair(text: str, *, nfkc: bool = False, lowercase: bool = False, entities: bool = False,
-           markup: bool = False, cjk_spaces: str = "keep") -> tuple[str, set[str]]:
+           markup: bool = False, cjk_spaces: str = "keep", formulas: Optional[list] = None) -> tuple[str, set[str]]:
     """`normalize(text, ...)` and the names of the repairs that changed it (for the manifest's counters):
-    "entities", "double_escaped", "markup", "nfkc", "controls", "cjk_spaces"."""
+    "entities", "double_escaped", "markup", "nfkc", "controls", "cjk_spaces". With `markup` and a
+    `formulas` list, what the placeholders stand for is appended to it (`replace_markup`)."""
     if cjk_spaces not in CJK_SPACES:
         raise ValueError(f"cjk_spaces must be one of {CJK_SPACES}, not {cjk_spaces!r}")
     changed: set[str] = set()
@@ -140,7 +169,7 @@ def repair(text: str, *, nfkc: bool = False, lowercase: bool = False, entities: 
         if levels:
             changed.add("double_escaped" if levels == 2 else "entities")
     if markup:
-        new = replace_markup(text)
+        new = replace_markup(text, formulas)
         if new != text:
             changed.add("markup")
             text = new

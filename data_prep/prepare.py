@@ -47,9 +47,9 @@ import sentencepiece as spm
 
 from . import vocab
 from .binary import SIDES, side_paths
-from .clean import CleaningOptions, add_cleaning_arguments
+from .clean import CleaningOptions, add_cleaning_arguments, base_lang
 from .dedup import Deduplicator
-from .filters import RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
+from .filters import MAX_PIECES, RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
 from .normalize import REPAIRS
 from .pipeline import (CleanTask, EncodeTask, clean_split, default_workers, encode_split, escape, read_samples,
                        tsv_line, unescape)
@@ -218,7 +218,8 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     ratio_sample = read_samples(pairs_tsv, n_train, args.spm_sample, RATIO_SAMPLE, args.seed,
                                 *vocab.sample_files(tmp, args.joint_vocab))
     sizes = vocab.train_vocab(tmp, stage, joint=args.joint_vocab, vocab_size=args.vocab_size,
-                              model_type=args.model_type, seed=args.seed)
+                              model_type=args.model_type, seed=args.seed, src_lang=args.src_lang,
+                              tgt_lang=args.tgt_lang)
     models = {side: os.path.join(stage, f"spm.{side}.model") for side in SIDES}
 
     lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
@@ -244,9 +245,11 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
         "splits": {split: stats[split].as_dict() for split in SPLITS if split in stats},
         "vocab": {"joint": args.joint_vocab, "src_size": sizes.src_size, "tgt_size": sizes.tgt_size,
                   "requested_size": sizes.requested, "src_model": "spm.src.model", "tgt_model": "spm.tgt.model",
-                  "model_type": args.model_type,
+                  "model_type": args.model_type, "character_coverage": sizes.coverage, "byte_fallback": True,
+                  "split_digits": True,
                   "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
                   "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
+        "languages": {"src": base_lang(args.src_lang), "tgt": base_lang(args.tgt_lang)},  # scoring, joining
         "normalize": cleaning.normalize_flags("src"),  # what the trainer applies to translation input
         "normalize_tgt": cleaning.normalize_flags("tgt"),
         "repaired": {r: sum(s.repaired[r] for s in stats.values()) for r in REPAIRS},
@@ -312,13 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{split}-tgt", help=f"{split} target file (moses, ntcir only)")
     add_reader_arguments(p, sorted(READERS))
     p.add_argument("--out", required=True, metavar="DATA_DIR")
-    p.add_argument("--vocab-size", type=int, default=8000, help="lowered automatically for small corpora")
+    p.add_argument("--vocab-size", type=int, default=8000,
+                   help="pieces per side; a soft limit (a small corpus gets fewer), raised to the characters to "
+                        "cover plus 256 byte pieces if smaller")
     p.add_argument("--joint-vocab", action="store_true", help="one SentencePiece model for both sides")
     p.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
     p.add_argument("--spm-sample", type=int, default=1_000_000, help="at most this many sentences per side train SPM")
     p.add_argument("--nfkc", action="store_true", help="Unicode NFKC normalisation")
     p.add_argument("--lowercase", action="store_true")
-    p.add_argument("--max-len", type=int, default=200, help="reject training pairs with a side longer (pieces)")
+    p.add_argument("--max-len", type=int, default=MAX_PIECES,
+                   help="reject training pairs with a side longer (pieces); translation cuts longer inputs")
     p.add_argument("--min-len", type=int, default=1, help="reject training pairs with a side shorter (pieces)")
     p.add_argument("--max-ratio", type=float, default=3.0,
                    help=f"reject training pairs whose piece-count ratio, scaled by the corpus' median tgt/src "

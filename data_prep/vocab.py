@@ -4,11 +4,11 @@ from __future__ import annotations
 import io
 import os
 import random
-import re
 import shutil
 import sys
+from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator, Optional
 
 import sentencepiece as spm
 
@@ -16,10 +16,15 @@ from .binary import SPECIAL_IDS
 from .normalize import PLACEHOLDER
 from .readers import PrepareError
 
-CHARACTER_COVERAGE = 0.9995
+# Characters SentencePiece must give pieces of their own. For alphabetic languages all of them (1.0), so that
+# rare symbols such as "μ", "±" and "°" stay characters; for Chinese, Japanese and Korean, with thousands of
+# rare Han characters, the usual 0.9995 (the rarest 0.05% of character occurrences are spelt in bytes).
+# Either way nothing becomes <unk>: byte fallback spells an uncovered character as its UTF-8 bytes.
+CJK_COVERAGE, ALPHABETIC_COVERAGE = 0.9995, 1.0
+CJK_LANGS = frozenset({"ja", "zh", "ko", "yue"})
+SPECIAL_PIECES = len(SPECIAL_IDS) + 1  # <pad> <unk> <s> </s> and the placeholder
+BYTE_PIECES = 256
 MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's default (4192) would silently skip whole patent abstracts
-_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
-_TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,30 @@ class VocabResult:
     src_size: int
     tgt_size: int
     requested: int
+    coverage: dict  # side -> character_coverage used
+
+
+def character_coverage(*langs: Optional[str]) -> float:
+    """CJK_COVERAGE if any of the languages (a joint vocabulary has two) is Chinese, Japanese or Korean."""
+    return CJK_COVERAGE if any((lang or "").split("-")[0].split("_")[0].lower() in CJK_LANGS for lang in langs) \
+        else ALPHABETIC_COVERAGE
+
+
+def required_size(lines: Iterable[str], coverage: float) -> int:
+    """The smallest vocabulary SentencePiece accepts for these sentences: the characters that make up
+    `coverage` of all character occurrences (SentencePiece's `required_chars`, spaces counted as its "▁"
+    and one before each sentence) plus the special, placeholder and byte pieces."""
+    counts: Counter = Counter()
+    for line in lines:
+        text = " ".join(line.split()).replace(PLACEHOLDER, "")
+        if text:
+            counts.update("\u2581" + text.replace(" ", "\u2581"))
+    threshold, covered, chars = sum(counts.values()) * coverage, 0, 0
+    for n in sorted(counts.values(), reverse=True):
+        if covered > threshold:
+            break
+        covered, chars = covered + n, chars + 1
+    return chars + SPECIAL_PIECES + BYTE_PIECES
 
 
 def sample_flags(n: int, k: int, seed: int | str) -> Iterator[bool]:
@@ -42,40 +71,49 @@ def sample_flags(n: int, k: int, seed: int | str) -> Iterator[bool]:
         yield take
 
 
-def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_type: str, seed: int) -> int:
+def _read_sample(input_file: str) -> Iterator[str]:
+    with open(input_file, encoding="utf-8", newline="\n") as f:
+        yield from (line.rstrip("\n") for line in f)
+
+
+def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_type: str, seed: int,
+                coverage: float = ALPHABETIC_COVERAGE) -> int:
     """Train one model and return its size.
 
-    The size SentencePiece can reach depends on the corpus: a small one cannot fill a large vocabulary, and the
-    vocabulary must hold every character that `CHARACTER_COVERAGE` keeps. Instead of failing, the size is moved
-    to the nearest one SentencePiece accepts (with a warning); the manifest records requested and actual sizes.
+    The size is a soft limit (`hard_vocab_limit=false`): a corpus too small to fill it gets the largest
+    vocabulary it supports. Byte fallback (no <unk> for unseen characters) and split digits (numbers are
+    spelt digit by digit, so every number can be copied) are on. A size below what the characters to cover
+    need (`required_size`) is raised to that, with a warning; the manifest records requested and actual
+    sizes.
     """
-    spm.set_random_generator_seed(seed)
-    args = dict(model_type=model_type, character_coverage=CHARACTER_COVERAGE, num_threads=2,
+    args = dict(model_type=model_type, character_coverage=coverage, num_threads=2, byte_fallback=True,
+                split_digits=True, hard_vocab_limit=False,
                 input_sentence_size=0,  # the caller already sampled (seeded) at most --spm-sample sentences
                 max_sentence_length=MAX_SENTENCE_BYTES, normalization_rule_name="identity",
                 pad_id=SPECIAL_IDS["pad"], unk_id=SPECIAL_IDS["unk"], bos_id=SPECIAL_IDS["bos"],
                 eos_id=SPECIAL_IDS["eos"], minloglevel=2,
                 user_defined_symbols=[PLACEHOLDER])  # always one piece, never <unk> (data_prep.normalize)
-    size = vocab_size
-    for _ in range(3):
+
+    def train(size: int) -> bytes:
+        spm.set_random_generator_seed(seed)
+        model = io.BytesIO()
         try:
-            model = io.BytesIO()
-            with open(input_file, encoding="utf-8", newline="\n") as f:
-                spm.SentencePieceTrainer.train(sentence_iterator=(line.rstrip("\n") for line in f),
-                                               model_writer=model, vocab_size=size, **args)
-            break
+            spm.SentencePieceTrainer.train(sentence_iterator=_read_sample(input_file), model_writer=model,
+                                           vocab_size=size, **args)
         except RuntimeError as e:
-            too_high, too_low = _TOO_HIGH.search(str(e)), _TOO_LOW.search(str(e))
-            if not (too_high or too_low):
-                raise PrepareError(f"SentencePiece training failed on {input_file}: {e}") from None
-            new_size = int((too_high or too_low).group(2))
-            print(f"prepare: warning: {os.path.basename(model_prefix)}: vocabulary size {size} -> {new_size} "
-                  f"({'the most this corpus supports' if too_high else 'the characters to cover plus specials'})",
-                  file=sys.stderr)
-            size = new_size
-    else:
-        raise PrepareError(f"SentencePiece found no usable vocabulary size for {input_file} (last tried {size})")
-    return write_model(model.getvalue(), model_prefix)
+            raise PrepareError(f"SentencePiece training failed on {input_file} (vocabulary size {size}): {e}") from None
+        return model.getvalue()
+
+    try:
+        proto = train(vocab_size)
+    except PrepareError:  # counting the characters costs a pass over the sample: only when it failed
+        needed = required_size(_read_sample(input_file), coverage)
+        if needed <= vocab_size:
+            raise
+        print(f"prepare: warning: {os.path.basename(model_prefix)}: vocabulary size {vocab_size} -> {needed} "
+              f"(the characters to cover, {BYTE_PIECES} byte pieces and the specials)", file=sys.stderr)
+        proto = train(needed)
+    return write_model(proto, model_prefix)
 
 
 def write_model(proto: bytes, model_prefix: str) -> int:
@@ -94,17 +132,21 @@ def write_model(proto: bytes, model_prefix: str) -> int:
 
 
 def train_vocab(sample_dir: str, out_dir: str, *, joint: bool, vocab_size: int, model_type: str,
-                seed: int) -> VocabResult:
-    """Models from `sample_dir/sample.{src,tgt}.txt` (or `sample.joint.txt`) -> `out_dir/spm.{src,tgt}.{model,vocab}`."""
+                seed: int, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> VocabResult:
+    """Models from `sample_dir/sample.{src,tgt}.txt` (or `sample.joint.txt`) -> `out_dir/spm.{src,tgt}.{model,vocab}`;
+    the languages choose the character coverage (`character_coverage`)."""
     kw = dict(vocab_size=vocab_size, model_type=model_type, seed=seed)
     if joint:
-        size = train_model(os.path.join(sample_dir, "sample.joint.txt"), os.path.join(out_dir, "spm.src"), **kw)
+        coverage = character_coverage(src_lang, tgt_lang)
+        size = train_model(os.path.join(sample_dir, "sample.joint.txt"), os.path.join(out_dir, "spm.src"),
+                           coverage=coverage, **kw)
         for ext in ("model", "vocab"):
             shutil.copyfile(os.path.join(out_dir, f"spm.src.{ext}"), os.path.join(out_dir, f"spm.tgt.{ext}"))
-        return VocabResult(size, size, vocab_size)
-    sizes = [train_model(os.path.join(sample_dir, f"sample.{side}.txt"), os.path.join(out_dir, f"spm.{side}"), **kw)
-             for side in ("src", "tgt")]
-    return VocabResult(sizes[0], sizes[1], vocab_size)
+        return VocabResult(size, size, vocab_size, {"src": coverage, "tgt": coverage})
+    coverage = {"src": character_coverage(src_lang), "tgt": character_coverage(tgt_lang)}
+    sizes = [train_model(os.path.join(sample_dir, f"sample.{side}.txt"), os.path.join(out_dir, f"spm.{side}"),
+                         coverage=coverage[side], **kw) for side in ("src", "tgt")]
+    return VocabResult(sizes[0], sizes[1], vocab_size, coverage)
 
 
 def sample_files(sample_dir: str, joint: bool) -> tuple[str, str]:

@@ -1,5 +1,6 @@
-"""Evaluate: `python launch/evaluate.py (--run RUN_DIR | --model model.pt) --src F --ref F [--json]`: translates the source
-and prints sacreBLEU BLEU and chrF with their signatures."""
+"""Evaluate: `python launch/evaluate.py (--run RUN_DIR [--checkpoint C ...] | --model FILE ...) --src F --ref F
+[--tokenize auto|13a|ja-mecab|zh|ko-mecab|...] [--json]`: translates the source and prints sacreBLEU BLEU and
+chrF with their signatures. The tokenizer follows the target language (auto: ja-mecab, zh, ko-mecab, else 13a)."""
 import argparse
 import os
 import sys
@@ -7,20 +8,19 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import evaluate_main, fail  # noqa: E402
+from trainer.cli import fail  # noqa: E402
+from trainer.inference_cli import add_decode_arguments, add_model_arguments, evaluate_main  # noqa: E402
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument("--run", help="run directory written by launch/train.py")
-    model.add_argument("--model", help="a model file written by launch/export.py")
-    p.add_argument("--checkpoint", default="best", help="with --run: best | last | a checkpoint directory")
+    add_model_arguments(p)
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
-    p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--tokenize", default=None, help="sacreBLEU tokenizer (default: decode.bleu_tokenize, auto)")
     p.add_argument("--output", default=None, help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print one JSON object (bleu, chrf, signatures)")
+    add_decode_arguments(p)
     args = p.parse_args(argv)
     try:
         return evaluate_main(args)

@@ -1,5 +1,8 @@
-"""Translate: `python launch/translate.py (--run RUN_DIR [--checkpoint best|last|PATH] | --model model.pt) --input F --output F
-[--beam 5] [--max-len-ratio R] [--length-penalty A]`: one output line per input line, on one process."""
+"""Translate: `python launch/translate.py (--run RUN_DIR [--checkpoint C ...] | --model FILE ...) [--input F|-]
+[--output F|-] [--n-best K] [--alignments] [--beam 5] ...`: one output line per input line (K with --n-best),
+streamed in chunks, so it works in a pipe (omitted or "-": stdin / stdout). Several checkpoints or model
+files decode as an ensemble. Progress on a terminal, sentences/s and tokens/s at the end, on stderr.
+Output formats: trainer/inference_cli.py."""
 import argparse
 import os
 import sys
@@ -7,26 +10,28 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import fail, translate_main  # noqa: E402
+from trainer.cli import fail  # noqa: E402
+from trainer.inference_cli import add_decode_arguments, add_model_arguments, translate_main  # noqa: E402
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument("--run", help="run directory written by launch/train.py")
-    model.add_argument("--model", help="a model file written by launch/export.py")
-    p.add_argument("--checkpoint", default="best", help="with --run: best | last | a checkpoint directory")
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default: decode.beam)")
-    p.add_argument("--max-len-ratio", type=float, default=None, help="max target length / source length")
-    p.add_argument("--length-penalty", type=float, default=None, help="score / length^A (0 = raw log-prob)")
-    p.add_argument("--batch-size", type=int, default=None)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(p)
+    p.add_argument("--input", default="-", help="text, one segment per line (default -: stdin)")
+    p.add_argument("--output", default="-", help="where the translations go (default -: stdout)")
+    p.add_argument("--n-best", type=int, default=1, help="K > 1: K lines per input: INDEX<TAB>SCORE<TAB>HYPOTHESIS")
+    p.add_argument("--alignments", action="store_true", help="append a column of source-target piece links")
+    p.add_argument("--buffer-size", type=int, default=None,
+                   help="input lines read before decoding (default 256; 1 for interactive use)")
+    add_decode_arguments(p)
     args = p.parse_args(argv)
     try:
         return translate_main(args)
     except (ValueError, FileNotFoundError, CheckpointError) as e:
         fail(e)
+    except BrokenPipeError:  # `... | head`: the reader left; not an error, and nothing more to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

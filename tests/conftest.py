@@ -48,7 +48,7 @@ def tiny_data(tmp_path_factory) -> Path:
     run_cli([sys.executable, "-m", "data_prep.prepare", "--format", "moses", "--train-src", t / "train.en",
              "--train-tgt", t / "train.ja", "--dev-src", t / "dev.en", "--dev-tgt", t / "dev.ja",
              "--test-src", t / "test.en", "--test-tgt", t / "test.ja", "--out", root / "data",
-             "--vocab-size", "300"])
+             "--vocab-size", "600"])  # byte fallback takes 256 pieces of it
     return root / "data"
 
 

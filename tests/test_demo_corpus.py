@@ -182,3 +182,29 @@ def test_cli_without_output_or_report_is_an_error():
     proc = subprocess.run([sys.executable, "-m", "data_prep.demo_corpus"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "--out" in proc.stderr
+
+
+# --- raw Japanese, as patents are written ----------------------------------------------------------------------
+
+def test_written_japanese_is_raw_text_unless_asked_for_spaces(tmp_path):
+    corpus = generate(pairs=50, seed=2, dev=5, test=5)
+    raw = write_corpus(str(tmp_path / "raw"), pairs=50, seed=2, dev=5, test=5)
+    spaced = write_corpus(str(tmp_path / "spaced"), pairs=50, seed=2, dev=5, test=5, ja_spaces=True)
+    assert spaced == corpus
+    for split in SPLITS:
+        ja = (tmp_path / "raw" / f"{split}.ja").read_text(encoding="utf-8").splitlines()
+        assert ja == [row[1] for row in raw[split]] == [row[1].replace(" ", "") for row in corpus[split]]
+        assert all(" " not in line and line.endswith("。") for line in ja)
+        assert (tmp_path / "raw" / f"{split}.en").read_bytes() == (tmp_path / "spaced" / f"{split}.en").read_bytes()
+
+
+def test_report_scores_the_baseline_on_raw_text_with_mecab(tmp_path):
+    from data_prep.demo_corpus import raw_japanese, report
+
+    corpus = generate(pairs=200, seed=1, dev=20, test=60)
+    stats = report(corpus)
+    src, ref = zip(*corpus["test"])
+    hyps = [raw_japanese(h) for h in monotone_baseline(src)]
+    expected = sacrebleu.corpus_bleu(hyps, [[raw_japanese(r) for r in ref]], tokenize="ja-mecab").score
+    assert stats["test_bleu_monotone_baseline"] == round(expected, 2) and 0 < expected < 40
+    assert sacrebleu.corpus_bleu(hyps, [[raw_japanese(r) for r in ref]]).score < expected  # 13a: one token a sentence

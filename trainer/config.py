@@ -14,6 +14,8 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from trainer.metrics import TOKENIZE_CHOICES, tokenizer_problem
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "trainer", "configs", "demo.yaml")
 
@@ -67,10 +69,11 @@ class DecodeConfig:
     max_len_ratio: float = 2.0
     max_len_add: int = 10
     length_penalty: float = 1.0
-    batch_size: int = 64
-    dev_beam: int = 1  # beam used for dev BLEU during training (greedy is fast)
+    batch_size: int = 64  # sentences per translation batch
+    max_tokens: int = 6000  # and at most this many padded source pieces per batch (beam x inside); 0 = no cap
+    dev_beam: int = 1  # beam used for dev BLEU during training (1 = greedy, fast)
     dev_max_sentences: int = 500
-    bleu_tokenize: str = "13a"
+    bleu_tokenize: str = "auto"  # auto: by the data's target language (ja-mecab, zh, ko-mecab, else 13a)
 
 
 @dataclass
@@ -100,13 +103,15 @@ class Config:
 _CHOICES = {
     "model.attention": ("dot", "general", "concat"),
     "logging.wandb_mode": ("online", "offline", "disabled"),
-    "decode.bleu_tokenize": ("13a", "none", "intl", "char", "zh", "ja-mecab", "ko-mecab", "flores101", "flores200"),
+    "decode.bleu_tokenize": TOKENIZE_CHOICES,
 }
 _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",
-             "train.log_every", "train.keep_last", "decode.beam", "decode.batch_size", "data.bucket_batches",
+             "train.log_every", "train.keep_last", "decode.beam", "decode.dev_beam", "decode.batch_size",
+             "data.bucket_batches",
              "data.min_batch_sentences", "train.comm_timeout_s", "train.max_bad_steps")
 _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
-                 "train.threads", "train.timeline_every", "decode.dev_beam", "decode.dev_max_sentences", "decode.max_len_add")
+                 "train.threads", "train.timeline_every", "decode.dev_max_sentences", "decode.max_len_add",
+                 "decode.max_tokens")
 
 
 def _get(cfg: DictConfig, key: str):
@@ -128,6 +133,9 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={_get(cfg, key)}: must be in [0, 1)")
     if cfg.decode.max_len_ratio <= 0:
         raise ConfigError(f"decode.max_len_ratio={cfg.decode.max_len_ratio}: must be > 0")
+    problem = tokenizer_problem(cfg.decode.bleu_tokenize)  # auto: checked once the data's language is known
+    if problem:
+        raise ConfigError(f"decode.bleu_tokenize={cfg.decode.bleu_tokenize}: {problem}")
 
 
 def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictConfig:

@@ -28,11 +28,11 @@ def dev_loss(session) -> float | None:
     return nll / tokens
 
 
-def dev_bleu(session, ckpt: str) -> tuple[float, list]:
-    """Rank 0 decodes the dev set with the whole model loaded from the checkpoint `ckpt`; returns the
-    BLEU and the first (source, reference, hypothesis) triples as samples."""
-    import sacrebleu
-
+def dev_bleu(session, ckpt: str) -> tuple[dict, list]:
+    """Rank 0 decodes the dev set with the whole model loaded from the checkpoint `ckpt`; returns
+    {dev_bleu, dev_chrf} (BLEU with the target language's tokenizer) and the first (source,
+    reference, hypothesis) triples as samples."""
+    from trainer.metrics import dev_scores
     from trainer.translator import Translator, read_lines
 
     cfg = session.cfg
@@ -43,7 +43,7 @@ def dev_bleu(session, ckpt: str) -> tuple[float, list]:
     n = d.dev_max_sentences or len(src)
     hyps = translator.translate(src[:n], beam=d.dev_beam)
     samples = list(zip(src[:SAMPLES], ref[:SAMPLES], hyps[:SAMPLES]))
-    return sacrebleu.corpus_bleu(hyps, [ref[:n]], tokenize=d.bleu_tokenize).score, samples
+    return dev_scores(hyps, ref[:n], session.bleu_tokenize), samples
 
 
 def evaluate(session, ckpt: str) -> tuple[dict, list]:
@@ -53,12 +53,12 @@ def evaluate(session, ckpt: str) -> tuple[dict, list]:
     rt = session.runtime
     row, rng, samples = {}, capture_rng(), []
     loss = dev_loss(session)
-    bleu = None
+    scores = None
     if rt.is_rank0:
-        bleu, samples = dev_bleu(session, ckpt)
-    bleu = rt.broadcast_object(bleu, src=0, group="eval")
+        scores, samples = dev_bleu(session, ckpt)
+    scores = rt.broadcast_object(scores, src=0, group="eval")
     restore_rng(rng)
     if loss is not None:
         row.update(dev_loss=loss, dev_ppl=math.exp(min(loss, 50)))
-    row["dev_bleu"] = bleu
+    row.update(scores)
     return row, samples

@@ -178,11 +178,15 @@ class AttentionSoftmaxHead(nn.Module):
         e = torch.tanh((dec @ w_dec.t()).unsqueeze(2) + (enc @ w_enc.t()).unsqueeze(1))
         return self.v_a(e).squeeze(-1)
 
-    def context(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+    def attention_weights(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
         """enc (batch, src_len, hidden), src_mask (batch, src_len) True at real tokens,
-        dec (batch, tgt_len, hidden) -> attention context (batch, tgt_len, hidden)."""
+        dec (batch, tgt_len, hidden) -> attention weights (batch, tgt_len, src_len), rows sum to 1."""
         scores = self.scores(enc, dec).masked_fill(~src_mask.unsqueeze(1), float("-inf"))
-        return torch.softmax(scores, dim=-1) @ enc
+        return torch.softmax(scores, dim=-1)
+
+    def context(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
+        """-> attention context (batch, tgt_len, hidden), arguments as `attention_weights`."""
+        return self.attention_weights(enc, src_mask, dec) @ enc
 
     def attentional(self, context: torch.Tensor, dec: torch.Tensor, keep_at: torch.Tensor | None = None
                     ) -> torch.Tensor:
@@ -192,7 +196,12 @@ class AttentionSoftmaxHead(nn.Module):
 
     def logits(self, enc, src_mask, dec) -> torch.Tensor:
         """-> (batch, tgt_len, vocab)."""
-        return self.proj(self.attentional(self.context(enc, src_mask, dec), dec))
+        return self.logits_and_attention(enc, src_mask, dec)[0]
+
+    def logits_and_attention(self, enc, src_mask, dec) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> logits (batch, tgt_len, vocab) and attention weights (batch, tgt_len, src_len), for decoding."""
+        attn = self.attention_weights(enc, src_mask, dec)
+        return self.proj(self.attentional(attn @ enc, dec)), attn
 
     def forward(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor):
         """target (batch, tgt_len) with PAD at padded positions.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from trainer import faults
 from trainer.data import BatchStream, ParallelData, has_split, read_manifest
 from trainer.ds_config import check_batch, load_ds_config
+from trainer.metrics import dev_tokenize
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
@@ -49,6 +50,7 @@ class Session:
     persist: Persistence
     global_micro: int  # sentences of a global micro-batch, at most
     faults: faults.Faults
+    bleu_tokenize: str  # sacreBLEU tokenizer of dev BLEU (decode.bleu_tokenize resolved for the target language)
 
     @property
     def run_dir(self) -> str:
@@ -67,6 +69,7 @@ def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
     spec = runtime.spec
     threads = set_threads(cfg.train.threads)
     manifest = read_manifest(cfg.data.dir)
+    bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
     vocab = manifest["vocab"]
     train_data = ParallelData(cfg.data.dir, "train")
     dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
@@ -82,4 +85,4 @@ def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
     persist = Persistence(cfg.run.dir, runtime, module, engine, fault_plan)
     return Session(cfg=cfg, ds=ds, runtime=runtime, threads=threads, manifest=manifest, train_data=train_data,
                    dev_data=dev_data, module=module, engine=engine, runner=runner, stream=stream, persist=persist,
-                   global_micro=global_micro, faults=fault_plan)
+                   global_micro=global_micro, faults=fault_plan, bleu_tokenize=bleu_tokenize)

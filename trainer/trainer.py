@@ -256,7 +256,7 @@ class Trainer:
             self.log.samples(st.step, samples)
             loss = row.get("dev_loss")
             self.log.message(f"step {st.step}: dev loss {loss if loss is None else round(loss, 4)} "
-                             f"dev BLEU {row['dev_bleu']:.2f}")
+                             f"dev BLEU {row['dev_bleu']:.2f} chrF {row['dev_chrf']:.2f} ({self.s.bleu_tokenize})")
             if row["dev_bleu"] > st.best_bleu:
                 st.best_bleu, st.bad_evals, best = row["dev_bleu"], 0, True
             else:

@@ -1,20 +1,34 @@
-"""Text in, text out: normalisation, SentencePiece, batched beam search, detokenisation."""
+"""Text in, text out: normalisation, segmentation of long inputs, SentencePiece, batched beam search over
+one model or an ensemble, detokenisation and the source's formulas put back.
+
+What happens to one input line (`Translator.translate_nbest`):
+1. it is normalised as the training data was (`manifest["normalize"]`); each formula the markup step
+   replaces by "⟨formula⟩" is remembered;
+2. an empty line becomes an empty translation (no decoding: a model would invent one);
+3. a line longer than the training data allowed (`data_prep.segment.TrainingLimits`, from the manifest)
+   is cut at sentence, then clause boundaries; segments are translated independently and rejoined;
+4. each segment is decoded in length-sorted batches (at most `decode.batch_size` sentences and
+   `decode.max_tokens` padded source pieces);
+5. the placeholders of the translation get the source's formulas back, in order.
+"""
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 
 import sentencepiece as spm
 import torch
-
-from data_prep.binary import EOS_ID, PAD_ID
-from data_prep.normalize import normalize
-from trainer import checkpoint
 from omegaconf import OmegaConf
 
+from data_prep.binary import EOS_ID, PAD_ID
+from data_prep.normalize import PLACEHOLDER, normalize, repair, restore_formulas
+from data_prep.segment import TrainingLimits, join_segments, segment
+from trainer import checkpoint
 from trainer.config import Config, load_config
+from trainer.metrics import manifest_lang
 from trainer.model import Seq2Seq, build_model
-from trainer.search import beam_search
+from trainer.search import Ensemble, Hypothesis, beam_search_nbest
 
 RUN_FILES = ("spm.src.model", "spm.tgt.model")
 DATA_MANIFEST = "data_manifest.json"
@@ -22,18 +36,49 @@ EXPORT_FORMAT = "hybrid-nmt/model"
 EXPORT_VERSION = 1
 
 
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
+def one_line(text: str) -> str:
+    """Output text never breaks the one-line-per-input contract: byte fallback can spell a control
+    character, a tab or a line break, and a restored formula may hold one. `normalize` without flags
+    deletes control characters and makes every whitespace run one space."""
+    return normalize(text)
+
+
+@dataclass
+class Translated:
+    """One hypothesis of one input line."""
+
+    text: str
+    score: float  # log-prob / (pieces + segments)^length_penalty (log-prob and pieces summed over segments)
+    logprob: float  # natural log, over all segments, end-of-sentence included
+    pieces: int  # target pieces, end-of-sentence not included
+    alignment: list[tuple[int, int]] = field(default_factory=list)  # (source piece, target piece) pairs
+
+
 class Translator:
-    def __init__(self, model: Seq2Seq, src_sp, tgt_sp, norm: dict, decode_cfg, device="cpu"):
-        self.model, self.src_sp, self.tgt_sp, self.norm = model.to(device).eval(), src_sp, tgt_sp, norm
-        self.decode_cfg, self.device = decode_cfg, device
+    def __init__(self, model: Seq2Seq | list[Seq2Seq], src_sp, tgt_sp, norm: dict, decode_cfg, device=None, *,
+                 tgt_lang: str | None = None, limits: TrainingLimits | None = None, norm_tgt: dict | None = None):
+        self.device = torch.device(device or default_device())
+        self.models = [m.to(self.device).eval() for m in (model if isinstance(model, list) else [model])]
+        self.src_sp, self.tgt_sp, self.norm, self.decode_cfg = src_sp, tgt_sp, norm, decode_cfg
+        self.norm_tgt = norm_tgt if norm_tgt is not None else {}
+        self.tgt_lang, self.limits = tgt_lang, limits or TrainingLimits()
         self.origin: dict = {}
 
+    @property
+    def model(self) -> Seq2Seq:
+        return self.models[0]
+
+    # ---- loading ----
     @classmethod
-    def from_run(cls, run_dir: str, which: str = "best", device="cpu") -> "Translator":
+    def from_run(cls, run_dir: str, which: str = "best", device=None) -> "Translator":
         cfg = load_config(os.path.join(run_dir, "config.yaml"))
         with open(os.path.join(run_dir, DATA_MANIFEST)) as f:
             manifest = json.load(f)
@@ -41,26 +86,53 @@ class Translator:
         model = build_model(cfg.model, src_sp.get_piece_size(), tgt_sp.get_piece_size())
         ckpt = checkpoint.resolve(run_dir, which)
         meta = checkpoint.load_model_weights(model, ckpt)
-        translator = cls(model, src_sp, tgt_sp, manifest.get("normalize", {}), cfg.decode, device)
+        translator = cls(model, src_sp, tgt_sp, manifest.get("normalize", {}), cfg.decode, device,
+                         tgt_lang=manifest_lang(manifest), limits=TrainingLimits.from_manifest(manifest),
+                         norm_tgt=manifest.get("normalize_tgt", {}))
         translator.origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt),
                              "step": meta.get("step"), "dev_bleu": meta.get("dev_bleu"),
                              "data_checksum": manifest.get("checksum"), "config": OmegaConf.to_container(cfg)}
         return translator
 
+    @classmethod
+    def averaged(cls, run_dir: str, checkpoints: list[str], device=None) -> "Translator":
+        """One model whose weights are the mean of these checkpoints' (of one run: the same shapes)."""
+        if not checkpoints:
+            raise ValueError("no checkpoint to average")
+        translator = cls.from_run(run_dir, checkpoints[0], device="cpu")
+        model_cfg = load_config(os.path.join(run_dir, "config.yaml")).model
+        total = {k: v.detach().double().clone() for k, v in translator.model.state_dict().items()}
+        names = [translator.origin["checkpoint"]]
+        for which in checkpoints[1:]:
+            other = build_model(model_cfg, translator.src_sp.get_piece_size(), translator.tgt_sp.get_piece_size())
+            ckpt = checkpoint.resolve(run_dir, which)
+            checkpoint.load_model_weights(other, ckpt)
+            names.append(os.path.basename(os.path.normpath(ckpt)))
+            for k, v in other.state_dict().items():
+                total[k] += v.double()
+        translator.model.load_state_dict({k: v / len(checkpoints) for k, v in total.items()})
+        translator.device = torch.device(device or default_device())
+        translator.models = [translator.model.to(translator.device)]
+        translator.origin.update(checkpoint="average(" + ",".join(names) + ")", averaged=names, dev_bleu=None)
+        return translator
+
     def export(self, path: str) -> None:
         """One self-contained file for inference: weights (fp32), config, both SentencePiece models,
-        the normalisation flags and where it came from. Written to a temporary name, then renamed."""
+        the normalisation flags, the target language, the training length limits and where it came from.
+        Written to a temporary name, then renamed."""
         blob = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "config": self.origin["config"],
                 "model": {k: v.detach().float().cpu() for k, v in self.model.state_dict().items()},
                 "spm_src": _bytes_tensor(self.src_sp.serialized_model_proto()),
                 "spm_tgt": _bytes_tensor(self.tgt_sp.serialized_model_proto()),
-                "normalize": dict(self.norm), "origin": {k: v for k, v in self.origin.items() if k != "config"}}
+                "normalize": dict(self.norm), "normalize_tgt": dict(self.norm_tgt), "tgt_lang": self.tgt_lang,
+                "limits": self.limits.as_dict(),
+                "origin": {k: v for k, v in self.origin.items() if k != "config"}}
         tmp = path + ".tmp"
         torch.save(blob, tmp)
         os.replace(tmp, path)
 
     @classmethod
-    def from_export(cls, path: str, device="cpu") -> "Translator":
+    def from_export(cls, path: str, device=None) -> "Translator":
         if not os.path.exists(path):
             raise FileNotFoundError(f"--model {path}: no such file")
         try:
@@ -74,19 +146,77 @@ class Translator:
                           for k in ("spm_src", "spm_tgt"))
         model = build_model(cfg.model, src_sp.get_piece_size(), tgt_sp.get_piece_size())
         model.load_state_dict(blob["model"])
-        translator = cls(model, src_sp, tgt_sp, blob["normalize"], cfg.decode, device)
+        limits = blob.get("limits") or {}
+        translator = cls(model, src_sp, tgt_sp, blob["normalize"], cfg.decode, device, tgt_lang=blob.get("tgt_lang"),
+                         limits=TrainingLimits.from_manifest({"filters": limits}),
+                         norm_tgt=blob.get("normalize_tgt", {}))
         translator.origin = dict(blob["origin"], config=blob["config"])
         return translator
+
+    @classmethod
+    def ensemble(cls, members: list["Translator"], names: list[str]) -> "Translator":
+        """The members' models decoding as one (`trainer.search.Ensemble`); the first member's text
+        handling and decoding settings apply. Members must share both vocabularies and normalisation."""
+        first = members[0]
+        for m, name in zip(members[1:], names[1:]):
+            for what, a, b in (("source SentencePiece model", first.src_sp, m.src_sp),
+                               ("target SentencePiece model", first.tgt_sp, m.tgt_sp)):
+                if a.serialized_model_proto() != b.serialized_model_proto():
+                    raise ValueError(f"ensemble: {name} has another {what} than {names[0]}: members must come "
+                                     f"from the same data (DATA_DIR)")
+            if m.norm != first.norm:
+                raise ValueError(f"ensemble: {name} normalises its input differently from {names[0]}")
+        first.models = [model.to(first.device) for m in members for model in m.models]
+        first.origin = dict(first.origin, ensemble=names)
+        return first
+
+    # ---- text ----
+    def source(self, line: str) -> tuple[list[list[int]], list[str]]:
+        """A line's segments as piece ids (none for an empty line) and what its placeholders stand for."""
+        formulas: list[str] = []
+        text = repair(line, **self.norm, formulas=formulas)[0]
+        if not self.norm.get("markup"):  # placeholders typed into the input stand for themselves
+            formulas = [PLACEHOLDER] * text.count(PLACEHOLDER)
+        if not text:
+            return [], formulas
+        ids = self.src_sp.encode(text)
+        if self.limits.fits(text, len(ids)):
+            return [ids], formulas
+        parts = segment(text, lambda t: len(self.src_sp.encode(t)), self.limits)
+        return [self.src_sp.encode(p) for p in parts], formulas
 
     def encode(self, line: str) -> list[int]:
         return self.src_sp.encode(normalize(line, **self.norm))
 
+    def _settings(self, beam, max_len_ratio, length_penalty, batch_size, max_tokens) -> dict:
+        d = self.decode_cfg
+        beam = d.beam if beam is None else beam
+        if beam < 1:
+            raise ValueError(f"beam size {beam}: must be >= 1 (1 = greedy)")
+        return dict(beam=beam, max_len_ratio=d.max_len_ratio if max_len_ratio is None else max_len_ratio,
+                    max_len_add=d.max_len_add,
+                    length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+                    batch_size=batch_size or d.batch_size,
+                    max_tokens=d.max_tokens if max_tokens is None else max_tokens)
+
+    def batches(self, lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
+        """Indices into `lengths` (source pieces), longest first, cut into batches of at most `batch_size`
+        sentences and `max_tokens` padded source pieces (0: no token cap; a batch holds at least one)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        out: list[list[int]] = []
+        for i in order:
+            if out and len(out[-1]) < batch_size and (not max_tokens or
+                                                      (len(out[-1]) + 1) * (lengths[out[-1][0]] + 1) <= max_tokens):
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
+
     def translate_ids(self, src_ids: list[list[int]], *, beam: int, max_len_ratio: float, max_len_add: int,
-                      length_penalty: float, batch_size: int) -> list[list[int]]:
-        out: list[list[int]] = [[] for _ in src_ids]
-        order = sorted(range(len(src_ids)), key=lambda i: -len(src_ids[i]))
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+                      length_penalty: float, batch_size: int, max_tokens: int = 0,
+                      n_best: int = 1) -> list[list[Hypothesis]]:
+        out: list[list[Hypothesis]] = [[] for _ in src_ids]
+        for idx in self.batches([len(s) for s in src_ids], batch_size, max_tokens):
             width = max(len(src_ids[i]) for i in idx) + 1
             src = torch.full((len(idx), width), PAD_ID, dtype=torch.long)
             lengths = torch.zeros(len(idx), dtype=torch.long)
@@ -95,22 +225,74 @@ class Translator:
                 src[row, :len(ids)] = torch.tensor(ids)
                 lengths[row] = len(ids)
             max_len = (lengths.float() * max_len_ratio).long() + max_len_add
-            hyps = beam_search(self.model, src.to(self.device), lengths.to(self.device), beam=beam,
-                               max_len=max_len, length_penalty=length_penalty)
-            for i, hyp in zip(idx, hyps):
-                out[i] = hyp
+            hyps = beam_search_nbest(self.models, src.to(self.device), lengths.to(self.device), beam=beam,
+                                     max_len=max_len, length_penalty=length_penalty, n_best=n_best)
+            for i, h in zip(idx, hyps):
+                out[i] = h
         return out
+
+    def translate_nbest(self, lines: list[str], *, n_best: int = 1, beam: int | None = None,
+                        max_len_ratio: float | None = None, length_penalty: float | None = None,
+                        batch_size: int | None = None, max_tokens: int | None = None,
+                        alignments: bool = False) -> list[list[Translated]]:
+        """Per line its `n_best` translations, best first. For a line cut into segments, the k-th
+        translation joins every segment's k-th best."""
+        opts = self._settings(beam, max_len_ratio, length_penalty, batch_size, max_tokens)
+        sources = [self.source(line) for line in lines]
+        flat = [ids for segments, _ in sources for ids in segments]
+        hyps = iter(self.translate_ids(flat, n_best=n_best, **opts))
+        out = []
+        for segments, formulas in sources:
+            seg_hyps = [next(hyps) for _ in segments]
+            out.append([self._join(segments, [h[min(k, len(h) - 1)] if h else Hypothesis([], 0.0, 0.0)
+                                              for h in seg_hyps], formulas, opts["length_penalty"], alignments)
+                        for k in range(n_best)])
+        return out
+
+    def _join(self, segments: list[list[int]], hyps: list[Hypothesis], formulas: list[str], alpha: float,
+              alignments: bool) -> Translated:
+        text = join_segments([self.tgt_sp.decode(h.tokens) for h in hyps], self.tgt_lang)
+        logprob, pieces = sum(h.logprob for h in hyps), sum(len(h.tokens) for h in hyps)
+        score = logprob / max(pieces + len(hyps), 1) ** alpha if hyps else 0.0
+        links, src_off, tgt_off = [], 0, 0
+        if alignments:
+            for ids, h in zip(segments, hyps):
+                links += [(src_off + min(s, len(ids) - 1), tgt_off + t) for t, s in enumerate(h.alignment)]
+                src_off, tgt_off = src_off + len(ids), tgt_off + len(h.tokens)
+        return Translated(one_line(restore_formulas(text, formulas)), score, logprob, pieces, links)
 
     def translate(self, lines: list[str], *, beam: int | None = None, max_len_ratio: float | None = None,
                   length_penalty: float | None = None, batch_size: int | None = None) -> list[str]:
-        d = self.decode_cfg
-        ids = self.translate_ids(
-            [self.encode(line) for line in lines], beam=beam or d.beam,
-            max_len_ratio=max_len_ratio if max_len_ratio is not None else d.max_len_ratio,
-            max_len_add=d.max_len_add,
-            length_penalty=length_penalty if length_penalty is not None else d.length_penalty,
-            batch_size=batch_size or d.batch_size)
-        return [self.tgt_sp.decode(h) for h in ids]
+        """The best translation of each line."""
+        return [n[0].text for n in self.translate_nbest(lines, beam=beam, max_len_ratio=max_len_ratio,
+                                                         length_penalty=length_penalty, batch_size=batch_size)]
+
+    # ---- forced decoding ----
+    @torch.no_grad()
+    def score(self, src_lines: list[str], tgt_lines: list[str], batch_size: int | None = None,
+              max_tokens: int | None = None) -> list[tuple[float, int]]:
+        """log p(target | source) of given pairs (natural log, end-of-sentence included) and the number of
+        target pieces it covers (+1 for the end of sentence), by teacher-forced decoding. No segmentation:
+        the pair is scored whole. An empty source or target scores (0.0, 0)."""
+        from trainer.data import collate
+
+        import numpy as np
+
+        opts = self._settings(None, None, None, batch_size, max_tokens)
+        src = [self.encode(s) for s in src_lines]
+        tgt = [self.tgt_sp.encode(normalize(t, **self.norm_tgt)) for t in tgt_lines]
+        keep = [i for i in range(len(src)) if src[i] and tgt[i]]
+        out: list[tuple[float, int]] = [(0.0, 0)] * len(src)
+        scorer = Ensemble(self.models)
+        lengths = [len(src[i]) + len(tgt[i]) for i in keep]
+        for batch in self.batches(lengths, opts["batch_size"], opts["max_tokens"]):
+            idx = [keep[j] for j in batch]
+            b = collate([np.array(src[i]) for i in idx], [np.array(tgt[i]) for i in idx]).to(self.device)
+            order = sorted(range(len(idx)), key=lambda r: -len(src[idx[r]]))  # collate's row order
+            logp = scorer.force(b.src, b.src_lengths, b.tgt_in, b.tgt_out)
+            for row, r in enumerate(order):
+                out[idx[r]] = (float(logp[row].sum()), len(tgt[idx[r]]) + 1)
+        return out
 
 
 def read_lines(path: str) -> list[str]:

@@ -1,0 +1,85 @@
+"""Are numbers copied into the translation? (Whether number placeholders would help.)
+
+    python benchmarks/number_copy.py --run RUN_DIR --src test.en --ref test.ja [--beam 5] [--seed 1]
+
+Patents are full of numbers: claim references ("according to claim 3"), reference numerals ("the housing
+12"), values. SentencePiece here splits digits (data_prep/vocab.py), so a number is spelt digit by digit
+and the model has to copy it. This measures how often it does, on the given test set as it is and on a
+copy whose claim numbers ("claim N" / "請求項N") are replaced, in source and reference alike, by seeded
+random numbers of 2-4 digits that the demo corpus never has (its claims refer to 1-20):
+
+  numbers kept   share of the source's numbers (digit runs, NFKC) found in the hypothesis, as a multiset
+  lines all kept share of lines with a number whose hypothesis has all of them
+  BLEU           with the target language's tokenizer (trainer.metrics)
+
+Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from trainer.metrics import resolve_tokenize, score  # noqa: E402
+from trainer.translator import Translator, read_lines  # noqa: E402
+
+DIGITS = re.compile(r"\d+")
+CLAIM_EN, CLAIM_JA = re.compile(r"(?<=claim )\d+"), re.compile(r"(?<=請求項)\d+|(?<=請求 項 )\d+")
+
+
+def numbers(text: str) -> Counter:
+    return Counter(DIGITS.findall(unicodedata.normalize("NFKC", text)))
+
+
+def kept(src: list[str], hyps: list[str]) -> dict:
+    total = found = lines = lines_ok = 0
+    for s, h in zip(src, hyps):
+        want, got = numbers(s), numbers(h)
+        if want:
+            total += sum(want.values())
+            found += sum((want & got).values())
+            lines += 1
+            lines_ok += not (want - got)
+    return {"numbers": total, "numbers_kept": round(found / max(total, 1), 4), "lines_with_numbers": lines,
+            "lines_all_kept": round(lines_ok / max(lines, 1), 4)}
+
+
+def unseen_numbers(src: list[str], ref: list[str], seed: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    out_src, out_ref = [], []
+    for s, r in zip(src, ref):
+        if CLAIM_EN.search(s) and CLAIM_JA.search(r):
+            n = str(rng.choice([rng.randint(21, 99), rng.randint(100, 999), rng.randint(1000, 9999)]))
+            s, r = CLAIM_EN.sub(n, s), CLAIM_JA.sub(n, r)
+        out_src.append(s)
+        out_ref.append(r)
+    return out_src, out_ref
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True)
+    p.add_argument("--src", required=True)
+    p.add_argument("--ref", required=True)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    translator = Translator.from_run(args.run, "best")
+    src, ref = read_lines(args.src), read_lines(args.ref)
+    tokenize = resolve_tokenize("auto", translator.tgt_lang, ref)
+    result = {}
+    for name, (s, r) in {"as_is": (src, ref), "unseen_claim_numbers": unseen_numbers(src, ref, args.seed)}.items():
+        hyps = translator.translate(s, beam=args.beam)
+        result[name] = {**kept(s, hyps), "bleu": round(score(hyps, r, tokenize).bleu, 2),
+                        "changed_lines": sum(a != b for a, b in zip(s, src))}
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""What launch/translate.py, evaluate.py, score.py and average.py call: one process, no launcher.
+
+Models: `--run RUN_DIR` with one or more `--checkpoint` (best | last | a checkpoint directory), or one or
+more `--model FILE` (launch/export.py, launch/average.py); several make an ensemble. They run on CUDA when
+torch sees a GPU, else on the CPU (`--device` chooses).
+
+translate output (one input line -> one output line, or K with --n-best K; lines are never split or merged):
+    plain        HYPOTHESIS
+    --n-best K   INDEX<TAB>SCORE<TAB>HYPOTHESIS        K lines per input line, best first; INDEX counts input
+                                                       lines from 0; SCORE = log p / (pieces + 1)^length_penalty
+                                                       (a line cut into segments: summed, +1 per segment)
+    --alignments ...<TAB>ALIGNMENT                     a last column of "s-t" pairs: target piece t attended most
+                                                       to source piece s (SentencePiece pieces of the normalised
+                                                       source and of the hypothesis, from 0; Pharaoh format)
+score output (launch/score.py): LOGPROB<TAB>TOKENS<TAB>PER_TOKEN per pair (natural log of p(ref | src), target
+pieces + end of sentence, their ratio), or one JSON object per line with --json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import IO, Iterator
+
+INPUT_CHUNK = 256  # lines read before decoding when --buffer-size is not given
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--run", help="run directory written by launch/train.py")
+    model.add_argument("--model", action="append", help="a model file written by launch/export.py or "
+                                                        "launch/average.py; repeat for an ensemble")
+    p.add_argument("--checkpoint", action="append", help="with --run: best (default) | last | a checkpoint "
+                                                         "directory; repeat for an ensemble")
+    p.add_argument("--device", default=None, help="cuda | cpu | cuda:N (default: cuda when available)")
+
+
+def add_decode_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default: decode.beam)")
+    p.add_argument("--max-len-ratio", type=float, default=None,
+                   help="longest hypothesis / source length (default: decode.max_len_ratio)")
+    p.add_argument("--length-penalty", type=float, default=None,
+                   help="rank by log-prob / length^A (0 = raw log-prob; default: decode.length_penalty)")
+    p.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: decode.batch_size)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="padded source pieces per batch, 0 = no cap (default: decode.max_tokens)")
+
+
+def load_translator(args):
+    from trainer.translator import Translator
+
+    if args.model:
+        if args.checkpoint:
+            raise ValueError("--checkpoint goes with --run (a model file holds one set of weights)")
+        members = [Translator.from_export(path, args.device) for path in args.model]
+        names = args.model
+    else:
+        names = args.checkpoint or ["best"]
+        members = [Translator.from_run(args.run, which, args.device) for which in names]
+    return members[0] if len(members) == 1 else Translator.ensemble(members, names)
+
+
+def _decode_options(args) -> dict:
+    return dict(beam=args.beam, max_len_ratio=args.max_len_ratio, length_penalty=args.length_penalty,
+                batch_size=args.batch_size, max_tokens=args.max_tokens)
+
+
+def read_chunks(stream: IO[bytes], name: str, size: int) -> Iterator[list[str]]:
+    """Lists of up to `size` lines ('\\n'-terminated only, as read_lines), decoded as UTF-8 with the line
+    number in the error."""
+    chunk: list[str] = []
+    for number, raw in enumerate(stream, start=1):
+        try:
+            chunk.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}:{number}: not UTF-8 ({e.reason} at byte {e.start})") from None
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _open_input(path):
+    if path in (None, "-"):
+        return sys.stdin.buffer, "stdin", None
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--input {path}: no such file")
+    total, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            total, last = total + chunk.count(b"\n"), chunk[-1:]
+    return open(path, "rb"), path, total + (last != b"\n")
+
+
+def _open_output(path):
+    if path in (None, "-"):
+        return open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
+    return open(path, "w", encoding="utf-8", newline="\n")
+
+
+def format_result(index: int, hyps, n_best: int, alignments: bool) -> str:
+    lines = []
+    for h in hyps[:n_best]:
+        fields = [str(index), f"{h.score:.4f}", h.text] if n_best > 1 else [h.text]
+        if alignments:
+            fields.append(" ".join(f"{s}-{t}" for s, t in h.alignment))
+        lines.append("\t".join(fields) + "\n")
+    return "".join(lines)
+
+
+def translate_main(args) -> int:
+    from tqdm import tqdm
+
+    if args.n_best < 1:
+        raise ValueError(f"--n-best {args.n_best}: must be >= 1")
+    stream, name, total = _open_input(args.input)
+    translator = load_translator(args)
+    if args.n_best > (args.beam or translator.decode_cfg.beam):
+        raise ValueError(f"--n-best {args.n_best} must be <= the beam size ({args.beam or translator.decode_cfg.beam})")
+    out = _open_output(args.output)
+    bar = tqdm(total=total, unit="sent", file=sys.stderr, disable=None, dynamic_ncols=True, mininterval=1.0)
+    started, sentences, pieces = time.perf_counter(), 0, 0
+    try:
+        for chunk in read_chunks(stream, name, args.buffer_size or INPUT_CHUNK):
+            results = translator.translate_nbest(chunk, n_best=args.n_best, alignments=args.alignments,
+                                                 **_decode_options(args))
+            out.write("".join(format_result(sentences + i, r, args.n_best, args.alignments)
+                              for i, r in enumerate(results)))
+            out.flush()
+            sentences += len(chunk)
+            pieces += sum(r[0].pieces for r in results)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        out.close()
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    seconds = max(time.perf_counter() - started, 1e-9)
+    print(f"translated {sentences} sentences ({pieces} target pieces) in {seconds:.1f} s: "
+          f"{sentences / seconds:.2f} sentences/s, {pieces / seconds:.1f} tokens/s", file=sys.stderr, flush=True)
+    return 0
+
+
+def _read_pair(src_path: str, ref_path: str, ref_flag: str = "--ref") -> tuple[list[str], list[str]]:
+    from trainer.translator import read_lines
+
+    for flag, path in (("--src", src_path), (ref_flag, ref_path)):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{flag} {path}: no such file")
+    src, ref = read_lines(src_path), read_lines(ref_path)
+    if len(src) != len(ref):
+        raise ValueError(f"--src {src_path} has {len(src)} lines but {ref_flag} {ref_path} has {len(ref)}")
+    return src, ref
+
+
+def _write_lines(path: str, lines: list[str]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def evaluate_main(args) -> int:
+    from trainer.metrics import check_tokenize, resolve_tokenize, score
+
+    src, ref = _read_pair(args.src, args.ref)
+    if args.tokenize:
+        check_tokenize(args.tokenize, "--tokenize")
+    translator = load_translator(args)
+    hyps = [n[0].text for n in translator.translate_nbest(src, **_decode_options(args))]
+    if args.output:
+        _write_lines(args.output, hyps)
+    tokenize = resolve_tokenize(args.tokenize or translator.decode_cfg.bleu_tokenize, translator.tgt_lang, ref)
+    s = score(hyps, ref, check_tokenize(tokenize, "--tokenize"))
+    result = {"bleu": round(s.bleu, 2), "chrf": round(s.chrf, 2), "signature": s.bleu_signature,
+              "chrf_signature": s.chrf_signature, "sentences": len(src), "tokenize": tokenize}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"BLEU {result['bleu']:.2f}  ({result['signature']})")
+        print(f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})")
+    return 0
+
+
+def score_main(args) -> int:
+    src, ref = _read_pair(args.src, args.ref)
+    translator = load_translator(args)
+    scores = translator.score(src, ref, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    out = _open_output(args.output)
+    with out:
+        for logprob, tokens in scores:
+            per_token = logprob / tokens if tokens else 0.0
+            if args.json:
+                out.write(json.dumps({"logprob": round(logprob, 4), "tokens": tokens,
+                                      "per_token": round(per_token, 4)}) + "\n")
+            else:
+                out.write(f"{logprob:.4f}\t{tokens}\t{per_token:.4f}\n")
+    return 0
+
+
+def average_main(args) -> int:
+    from trainer import checkpoint
+    from trainer.translator import Translator
+
+    if args.checkpoints:
+        names = args.checkpoints
+    else:
+        found = checkpoint.complete_checkpoints(args.run)
+        if args.last < 1:
+            raise ValueError(f"--last {args.last}: must be >= 1")
+        if len(found) < args.last:
+            raise ValueError(f"{checkpoint.root(args.run)} holds {len(found)} complete checkpoints, fewer than "
+                             f"--last {args.last} (train with train.keep_last >= {args.last})")
+        names = [os.path.join(checkpoint.root(args.run), n) for n in found[-args.last:]]
+    translator = Translator.averaged(args.run, names, device="cpu")
+    translator.export(args.out)
+    print(f"averaged {', '.join(translator.origin['averaged'])} of {translator.origin['run_dir']} -> {args.out}")
+    return 0
