@@ -138,7 +138,9 @@ class Trainer:
         resident memory, as metrics columns (a collective: every rank calls it on the same steps)."""
         mine = {**timeline.fractions(self.runner.kind_seconds, self.interval_wall), **timeline.memory_mb()}
         self.runner.kind_seconds, self.interval_wall = {}, 0.0
-        return timeline.rank_columns(self.rt.all_gather_object(mine))
+        keys = list(mine)  # the same keys, in the same order, on every rank: one small tensor travels
+        every = self.rt.all_gather(torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64))
+        return timeline.rank_columns([dict(zip(keys, map(float, row))) for row in every])
 
     def fit(self) -> None:
         cfg, st = self.cfg.train, self.state

@@ -205,6 +205,14 @@ class ParallelRuntime:
         dist.broadcast_object_list(box, src=src, group=self.groups[group])
         return box[0]
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's `tensor` stacked in rank order: (world, *shape), on every rank."""
+        if self.world_size == 1:
+            return tensor.unsqueeze(0)
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor)
+        return torch.stack(out)
+
     def all_gather_object(self, obj) -> list:
         """Every rank's `obj`, in rank order, on every rank."""
         if self.world_size == 1:
