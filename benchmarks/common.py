@@ -11,6 +11,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ENJA = REPO.parent / "shared" / "data" / "small_parallel_enja"
+VOCAB_SIZE = 8000  # per side, for enja-small and for the peers measured against it
+
+
+def cpu_model() -> str:
+    """The processor's name as the kernel reports it (lscpu's "Model name"), and the usable cores."""
+    name = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} ({len(os.sched_getaffinity(0))} cores)"
 
 
 def prepare_enja(work: Path, raw_ja: bool = False, model_type: str = "bpe") -> Path:
@@ -26,7 +40,7 @@ def prepare_enja(work: Path, raw_ja: bool = False, model_type: str = "bpe") -> P
         return data  # (a DATA_DIR from before byte fallback is prepared again)
     if not ENJA.exists():
         sys.exit(f"{ENJA}: not found (the shared data folder beside the checkout)")
-    args = ["--format", "moses", "--out", data, "--vocab-size", "8000", "--model-type", model_type]
+    args = ["--format", "moses", "--out", data, "--vocab-size", str(VOCAB_SIZE), "--model-type", model_type]
     for split in ("train", "dev", "test"):
         args += [f"--{split}-src", ENJA / f"{split}.en", f"--{split}-tgt", raw_enja(work, split) if raw_ja else
                  ENJA / f"{split}.ja"]
@@ -112,3 +126,26 @@ def breakdown(seconds_per_step: dict) -> dict:
            "collectives": cat(COLLECTIVE)}
     out.update({f"{n}": 1000 * seconds_per_step.get(n, 0.0) for n in COMPUTE})
     return out
+
+
+def matmul_peak(work: Path) -> dict:
+    """This machine's measured GEMM peak, {"fp32": {"1": flop/s, "2": ...}, "bf16": {...}, "cpu": ...}, from
+    WORK/peak.json (benchmarks/peak.py); measured now when that file is missing or was measured on another CPU."""
+    path = work / "peak.json"
+    if path.exists() and _read_peak(path).get("cpu") != cpu_model():
+        path.unlink()  # ours, from another machine kind
+    if not path.exists():
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "peak.py"), "--work", str(work)], check=True)
+    return _read_peak(path)
+
+
+def _read_peak(path: Path) -> dict:
+    try:
+        peak = json.loads(path.read_text())
+        for precision in ("fp32", "bf16"):
+            for threads in ("1", "2"):
+                if not float(peak[precision][threads]) > 0:
+                    raise ValueError(f"{precision}.{threads} = {peak[precision][threads]}")
+    except (ValueError, KeyError, TypeError) as e:
+        sys.exit(f"{path}: not a peak file of benchmarks/peak.py ({type(e).__name__}: {e}); delete it to measure again")
+    return peak

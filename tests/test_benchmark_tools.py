@@ -1,0 +1,159 @@
+"""The measuring tools of benchmarks/ without running a benchmark: OpenNMT-py's options mirror the reference
+model, a folder the peer script did not make is never used as its environment, the GEMM peak is measured
+and its file is read, checked and re-measured when it comes from another CPU."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import common  # noqa: E402
+import opennmt_peer  # noqa: E402
+import opennmt_runner  # noqa: E402
+import peak  # noqa: E402
+
+from trainer.config import load_config  # noqa: E402
+
+REFERENCE = REPO / "trainer" / "configs" / "enja_small.yaml"
+SINGLE = REPO / "ds_configs" / "single.json"
+
+
+def test_peer_options_mirror_the_reference_model_and_batches():
+    opts = opennmt_peer.peer_options(REFERENCE, SINGLE)
+    model, ds = load_config(str(REFERENCE)).model, json.loads(SINGLE.read_text())
+    assert (opts["word_vec_size"], opts["hidden_size"], opts["layers"]) == (model.emb_dim, model.hidden, model.layers)
+    assert (opts["word_vec_size"], opts["hidden_size"], opts["layers"]) == (256, 256, 2)
+    assert opts["encoder_type"] == opts["decoder_type"] == "rnn" and opts["rnn_type"] == "LSTM"
+    assert opts["global_attention"] == "general" and opts["dropout"] == [0.2] and opts["label_smoothing"] == 0.1
+    assert opts["batch_type"] == "sents" and opts["batch_size"] == ds["train_micro_batch_size_per_gpu"] == 64
+    assert opts["accum_count"] == [ds["gradient_accumulation_steps"]]
+    params = ds["optimizer"]["params"]
+    assert opts["optim"] == "adam" and opts["learning_rate"] == params["lr"]
+    assert [opts["adam_beta1"], opts["adam_beta2"]] == params["betas"]
+    assert opts["max_grad_norm"] == ds["gradient_clipping"]
+    assert opts["src_vocab_size"] == opts["tgt_vocab_size"] == common.VOCAB_SIZE == 8000
+    assert "input_feed" not in opts  # each run sets it
+
+
+def test_peer_options_refuse_what_they_cannot_mirror(tmp_path):
+    config = tmp_path / "bi.yaml"
+    config.write_text(REFERENCE.read_text().replace("  layers: 2\n", "  layers: 2\n  bidirectional_bottom: true\n"))
+    with pytest.raises(opennmt_peer.PeerError, match="model.bidirectional_bottom"):
+        opennmt_peer.peer_options(config, SINGLE)
+    sgd = tmp_path / "sgd.json"
+    sgd.write_text(SINGLE.read_text().replace('"Adam"', '"SGD"'))
+    with pytest.raises(opennmt_peer.PeerError, match="optimizer.type"):
+        opennmt_peer.peer_options(REFERENCE, sgd)
+
+
+def test_peer_venv_leaves_a_folder_it_did_not_make_alone(tmp_path):
+    foreign = tmp_path / "venv"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("someone's")
+    with pytest.raises(opennmt_peer.PeerError, match="not made by this script"):
+        opennmt_peer.peer_venv(foreign)
+    assert (foreign / "keep.txt").read_text() == "someone's" and len(list(foreign.iterdir())) == 1
+
+
+def test_peer_venv_reuses_a_finished_build_and_rebuilds_an_unfinished_one(tmp_path, monkeypatch):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    packages = [opennmt_peer.torch_pin(), *opennmt_peer.PEER_PACKAGES]
+    (venv / opennmt_peer.MARKER).write_text(json.dumps({"packages": packages, "runner_check": {"onmt": "3.5.1"}}))
+    assert opennmt_peer.peer_venv(venv) == venv / "bin" / "python"  # reused: nothing started
+
+    (venv / opennmt_peer.MARKER).write_text(json.dumps({"packages": packages, "runner_check": None}))
+    calls = []
+    monkeypatch.setattr(opennmt_peer.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or
+                        type("P", (), {"returncode": 1, "stderr": "no venv module", "stdout": ""})())
+    with pytest.raises(opennmt_peer.PeerError, match="could not create a virtual environment"):
+        opennmt_peer.peer_venv(venv)
+    assert calls and calls[0][1:3] == ["-m", "venv"]  # the interrupted build was removed and started again
+
+
+def test_torch_pin_is_the_cpu_build_of_requirements():
+    pinned = next(line.split("==")[1].strip() for line in (REPO / "requirements.txt").read_text().splitlines()
+                  if line.startswith("torch=="))
+    assert opennmt_peer.torch_pin() == f"torch=={pinned}+cpu"
+
+
+def test_median_round_reports_the_median_run():
+    rounds = [{"pairs_per_s": 300.0, "x": 1}, {"pairs_per_s": 100.0, "x": 2}, {"pairs_per_s": 200.0, "x": 3}]
+    assert opennmt_peer.median_round(rounds)["x"] == 3
+    assert opennmt_peer.median_round(rounds)["rounds_pairs_per_s"] == [300.0, 100.0, 200.0]
+
+
+def test_spacy_stand_in_fails_loudly_when_used(monkeypatch):
+    if "spacy" in sys.modules or opennmt_runner.importlib.util.find_spec("spacy") is not None:
+        pytest.skip("spacy is installed here")
+    monkeypatch.delitem(sys.modules, "spacy", raising=False)
+    opennmt_runner._stand_in_for_spacy()
+    stand_in = sys.modules.pop("spacy")
+    with pytest.raises(RuntimeError, match="terminology transform"):
+        stand_in.load("en_core_web_sm")
+    assert not hasattr(stand_in, "__file__")  # introspection sees a plain module, not an error
+
+
+def test_peak_measures_positive_rates_per_precision_and_thread_count():
+    result = peak.measure([1, 2], reps=2, rounds=2, shapes={"tiny": (48, 64, 32), "small": (96, 64, 64)})
+    for precision in ("fp32", "bf16"):
+        for n in ("1", "2"):
+            by_shape = [result["shapes"][s][precision][n] for s in ("tiny", "small")]
+            assert all(r > 0 for r in by_shape) and result[precision][n] == max(by_shape)
+    assert result["cpu"] == common.cpu_model()
+
+
+def _peak_file(path: Path, cpu: str) -> None:
+    path.write_text(json.dumps({"cpu": cpu, "fp32": {"1": 1e11, "2": 2e11}, "bf16": {"1": 4e11, "2": 8e11}}))
+
+
+def test_matmul_peak_reads_this_machines_file_without_measuring(tmp_path, monkeypatch):
+    _peak_file(tmp_path / "peak.json", common.cpu_model())
+    monkeypatch.setattr(common.subprocess, "run", lambda *a, **k: pytest.fail("measured again"))
+    assert common.matmul_peak(tmp_path)["bf16"]["2"] == 8e11
+
+
+def test_matmul_peak_measures_again_for_another_cpu(tmp_path, monkeypatch):
+    _peak_file(tmp_path / "peak.json", "some other CPU (64 cores)")
+    calls = []
+
+    def fake_measure(cmd, **kw):
+        calls.append(cmd)
+        _peak_file(tmp_path / "peak.json", common.cpu_model())
+
+    monkeypatch.setattr(common.subprocess, "run", fake_measure)
+    assert common.matmul_peak(tmp_path)["cpu"] == common.cpu_model()
+    assert len(calls) == 1 and calls[0][1].endswith("benchmarks/peak.py")
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"cpu": "x", "fp32": {"1": 0, "2": 1}, "bf16": {"1": 1, "2": 1}}',
+                                  '{"fp32": {"1": 1}}', "not json"])
+def test_matmul_peak_refuses_a_bad_file_with_its_path(tmp_path, text):
+    (tmp_path / "peak.json").write_text(text)
+    with pytest.raises(SystemExit, match="peak.json: not a peak file"):
+        common.matmul_peak(tmp_path)
+
+
+def _peer_results(no_feed: float, feed: float, fp32: float, bf16: float) -> dict:
+    runs = {("OpenNMT-py, no input feeding", "fp32"): no_feed, ("OpenNMT-py, input feeding", "fp32"): feed,
+            ("ours single", "fp32"): fp32, ("ours single", "bf16"): bf16}
+    return {key: {"pairs_per_s": v, "step_ms_median": 64000 / v, "tokens_per_pair": 20.0} for key, v in runs.items()}
+
+
+def test_peer_report_gives_ratios_goal_and_flags_a_busy_machine(capsys):
+    args = argparse.Namespace(threads=2, steps=60, warmup=5)
+    cores = len(os.sched_getaffinity(0))
+    assert not opennmt_peer.report(_peer_results(400, 300, 500, 610), [float(cores)] * 5, args)
+    out = capsys.readouterr().out
+    assert "| ours single | fp32 | 500 | 128 | 20.0 | 1.25x | 1.67x |" in out
+    assert "1.25x (met)" in out and "2.03x (met)" in out and "busy" not in out
+    assert opennmt_peer.report(_peer_results(400, 300, 450, 500), [cores + 8.0], args)
+    out = capsys.readouterr().out
+    assert "1.12x (not met)" in out and "1.67x (not met)" in out and "not a measurement of record" in out
