@@ -1,61 +1,128 @@
 """Scaling of the parallel modes on this machine, measured side by side in one run.
 
-    python benchmarks/scaling.py [--work /tmp/bench] [--steps 40] [--units 1 2 4 8] [--precision fp32|bf16]
+    python benchmarks/scaling.py [--work /tmp/hybrid-nmt-bench] [--steps 40] [--precision both|bf16|fp32]
+                                 [--only NAME ...] [--rounds 1]
 
-enja-small (emb 256, hidden 256, 2+2 layers, general attention, 8k BPE vocabulary, 64 sentence pairs
-per batch) on ../shared/data/small_parallel_enja: single with 1 thread, single with 2 threads, data_2,
-pipeline_2 and hybrid_2 (1 thread per rank) for each pipeline-unit count. Every run trains the same
-batches (same seed); the first 3 steps are warm-up. Prints a markdown table of step time, tokens/s and
-the ratio to single-1-thread, then per-rank time per step by category for the pipelined runs, and
-writes everything to WORK/scaling.json.
+enja-small (emb 256, hidden 256, 2+2 layers, general attention, 8k BPE vocabulary per side, 64 sentence
+pairs per step) on ../shared/data/small_parallel_enja, trained through the real CLI: single with 1 and
+2 threads, data_2 (DeepSpeed's data parallelism), pipeline_2 and hybrid_2 variants (1 thread per
+rank). Every run trains the same batches (same seed); the first 3 steps are warm-up. For each
+precision: a table of median step time, tokens/s, pairs/s, the ratio to single with 1 and with 2
+threads, model GFLOP/s (trainer/flops.py) and its fraction of this machine's measured matmul peak
+(benchmarks/peak.py: the 1-thread peak for one thread, the 2-thread peak for both cores); then per rank
+the busy / waiting / communicating / idle fractions (metrics.jsonl) and ms per step by category.
+Each run's Gantt chart of one step is copied to WORK/scaling/<precision>_<run>.png. Everything goes to
+WORK/scaling.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 from pathlib import Path
 
-from common import breakdown, ds_variant, prepare_enja, train
+from common import breakdown, ds_variant, matmul_peak, prepare_enja, train
+
+# (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes)
+RUNS = [
+    ("single 1 thread", "single", 1, 1, {}),
+    ("single 2 threads", "single", 1, 2, {}),
+    ("data_2", "data_2", 2, 1, {}),
+    ("pipeline_2 units=1", "pipeline_2", 2, 1, {"micro_batches": 1}),
+    ("pipeline_2 units=4", "pipeline_2", 2, 1, {"micro_batches": 4}),
+    ("hybrid_2 units=1", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 1}),
+    ("hybrid_2 units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1}),
+    ("hybrid_2 units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1}),
+    ("hybrid_2 chunks=2", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2}),
+    ("hybrid_2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4}),
+    ("hybrid_2 per_unit units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1,
+                                                     "head_schedule": "per_unit"}),
+    ("hybrid_2 per_unit units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1,
+                                                     "head_schedule": "per_unit"}),
+]
+CATEGORIES = ("busy", "waiting", "communicating", "idle")
+
+
+def rank_fractions(run_dir: Path, warmup: int = 3) -> dict:
+    """Mean per-rank fractions over the logged rows after the warm-up."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["step"] > warmup]
+    out = {}
+    for key in rows[0]:
+        if key.startswith("rank") and key.split("/")[1] in CATEGORIES:
+            rank, cat = key[4:].split("/")
+            out.setdefault(int(rank), {})[cat] = statistics.mean(r[key] for r in rows if key in r)
+    gflop = statistics.median(r["model_gflop"] for r in rows)
+    return {"ranks": out, "model_gflop": gflop, "peak_rss_mb": max(v for r in rows for k, v in r.items()
+                                                                  if k.endswith("/peak_rss_mb"))}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/hybrid-nmt-bench"))
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--units", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("both", "bf16", "fp32"), default="both")
+    p.add_argument("--only", nargs="*", default=None, help="run names to keep (default: all)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat every run, interleaved; report the median")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     data = prepare_enja(args.work)
-    bf16 = {"bf16": {"enabled": args.precision == "bf16"}}
-    runs = [("single 1 thread", "single", 1, 1, {}), ("single 2 threads", "single", 1, 2, {}),
-            ("data_2", "data_2", 2, 1, {})]
-    for mode in ("pipeline_2", "hybrid_2"):
-        runs += [(f"{mode} units={u}", mode, 2, 1, {"micro_batches": u}) for u in args.units]
-    results = {}
-    for label, base, ranks, threads, layout in runs:
-        name = label.replace(" ", "_").replace("=", "")
-        cfg = ds_variant(args.work, base, name, layout=layout, **bf16)
-        results[label] = train(args.work, name, cfg, ranks, threads, args.steps, data)
-        r = results[label]
-        print(f"{label:24s} {r['step_ms_median']:7.1f} ms/step  {r['tokens_per_s']:8.0f} tok/s", flush=True)
-    base = results["single 1 thread"]["tokens_per_s"]
-    print(f"\n| run ({args.precision}) | median step (ms) | tokens/s | pairs/s | vs single-1-thread |")
-    print("|---|---:|---:|---:|---:|")
-    for label, r in results.items():
-        print(f"| {label} | {r['step_ms_median']:.0f} | {r['tokens_per_s']:.0f} | {r['pairs_per_s']:.0f} "
-              f"| {r['tokens_per_s'] / base:.2f}x |")
-    print("\nper rank, ms per step: compute (forward / backward / head / optimizer), waiting in receives "
-          "(transfer + pipeline bubbles), sends, collectives")
-    print("| run | rank | compute | fwd | bwd | head | opt | recv wait | send | collectives |")
+    peak = matmul_peak(args.work)
+    pngs = args.work / "scaling"
+    pngs.mkdir(exist_ok=True)
+    precisions = ("bf16", "fp32") if args.precision == "both" else (args.precision,)
+    runs = [r for r in RUNS if args.only is None or r[0] in args.only]
+    results: dict = {prec: {} for prec in precisions}
+    for rnd in range(args.rounds):
+        for prec in precisions:
+            for label, base, ranks, threads, layout in runs:
+                name = f"{prec}_{label.replace(' ', '_').replace('=', '')}"
+                cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"})
+                r = train(args.work, name, cfg, ranks, threads, args.steps, data,
+                          extra=(f"train.timeline_every={args.steps - 1}",))
+                run_dir = args.work / "runs" / name
+                r.update(rank_fractions(run_dir))
+                png = run_dir / "timeline" / f"step_{args.steps - 1:08d}.png"
+                if png.exists():
+                    shutil.copy(png, pngs / f"{name}.png")
+                results[prec].setdefault(label, []).append(r)
+                print(f"[{rnd + 1}/{args.rounds}] {prec} {label:28s} {r['step_ms_median']:7.1f} ms/step "
+                      f"{r['tokens_per_s']:8.0f} tok/s", flush=True)
+    summary = {}
+    for prec in precisions:
+        summary[prec] = {}
+        for label, rs in results[prec].items():
+            best = sorted(rs, key=lambda x: x["step_ms_median"])[len(rs) // 2]
+            summary[prec][label] = best
+        report(prec, summary[prec], peak, runs)
+    (args.work / "scaling.json").write_text(json.dumps({"peak": peak, "results": summary}, indent=1))
+
+
+def report(prec: str, res: dict, peak: dict, runs: list) -> None:
+    threads = {label: (ranks, t) for label, _, ranks, t, _ in runs}
+    one = res.get("single 1 thread", {}).get("tokens_per_s")
+    two = res.get("single 2 threads", {}).get("tokens_per_s")
+    print(f"\n| run ({prec}) | median step (ms) | tokens/s | pairs/s | vs single-1-thread | vs single-2-threads "
+          f"| model GFLOP/s | % of peak |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, r in res.items():
+        ranks, t = threads[label]
+        cores = ranks * t
+        machine_peak = float(peak[prec][str(min(cores, 2))])
+        gflops = r["model_gflop"] / (r["step_ms_median"] / 1000)
+        ratio = lambda base: f"{r['tokens_per_s'] / base:.2f}x" if base else "-"  # noqa: E731
+        print(f"| {label} | {r['step_ms_median']:.0f} | {r['tokens_per_s']:.0f} | {r['pairs_per_s']:.0f} | "
+              f"{ratio(one)} | {ratio(two)} | {gflops:.1f} | {100 * gflops * 1e9 / machine_peak:.1f}% |")
+    print(f"\nper rank ({prec}): fraction of the step busy / waiting / communicating / idle; ms per step in "
+          f"forward / backward / head / optimizer")
+    print("| run | rank | busy | waiting | communicating | idle | fwd | bwd | head | opt |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for label, r in results.items():
-        for rank, t in sorted(r["timing"].items()):
-            b = breakdown(t)
-            print(f"| {label} | {rank} | {b['compute']:.0f} | {b['forward']:.0f} | {b['backward']:.0f} | "
-                  f"{b['head']:.0f} | {b['optimizer_step']:.0f} | {b['recv_wait']:.0f} | {b['send']:.0f} | "
-                  f"{b['collectives']:.0f} |")
-    (args.work / "scaling.json").write_text(json.dumps(results, indent=1))
+    for label, r in res.items():
+        for rank, f in sorted(r["ranks"].items()):
+            b = breakdown(r["timing"].get(rank, r["timing"].get(str(rank), {})))
+            print(f"| {label} | {rank} | " + " | ".join(f"{f.get(c, 0):.2f}" for c in CATEGORIES) +
+                  f" | {b['forward']:.0f} | {b['backward']:.0f} | {b['head']:.0f} | {b['optimizer_step']:.0f} |")
 
 
 if __name__ == "__main__":
