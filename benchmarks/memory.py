@@ -120,7 +120,7 @@ def run_all(work: Path, layouts: list, variants: list, minutes: float, interval:
                     r["samples"].append([round(now, 1), rank, round(p.memory_info().rss / 2 ** 20, 1)])
                 except psutil.Error:
                     continue
-                if now > 30 and rank not in r["allocator"]:  # well after the exec that preloads it
+                if rank not in r["allocator"] and time.time() - p.create_time() > 60:  # long after its exec
                     r["allocator"][rank] = allocator_of(p)
         time.sleep(interval)
     out = {}
