@@ -77,9 +77,10 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def train(work: Path, name: str, ds_config: Path, ranks: int, threads: int, steps: int, data: Path,
-          config: str = "trainer/configs/enja_small.yaml", extra: tuple = (), timeout: int = 3600) -> dict:
-    """Run launch/train.py (through the deepspeed launcher when ranks > 1) and summarise it."""
+def train_command(work: Path, name: str, ds_config: Path, ranks: int, threads: int, steps: int, data: Path,
+                  config: str = "trainer/configs/enja_small.yaml", extra: tuple = ()) -> tuple[list, dict, Path]:
+    """The command (run from the checkout's root), environment and run directory of a training run
+    of launch/train.py (through the deepspeed launcher when ranks > 1); an old run directory is removed."""
     run_dir = work / "runs" / name
     args = ["launch/train.py", "--deepspeed_config", str(ds_config), "--config", config, f"data.dir={data}",
             f"run.dir={run_dir}", f"train.max_steps={steps}", f"train.eval_every={10 * steps}",
@@ -90,7 +91,13 @@ def train(work: Path, name: str, ds_config: Path, ranks: int, threads: int, step
             "--master_port", str(_port()), *args])
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1")
+    return cmd, dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1"), run_dir
+
+
+def train(work: Path, name: str, ds_config: Path, ranks: int, threads: int, steps: int, data: Path,
+          config: str = "trainer/configs/enja_small.yaml", extra: tuple = (), timeout: int = 3600) -> dict:
+    """Run launch/train.py (through the deepspeed launcher when ranks > 1) and summarise it."""
+    cmd, env, run_dir = train_command(work, name, ds_config, ranks, threads, steps, data, config, extra)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         sys.exit(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")

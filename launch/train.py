@@ -6,8 +6,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trainer.checkpoint import CheckpointError  # noqa: E402
+from trainer import memory  # noqa: E402
 from trainer.cli import fail, leave, run_dry, train_main  # noqa: E402
+
+if __name__ == "__main__":
+    try:  # before torch is loaded: oneDNN's cache size, and the allocator (the process may exec itself)
+        memory.prepare()
+    except FileNotFoundError as e:
+        fail(e)
+
+from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError  # noqa: E402
 from trainer.parallel.runtime import RendezvousError  # noqa: E402
 from trainer.trainer import TrainingError  # noqa: E402

@@ -9,7 +9,8 @@ import torch
 
 from data_prep.binary import BOS_ID, EOS_ID, PAD_ID
 from trainer.config import ModelConfig
-from trainer.model import AttentionSoftmaxHead, EncoderDecoderLayer, build_model
+from trainer.model import (AttentionSoftmaxHead, EncoderDecoderLayer, build_model, projected_cross_entropy,
+                           with_round_row_count)
 
 torch.set_num_threads(1)
 
@@ -127,6 +128,49 @@ def test_head_loss_and_general_attention_match_hand_computation():
     assert loss_sum.item() == pytest.approx(want_loss, abs=1e-4)
     assert nll_sum.item() == pytest.approx(want_nll, abs=1e-4)
     assert abs(want_loss - want_nll) > 0.1  # smoothing changes the loss by far more than the tolerance
+
+
+def test_head_row_count_is_rounded_with_padded_positions_only():
+    gen = torch.Generator().manual_seed(4)
+    for n in (1, 7, 8, 9, 17, 100, 333, 1000, 1500):
+        keep = torch.zeros(64, 40, dtype=torch.bool)
+        keep.view(-1)[torch.randperm(keep.numel(), generator=gen)[:n]] = True
+        got = with_round_row_count(keep)
+        count = int(got.sum())
+        assert bool((got | ~keep).all())  # every real token kept
+        assert n <= count <= n * 9 / 8  # at most 1/8 more rows
+        assert count % (1 << max(0, count.bit_length() - 4)) == 0, (n, count)  # only the top 4 binary digits
+    # fewer padded positions than needed: all of them are added, nothing else
+    keep = torch.ones(5, 7, dtype=torch.bool)
+    keep[0, 5:] = False  # 33 tokens round to 36, but only 2 positions are free
+    assert bool(with_round_row_count(keep).all())
+    # 1000 distinct counts become a few dozen shapes
+    shapes = {int(with_round_row_count(torch.arange(2000) < n).sum()) for n in range(200, 1200)}
+    assert len(shapes) <= 8 * 3
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_projected_cross_entropy_ignores_pad_rows_in_loss_and_gradients(eps):
+    gen = torch.Generator().manual_seed(2)
+    tokens, dim, vocab = 300, 6, 17  # more than one 128-row chunk
+    hidden = torch.randn(tokens, dim, generator=gen, requires_grad=True)
+    weight = torch.randn(vocab, dim, generator=gen, requires_grad=True)
+    bias = torch.randn(vocab, generator=gen, requires_grad=True)
+    target = torch.randint(4, vocab, (tokens,), generator=gen)
+    target[torch.randperm(tokens, generator=gen)[:40]] = PAD_ID  # rows added by the rounding
+    real = target != PAD_ID
+
+    loss, nll = projected_cross_entropy(hidden, weight, bias, target, eps)
+    (loss * 0.5).backward()
+    logits = hidden[real] @ weight.t() + bias
+    want_nll = torch.nn.functional.cross_entropy(logits, target[real], reduction="sum")
+    want = torch.nn.functional.cross_entropy(logits, target[real], reduction="sum", label_smoothing=eps)
+    want_grads = torch.autograd.grad(want * 0.5, (hidden, weight, bias))
+    torch.testing.assert_close(loss, want, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(nll, want_nll.detach(), atol=1e-4, rtol=1e-5)
+    for got, expected in zip((hidden.grad, weight.grad, bias.grad), want_grads):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert torch.all(hidden.grad[~real] == 0)
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])

@@ -1,0 +1,64 @@
+"""trainer.memory: a training process sets oneDNN's cache size and runs again with mimalloc preloaded
+(before torch is loaded), unless told otherwise."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from trainer import memory
+
+PROBE = """
+import json, os, sys
+from trainer import memory
+memory.prepare()
+maps = open("/proc/self/maps").read()
+print(json.dumps({"torch": "torch" in sys.modules, "preload": os.environ.get("LD_PRELOAD", ""),
+                  "cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), "argv": sys.argv[1:],
+                  "mimalloc": "libmimalloc" in maps, "jemalloc": "libjemalloc" in maps}))
+"""
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD and /proc are Linux's")
+
+
+def probe(tmp_path, **env) -> dict:
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = {"LD_PRELOAD": "", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "", **env}
+    env = {k: v for k, v in env.items() if v is not None}
+    proc = run_cli([sys.executable, "-u", str(script), "x", "k=v"], timeout=60, env_extra=env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@LINUX
+def test_prepare_runs_the_same_command_again_with_mimalloc_preloaded(tmp_path):
+    library = memory.mimalloc_library()
+    assert library is not None, "cmeel-mimalloc (requirements.txt) is not installed"
+    got = probe(tmp_path, ONEDNN_PRIMITIVE_CACHE_CAPACITY=None)
+    assert got["mimalloc"] and got["preload"].split(":")[0] == library
+    assert got["argv"] == ["x", "k=v"] and not got["torch"]
+    assert got["cache"] == str(memory.PRIMITIVE_CACHE)
+
+
+@LINUX
+def test_glibc_choice_and_a_users_cache_size_are_kept(tmp_path):
+    got = probe(tmp_path, HYBRID_NMT_ALLOCATOR="glibc", ONEDNN_PRIMITIVE_CACHE_CAPACITY="64")
+    assert not got["mimalloc"] and got["preload"] == "" and got["cache"] == "64"
+
+
+@LINUX
+def test_an_allocator_given_by_path_is_preloaded_once(tmp_path):
+    library = memory.mimalloc_library()
+    got = probe(tmp_path, HYBRID_NMT_ALLOCATOR=library)
+    assert got["mimalloc"] and got["preload"] == library
+    got = probe(tmp_path, HYBRID_NMT_ALLOCATOR=library, LD_PRELOAD=library)
+    assert got["mimalloc"] and got["preload"] == library  # already there: no second copy, no exec loop
+
+
+def test_a_missing_allocator_library_is_one_line_error():
+    proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", "--dry-run"],
+                   timeout=60, check=False, env_extra={"HYBRID_NMT_ALLOCATOR": str(REPO / "no-such.so")})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: HYBRID_NMT_ALLOCATOR={REPO / 'no-such.so'}: no such file " \
+                                  "(use glibc, mimalloc or a .so path)"

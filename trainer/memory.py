@@ -1,0 +1,62 @@
+"""Process-wide memory settings of a training process, made by launch/train.py before torch is loaded.
+
+What held the memory of a long run (docs/BENCHMARKS.md, "Resident memory over a long run"): oneDNN keeps a
+primitive (JIT-compiled kernels, ~0.3 MB) for every GEMM and LSTM shape it has met, up to 1024 of them, and
+glibc's malloc keeps the freed memory of tensors whose sizes change from batch to batch, more of it the
+longer a run goes. The model bounds the first by rounding the head's row count (`trainer.model`); here:
+
+- ONEDNN_PRIMITIVE_CACHE_CAPACITY (unless already set) = PRIMITIVE_CACHE: the shapes one step meets
+  stay cached, rare ones are made again. oneDNN reads it once, when it makes its first primitive.
+- the allocator: mimalloc (the pip package cmeel-mimalloc, in requirements.txt) gives freed memory back
+  to the system on its own. An allocator replaces malloc only if it is loaded before anything else
+  (LD_PRELOAD), so `prepare` runs the same command again, once, in the same process (exec), with it
+  preloaded. This covers every way of starting a rank (python, the deepspeed launcher, several nodes)
+  because every rank runs launch/train.py. HYBRID_NMT_ALLOCATOR picks another: `glibc` (no preload)
+  or the path of a shared library (e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+PRIMITIVE_CACHE = 512
+ALLOCATOR_ENV = "HYBRID_NMT_ALLOCATOR"
+
+
+def allocator_library(environ=os.environ) -> str | None:
+    """The shared library to preload, or None for the C library's malloc."""
+    choice = environ.get(ALLOCATOR_ENV, "mimalloc")
+    if choice == "glibc" or not sys.platform.startswith("linux"):
+        return None
+    if choice != "mimalloc":
+        if not os.path.isfile(choice):
+            raise FileNotFoundError(f"{ALLOCATOR_ENV}={choice}: no such file (use glibc, mimalloc or a .so path)")
+        return os.path.abspath(choice)
+    return mimalloc_library()
+
+
+def mimalloc_library() -> str | None:
+    """libmimalloc.so.N of the installed cmeel-mimalloc package, or None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files("cmeel-mimalloc") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if f.parent.name == "lib" and f.name.startswith("libmimalloc.so."):
+            path = str(f.locate())
+            if os.path.isfile(path):
+                return path
+    return None
+
+
+def prepare() -> None:
+    """Set the oneDNN cache size, and re-execute this process with the allocator preloaded unless it is."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE))
+    library = allocator_library()
+    preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
+    if library is None or library in preloaded:
+        return
+    env = dict(os.environ, LD_PRELOAD=":".join([library, *preloaded]))
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
