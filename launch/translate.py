@@ -16,6 +16,8 @@ def main(argv=None):
     model.add_argument("--run", help="run directory written by launch/train.py")
     model.add_argument("--model", help="a model file written by launch/export.py")
     p.add_argument("--checkpoint", default="best", help="with --run: best | last | a checkpoint directory")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="with --run: load a checkpoint without (or with a malformed) manifest.json, unchecked")
     p.add_argument("--input", required=True)
     p.add_argument("--output", required=True)
     p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default: decode.beam)")
@@ -25,7 +27,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         return translate_main(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
+    except (ValueError, OSError, CheckpointError) as e:  # OSError: also unreadable files
         fail(e)
 
 

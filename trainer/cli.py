@@ -91,13 +91,13 @@ def _translator(args):
     torch.set_num_threads(max(1, torch.get_num_threads()))
     if getattr(args, "model", None):
         return Translator.from_export(args.model)
-    return Translator.from_run(args.run, args.checkpoint)
+    return Translator.from_run(args.run, args.checkpoint, allow_unverified=getattr(args, "allow_unverified", False))
 
 
 def export_main(args) -> int:
     from trainer.translator import Translator
 
-    translator = Translator.from_run(args.run, args.checkpoint)
+    translator = Translator.from_run(args.run, args.checkpoint, allow_unverified=getattr(args, "allow_unverified", False))
     translator.export(args.out)
     o = translator.origin
     print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")
