@@ -268,3 +268,38 @@ def test_a_run_whose_config_does_not_fit_its_weights_is_refused(tmp_path):
     (run / "spm.tgt.model").write_bytes(b"garbage")
     with pytest.raises(ModelFileError, match="spm.tgt.model: not a SentencePiece model"):
         Translator.from_run(str(run))
+
+
+# --- the YAML config --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,expected", [
+    ("model:\n  hidden: [1\n", r":3:1: YAML syntax error: did not find expected ',' or ']'"),
+    ("model:\n  hidden: 5\nmodel:\n  hidden: 6\n", ":3:1: YAML syntax error: found duplicate key"),
+    ("model: !!python/object/apply:os.system ['touch {pwned}']\n", ":1:8: YAML tags are not allowed"),
+    ("train: !!python/name:os.system\n", "YAML tags are not allowed"),
+    ("- 1\n- 2\n", "the top level must be a mapping of sections"),
+    ("just a string\n", "bad config key 'just a string': Key 'just a string' not in 'Config'$"),
+    ("run:\n  name: ${oc.env:HOME}\n", "run.name: interpolations"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n",
+     "node expansion exceeds"),
+    (b"model:\n  hidden: \xff\n", "not UTF-8 text"),
+    ("x: " + "y" * (2 << 20), "bytes; a config has at most"),
+])
+def test_hostile_yaml_config_is_one_clear_error(tmp_path, text, expected):
+    path = tmp_path / "c.yaml"
+    pwned = tmp_path / "pwned"
+    path.write_bytes(text if isinstance(text, bytes) else text.replace("{pwned}", str(pwned)).encode())
+    with pytest.raises(ConfigError, match=expected) as e:
+        load_config(str(path))
+    assert str(e.value).startswith(str(path)) and "\n" not in str(e.value) and not pwned.exists()
+    with pytest.raises(ConfigError, match="interpolations"):
+        load_config(None, ["run.name=${oc.env:HOME}"])
+
+
+def test_yaml_syntax_error_on_the_train_cli_is_one_line(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: !!python/object/apply:os.system ['true']\n")
+    r = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", "--config", path],
+                check=False, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "YAML tags are not allowed" in r.stderr
