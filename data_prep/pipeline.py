@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import signal
 import sys
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from .prepare import RejectLog, SplitStats
 
 CHUNK = 2000  # records per task: large enough to amortise the transfer, small enough to keep memory flat
+CHUNK_CHARS = 8 << 20  # ... and at most this much text per task, however long the lines (hostile input)
 Local, Payload, Result = TypeVar("Local"), TypeVar("Payload"), TypeVar("Result")
 
 
@@ -79,6 +81,9 @@ _TASK: Optional[Callable] = None  # a worker process's task, installed once per 
 def _install(task: Callable) -> None:
     global _TASK
     _TASK = task
+    # The main process handles Ctrl-C and SIGTERM (it removes its staging directory); workers leave quietly.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run(payload):
@@ -109,10 +114,51 @@ def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local,
             yield local, future.result()
 
 
-def batched(items: Iterable, n: int) -> Iterator[list]:
+def batched(items: Iterable, n: int, size: Optional[Callable] = None, max_size: int = CHUNK_CHARS) -> Iterator[list]:
+    """Lists of `n` items; with `size`, a list is also cut once its items' sizes reach `max_size`."""
     it = iter(items)
-    while batch := list(islice(it, n)):
+    if size is None:
+        while batch := list(islice(it, n)):
+            yield batch
+        return
+    batch, total = [], 0
+    for item in it:
+        batch.append(item)
+        total += size(item)
+        if len(batch) == n or total >= max_size:
+            yield batch
+            batch, total = [], 0
+    if batch:
         yield batch
+
+
+def text_size(item) -> int:
+    """Characters of a record, an (origin, src, tgt) tuple or a TSV line."""
+    if isinstance(item, str):
+        return len(item)
+    if isinstance(item, tuple):
+        return sum(map(len, item))
+    return len(item.src) + len(item.tgt) + len(item.origin)
+
+
+@dataclass
+class Position:
+    """How far prepare got, for the one-line message of an unexpected error (MemoryError, a bug)."""
+
+    step: str = "starting"
+    origin: str = ""  # the last record read
+
+    def __str__(self) -> str:
+        return self.step + (f", after {self.origin}" if self.origin else "")
+
+
+def tracked(records: Iterable, position: Optional[Position]) -> Iterator:
+    if position is None:
+        yield from records
+        return
+    for rec in records:
+        position.origin = rec.origin
+        yield rec
 
 
 def progress(total: Optional[int], desc: str, unit: str) -> tqdm:
@@ -153,11 +199,11 @@ class CleanTask:
 
 def clean_split(reader: Reader, task: CleanTask, dedup: Optional[Deduplicator], stats: SplitStats,
                 rejects: RejectLog, on_error: str, workers: int, total: Optional[int],
-                desc: str) -> Iterator[tuple[str, str, str]]:
+                desc: str, position: Optional[Position] = None) -> Iterator[tuple[str, str, str]]:
     """Pass 1 of one split: (origin, src, tgt) of the pairs that are well-formed and pass the text rules and,
     with `dedup`, the duplicate rules; every other record is counted in `stats` and logged in `rejects`."""
     chunks = ((records, [(r.origin, r.src, r.tgt) for r in records if isinstance(r, Pair)])
-              for records in batched(reader, CHUNK))
+              for records in batched(tracked(reader, position), CHUNK, text_size))
     bar = progress(total, desc, " lines")
     for records, chunk in parallel_map(task, chunks, workers):
         stats.repaired.update(chunk.repaired)
@@ -260,7 +306,7 @@ def encode_split(rows: Iterable, task: EncodeTask, stage: str, split: str, stats
     """Pass 2 of one split: encode `rows` (see `EncodeTask`) and append the kept pairs to `{split}.{src,tgt}`."""
     writers = {side: TokenArrayWriter(stage, split, side) for side in SIDES}
     bar = progress(total, f"encode {split}", " pairs")
-    for n, chunk in parallel_map(task, ((len(b), b) for b in batched(rows, CHUNK)), workers):
+    for n, chunk in parallel_map(task, ((len(b), b) for b in batched(rows, CHUNK, text_size)), workers):
         for reason, origin, src, tgt in chunk.rejected:
             rejects.add(stats, reason, origin, src, tgt)
         for side in SIDES:

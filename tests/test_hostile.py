@@ -5,11 +5,12 @@ traceback, a hang, a huge allocation or a file written where it does not belong.
 docs/RELIABILITY.md ("Hostile input") lists each case and its test."""
 from __future__ import annotations
 
-import io
+import gzip
 import json
 import os
 import shutil
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,7 @@ def test_malformed_manifest_is_refused_with_a_message(tmp_path, content, expecte
     assert Translator.from_run(str(run), allow_unverified=True).origin["step"] == 5  # the user said so
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_manifest_is_refused_unless_allowed(tmp_path):
     run = fake_run(tmp_path / "run")
     (step_dir(run) / ck.MANIFEST).unlink()
@@ -297,9 +299,290 @@ def test_hostile_yaml_config_is_one_clear_error(tmp_path, text, expected):
         load_config(None, ["run.name=${oc.env:HOME}"])
 
 
+@pytest.mark.slow
 def test_yaml_syntax_error_on_the_train_cli_is_one_line(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: !!python/object/apply:os.system ['true']\n")
     r = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", "--config", path],
                 check=False, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "YAML tags are not allowed" in r.stderr
+
+
+# --- corpora: lines, segments, archives ----------------------------------------------------------------------
+
+EN = ["cat", "dog", "bird", "fish", "tree", "car", "book", "door"]
+JA = ["猫", "犬", "鳥", "魚", "木", "車", "本", "扉"]
+
+
+def good_pairs(n: int) -> list[tuple[str, str]]:
+    return [(f"the {EN[i % 8]} sees the {EN[(i // 8) % 8]} number {i}",
+             f"{JA[i % 8]}は{JA[(i // 8) % 8]}を見る。番号{i}") for i in range(n)]
+
+
+def moses(tmp_path: Path, name: str, pairs) -> tuple[Path, Path]:
+    src, tgt = tmp_path / f"{name}.en", tmp_path / f"{name}.ja"
+    src.write_bytes(b"".join((s if isinstance(s, bytes) else s.encode()) + b"\n" for s, _ in pairs))
+    tgt.write_bytes(b"".join((t if isinstance(t, bytes) else t.encode()) + b"\n" for _, t in pairs))
+    return src, tgt
+
+
+def prepare(*argv) -> int:
+    from data_prep.prepare import main
+    return main([str(a) for a in argv] + ["--vocab-size", "60", "--workers", "1"])
+
+
+def manifest(out: Path) -> dict:
+    m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    for counts in (m, *m["splits"].values()):
+        assert counts["pairs_read"] == counts["pairs_kept"] + sum(counts["rejected"].values())
+    return m
+
+
+def rejects(out: Path) -> list[dict]:
+    from data_prep.prepare import unescape
+    lines = (out / "rejects.tsv").read_text(encoding="utf-8").split("\n")[:-1]
+    header = lines[0].split("\t")
+    return [dict(zip(header, map(unescape, line.split("\t")))) for line in lines[1:]]
+
+
+def peak_bytes(fn) -> int:
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_oversized_line_is_rejected_and_counted_without_being_read_whole(tmp_path):
+    from data_prep.readers import InputLimits, open_reader
+    big = "word " * 4_000_000  # 20 MB on one line
+    src, tgt = moses(tmp_path, "train", [*good_pairs(30), (big, "猫"), ("the cat", big.encode() + b"\xff")])
+    reader = open_reader("moses", str(src), str(tgt))
+    records = []
+    peak = peak_bytes(lambda: records.extend(reader))
+    assert peak < 2 << 20, peak  # the 20 MB lines were never held
+    bad = [r for r in records if not hasattr(r, "doc")]
+    assert [(r.reason, r.origin) for r in bad] == [("oversized", f"{src}:31"), ("oversized", f"{tgt}:32")]
+    assert "line of 20000000 bytes, longer than --max-line-bytes 65536" in bad[0].message
+    assert bad[1].src == "the cat" and len(bad[1].tgt) == 65536  # the good source is kept beside the bad target
+    small = open_reader("tsv", str(tmp_path / "x.tsv"), limits=InputLimits(max_line_bytes=10)) if (
+        tmp_path / "x.tsv").write_text("short\tline\na bit longer\there\n") else None
+    assert [getattr(r, "reason", "pair") for r in small] == ["pair", "oversized"]
+
+
+def test_oversized_lines_in_every_split_are_counted_and_rejects_tsv_stays_small(tmp_path):
+    long_line = "the pump " * 2_000  # 18 kB
+    train = moses(tmp_path, "train", [*good_pairs(40), (long_line, "ポンプ"), *[("copy me", "copy me")] * 300])
+    dev = moses(tmp_path, "dev", [*good_pairs(5), ("the cat", long_line)])
+    out = tmp_path / "data"
+    assert prepare("--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--dev-src", dev[0],
+                   "--dev-tgt", dev[1], "--out", out, "--max-line-bytes", "10000", "--no-script-filter") == 0
+    m = manifest(out)
+    assert m["splits"]["train"]["rejected"]["oversized"] == 1 and m["splits"]["dev"]["rejected"]["oversized"] == 1
+    assert m["splits"]["dev"]["pairs_kept"] == 5 and long_line not in (out / "dev.tgt.txt").read_text()
+    rows = rejects(out)
+    assert [r["origin"] for r in rows if r["reason"] == "oversized"] == [f"{train[0]}:41", f"{dev[1]}:6"]
+    assert all(len(r["src"]) <= 1100 and len(r["tgt"]) <= 1100 for r in rows)  # excerpts, not whole lines
+    assert [r for r in rows if r["origin"] == f"{dev[1]}:6"][0]["src"] == "the cat"
+
+
+def test_invalid_utf8_target_keeps_the_valid_source_in_rejects(tmp_path):
+    train = moses(tmp_path, "train", [*good_pairs(40), ("the valid source", b"bad \xff target")])
+    out = tmp_path / "data"
+    assert prepare("--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--out", out,
+                   "--on-error", "skip") == 0
+    [row] = [r for r in rejects(out) if r["reason"] == "invalid_utf8"]
+    assert row == {"reason": "invalid_utf8", "origin": f"{train[1]}:41", "src": "the valid source",
+                   "tgt": "bad \\xff target"}
+
+
+def opus_zip(path: Path, members: dict, compression=zipfile.ZIP_DEFLATED) -> Path:
+    with zipfile.ZipFile(path, "w", compression=compression) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+def test_zip_bomb_is_refused_before_unpacking(tmp_path, capsys):
+    bomb = opus_zip(tmp_path / "en-ja.zip", {"C.en-ja.en": b"\0" * (40 << 20), "C.en-ja.ja": b"\0" * (40 << 20)})
+    assert bomb.stat().st_size < 200_000
+    out = tmp_path / "data"
+    assert prepare("--train-src", bomb, "--out", out) == 2
+    err = capsys.readouterr().err
+    assert f"{bomb}:C.en-ja.en: unpacks to 41943040 bytes" in err and "refused as a likely zip bomb" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    copies = opus_zip(tmp_path / "c.zip", {"C.en-ja.en": "copy\n" * 5_000_000, "C.en-ja.ja": "copy\n" * 5_000_000})
+    assert prepare("--train-src", copies, "--out", out) == 2  # not 5M "copy" rejects in rejects.tsv
+    assert "more than --max-expansion 100): refused" in capsys.readouterr().err and not out.exists()
+    from data_prep.readers import InputLimits, InputError, open_reader
+    small = opus_zip(tmp_path / "s.zip", {"C.en-ja.en": "the cat\n" * 2_000, "C.en-ja.ja": "猫\n" * 2_000})
+    open_reader("opus-zip", str(small)).check()
+    lowered = open_reader("opus-zip", str(small), limits=InputLimits(max_expansion=5, expansion_slack=1000))
+    with pytest.raises(InputError, match=f"^{small}:C.en-ja.en: unpacks to 16000 bytes .*likely zip bomb"):
+        lowered.check()
+
+
+def patch_zip(path: Path, local_offset: int, central_offset: int, value: bytes) -> None:
+    data = bytearray(path.read_bytes())
+    for signature, offset in ((b"PK\x03\x04", local_offset), (b"PK\x01\x02", central_offset)):
+        start = 0
+        while (at := data.find(signature, start)) >= 0:
+            data[at + offset:at + offset + 2] = value
+            start = at + 4
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ((6, 8), b"\x01\x00", "the member is encrypted"),  # general purpose flag bit 0
+    ((8, 10), b"\x63\x00", "compression method 99 is not supported"),  # 99: AES
+])
+def test_encrypted_or_unsupported_zip_members_are_clear_errors(tmp_path, capsys, field, value, expected):
+    path = opus_zip(tmp_path / "en-ja.zip", {"C.en-ja.en": "the cat\n", "C.en-ja.ja": "猫\n"})
+    patch_zip(path, *field, value)
+    assert prepare("--train-src", path, "--out", tmp_path / "data") == 2
+    err = capsys.readouterr().err
+    assert f"{path}:C.en-ja.en: {expected}" in err and len(err.strip().splitlines()) == 1
+
+
+def tmx(body: str, head: str = "") -> str:
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n{head}<tmx version="1.4"><header srclang="en"/><body>\n'
+            f'{body}</body></tmx>\n')
+
+
+def tu(en: str = "the cat", ja: str = "猫") -> str:
+    return f'<tu><tuv xml:lang="en"><seg>{en}</seg></tuv><tuv xml:lang="ja"><seg>{ja}</seg></tuv></tu>\n'
+
+
+def tmx_records(path: Path, **options) -> list:
+    from data_prep.readers import open_reader
+    return list(open_reader("tmx", str(path), **options))
+
+
+def test_tmx_oversized_segment_is_rejected_unstored_and_whitespace_is_never_stored(tmp_path):
+    path = tmp_path / "a.tmx"
+    path.write_text(tmx(tu() + tu("x" * (20 << 20)) + " \n" * (10 << 20) + tu("the dog", "犬")))
+    records = []
+    peak = peak_bytes(lambda: records.extend(tmx_records(path)))
+    assert peak < 2 << 20, peak  # a 20 MB <seg> and 20 MB of whitespace between <tu>s, never held
+    assert [getattr(r, "reason", r.src) for r in records] == ["the cat", "oversized", "the dog"]
+    assert records[1].origin == f"{path}:TU#2" and "longer than --max-line-bytes 65536" in records[1].message
+
+
+def test_gzipped_tmx_bomb_is_refused(tmp_path, capsys):
+    path = tmp_path / "bomb.tmx.gz"
+    path.write_bytes(gzip.compress(tmx(tu("a" * (200 << 20))).encode(), 9))
+    assert path.stat().st_size < 1 << 20
+    assert prepare("--train-src", path, "--out", tmp_path / "data") == 2
+    err = capsys.readouterr().err
+    assert f"{path}: decompresses to more than 100 times its compressed size" in err and "bomb" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("doc,expected", [
+    (tmx(tu("<hi>" * 5000 + "deep" + "</hi>" * 5000)), "TU#1: elements nested more than 64 deep inside the <tu>"),
+    (tmx("<x>" * 20_000 + "</x>" * 20_000), "elements nested more than 10000 deep"),
+    (tmx(tu(), head='<!DOCTYPE tmx [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">]>'),
+     "entity declaration <!ENTITY a ...>: entities are not accepted"),
+    (tmx(tu("&x;"), head='<!DOCTYPE tmx [<!ENTITY x SYSTEM "file:///etc/passwd">]>'),
+     "entity declaration <!ENTITY x ...>"),
+    (tmx("<!-- " + "c" * (20 << 20) + " -->" + tu()), "bytes without an element or text"),
+])
+def test_hostile_tmx_structure_is_one_clear_error(tmp_path, capsys, doc, expected):
+    path = tmp_path / "h.tmx"
+    path.write_text(doc)
+    assert prepare("--train-src", path, "--out", tmp_path / "data") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"prepare: error: {path}:") and expected in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "passwd" not in err.split("ENTITY")[0]
+
+
+# --- the output directory, empty dev sets, interruptions, unexpected errors -------------------------------------
+
+def test_prepare_refuses_a_directory_holding_files_it_did_not_write(tmp_path, capsys):
+    train = moses(tmp_path, "train", good_pairs(40))
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    (out / "rejects.tsv").write_text("my own rejects\n")
+    args = ["--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--out", out]
+    assert prepare(*args) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: holds notes.txt, which prepare did not write" in err and "--overwrite" in err
+    assert (out / "rejects.tsv").read_text() == "my own rejects\n"
+    (out / "notes.txt").unlink()
+    assert prepare(*args) == 2  # only names of ours, but no manifest of ours: not known to be ours
+    assert "holds rejects.tsv but no manifest.json written by prepare" in capsys.readouterr().err
+    (out / "notes.txt").write_text("mine\n")
+    assert prepare(*args, "--overwrite") == 0
+    assert (out / "notes.txt").read_text() == "mine\n" and manifest(out)["pairs_kept"] > 0
+    (out / "notes.txt").unlink()
+    assert prepare(*args) == 0  # replacing our own earlier output needs no flag
+    (out / "manifest.json").write_text("{}")
+    assert prepare(*args) == 2 and "no manifest.json written by prepare" in capsys.readouterr().err
+
+
+def test_empty_dev_set_is_refused_at_prepare_and_at_training_start(tmp_path, capsys):
+    train = moses(tmp_path, "train", good_pairs(40))
+    for name, pairs in (("empty", []), ("blank", [(" ", "\u3000")] * 3)):
+        dev = moses(tmp_path, name, pairs)
+        out = tmp_path / f"data-{name}"
+        assert prepare("--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--dev-src", dev[0],
+                       "--dev-tgt", dev[1], "--out", out) == 2
+        err = capsys.readouterr().err
+        assert f"--dev-src {dev[0]}: no dev pair is left ({len(pairs)} read" in err and not out.exists()
+    from data_prep.binary import TokenArrayWriter
+    from trainer.data import ParallelData
+    for side in ("src", "tgt"):
+        TokenArrayWriter(str(tmp_path), "dev", side).close()  # a data dir from before this check
+    with pytest.raises(ValueError, match="the dev split holds no sentence pair"):
+        ParallelData(str(tmp_path), "dev")
+
+
+def test_sigterm_during_prepare_leaves_no_staging_directory(tmp_path):
+    import signal
+    import subprocess
+    import time
+    pairs = [(f"{s} {i}", f"{t} {i}") for i in range(20_000) for s, t in good_pairs(8)]
+    train = moses(tmp_path, "train", pairs)
+    out = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-m", "data_prep.prepare", "--format", "moses", "--train-src", train[0],
+                             "--train-tgt", train[1], "--out", out, "--workers", "2"], cwd=Path(__file__).parents[1],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (out / ".prepare-tmp" / "tmp" / "pairs.tsv").exists() and time.time() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "prepare: stopped: by SIGTERM while reading train" in err and "Traceback" not in err
+    assert not out.exists()  # it was created by this run and is empty again: removed
+
+
+def test_an_unexpected_error_is_one_line_with_the_position(tmp_path, capsys, monkeypatch):
+    from data_prep import pipeline
+    train = moses(tmp_path, "train", good_pairs(40))
+    original = pipeline.CleanTask.__call__
+
+    def exhausted(self, pairs):
+        if len(pairs) < 40:
+            raise MemoryError()
+        return original(self, pairs)
+
+    monkeypatch.setattr(pipeline, "CHUNK", 30)
+    monkeypatch.setattr(pipeline.CleanTask, "__call__", exhausted)
+    args = ["--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--out", tmp_path / "data"]
+    assert prepare(*args) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"prepare: error: out of memory while reading train, after {train[0]}:40 (lower --workers, " \
+                          f"or check the input there)"
+    monkeypatch.setattr(pipeline.CleanTask, "__call__", lambda self, pairs: 1 / 0)
+    assert prepare(*args) == 1
+    err = capsys.readouterr().err
+    assert "unexpected ZeroDivisionError while reading train, after" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "data").exists()

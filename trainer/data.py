@@ -129,6 +129,9 @@ class ParallelData:
         self.data_dir, self.split = data_dir, split
         self.src, self.tgt = load_pair(data_dir, split)
         self.src_len, self.tgt_len = self.src.lengths, self.tgt.lengths
+        if len(self.src) == 0:  # found before training starts, not as a crash in the first dev evaluation
+            raise ValueError(f"{data_dir}: the {split} split holds no sentence pair; prepare the data again with a "
+                             f"non-empty --{split}-src (data_prep.prepare now refuses an empty one)")
 
     def __len__(self) -> int:
         return len(self.src)
