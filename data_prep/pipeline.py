@@ -132,13 +132,14 @@ def batched(items: Iterable, n: int, size: Optional[Callable] = None, max_size: 
         yield batch
 
 
-def text_size(item) -> int:
-    """Characters of a record, an (origin, src, tgt) tuple or a TSV line."""
-    if isinstance(item, str):
-        return len(item)
-    if isinstance(item, tuple):
-        return sum(map(len, item))
-    return len(item.src) + len(item.tgt) + len(item.origin)
+def record_chars(record) -> int:
+    """Characters of a reader's record (`Pair` or `Malformed`)."""
+    return len(record.src) + len(record.tgt)
+
+
+def row_chars(row) -> int:
+    """Characters of a pass-2 row: a TSV line, or an (origin, src, tgt) tuple."""
+    return len(row) if isinstance(row, str) else len(row[1]) + len(row[2])
 
 
 @dataclass
@@ -203,7 +204,7 @@ def clean_split(reader: Reader, task: CleanTask, dedup: Optional[Deduplicator], 
     """Pass 1 of one split: (origin, src, tgt) of the pairs that are well-formed and pass the text rules and,
     with `dedup`, the duplicate rules; every other record is counted in `stats` and logged in `rejects`."""
     chunks = ((records, [(r.origin, r.src, r.tgt) for r in records if isinstance(r, Pair)])
-              for records in batched(tracked(reader, position), CHUNK, text_size))
+              for records in batched(tracked(reader, position), CHUNK, record_chars))
     bar = progress(total, desc, " lines")
     for records, chunk in parallel_map(task, chunks, workers):
         stats.repaired.update(chunk.repaired)
@@ -306,7 +307,7 @@ def encode_split(rows: Iterable, task: EncodeTask, stage: str, split: str, stats
     """Pass 2 of one split: encode `rows` (see `EncodeTask`) and append the kept pairs to `{split}.{src,tgt}`."""
     writers = {side: TokenArrayWriter(stage, split, side) for side in SIDES}
     bar = progress(total, f"encode {split}", " pairs")
-    for n, chunk in parallel_map(task, ((len(b), b) for b in batched(rows, CHUNK, text_size)), workers):
+    for n, chunk in parallel_map(task, ((len(b), b) for b in batched(rows, CHUNK, row_chars)), workers):
         for reason, origin, src, tgt in chunk.rejected:
             rejects.add(stats, reason, origin, src, tgt)
         for side in SIDES:

@@ -540,7 +540,8 @@ def test_empty_dev_set_is_refused_at_prepare_and_at_training_start(tmp_path, cap
         ParallelData(str(tmp_path), "dev")
 
 
-def test_sigterm_during_prepare_leaves_no_staging_directory(tmp_path):
+@pytest.mark.parametrize("signame,code,said", [("SIGTERM", 143, "SIGTERM"), ("SIGINT", 130, "Ctrl-C")])
+def test_sigterm_during_prepare_leaves_no_staging_directory(tmp_path, signame, code, said):
     import signal
     import subprocess
     import time
@@ -555,12 +556,12 @@ def test_sigterm_during_prepare_leaves_no_staging_directory(tmp_path):
         while not (out / ".prepare-tmp" / "tmp" / "pairs.tsv").exists() and time.time() < deadline:
             assert proc.poll() is None, proc.stderr.read()
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, signame))
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 143, err
-    assert "prepare: stopped: by SIGTERM while reading train" in err and "Traceback" not in err
+    assert proc.returncode == code, err
+    assert f"prepare: stopped: by {said} while reading train" in err and "Traceback" not in err
     assert not out.exists()  # it was created by this run and is empty again: removed
 
 

@@ -1,10 +1,8 @@
 """Text in, text out: normalisation, SentencePiece, batched beam search, detokenisation."""
 from __future__ import annotations
 
-import json
 import os
 
-import sentencepiece as spm
 import torch
 
 from data_prep.binary import EOS_ID, PAD_ID

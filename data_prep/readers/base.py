@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import BinaryIO, Callable, ClassVar, Iterable, Iterator, Optional, Union
+from typing import BinaryIO, Callable, ClassVar, Iterable, Iterator, NamedTuple, Optional, Union
 
 
 class PrepareError(Exception):
@@ -79,8 +79,7 @@ class Malformed:
 Record = Union[Pair, Malformed]
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):  # a tuple: two of these are made per line pair, and a frozen dataclass costs 3x more
     number: int  # 1-based
     text: Optional[str]  # None when the bytes are not valid UTF-8, or the line is oversized
     raw: bytes  # of an oversized line: only its first bytes
@@ -193,7 +192,7 @@ def invalid_utf8(origin: str, line: Line, side: str = "src", other: str = "") ->
 
 def unusable_line(origin: str, line: Line, side: str = "src", other: str = "",
                   limits: InputLimits = DEFAULT_LIMITS) -> Optional[Malformed]:
-    """The record for a line that is oversized or not UTF-8; None for a good line."""
+    """The record for a line that is oversized or not UTF-8 (both have no text); None for a good line."""
     if line.oversized:
         text = line.lossy()
         return limits.oversized(origin, line.size, src=text if side == "src" else other,

@@ -33,12 +33,17 @@ class MosesReader(Reader):
     def unusable(self, s: Line, t: Line) -> Optional[Malformed]:
         """The record for a line pair with an oversized or non-UTF-8 side (a good source is kept beside a bad
         target in rejects.tsv), None if both sides are text."""
+        if s.text is not None and t.text is not None:  # the common case, first (either problem means no text)
+            return None
         return (unusable_line(f"{self.src_path}:{s.number}", s, "src", limits=self.limits)
                 or unusable_line(f"{self.tgt_path}:{t.number}", t, "tgt", other=s.text, limits=self.limits))
 
     def records(self) -> Iterator[Record]:
         for s, t in self.aligned_lines():
-            yield self.unusable(s, t) or Pair(s.text, t.text, f"{self.src_path}:{s.number}")
+            if s.text is not None and t.text is not None:
+                yield Pair(s.text, t.text, f"{self.src_path}:{s.number}")
+            else:
+                yield self.unusable(s, t)
 
 
 class NtcirReader(MosesReader):
@@ -188,9 +193,8 @@ def split_lines(path: str, lines: Iterator[Line], sep: str, counts: tuple, expec
     `counts` is a `Malformed` record ("expected <expected>, found N")."""
     for line in lines:
         origin = f"{path}:{line.number}"
-        bad = unusable_line(origin, line, limits=limits)
-        if bad:
-            yield bad
+        if line.text is None:
+            yield unusable_line(origin, line, limits=limits)
             continue
         fields = line.text.split(sep)
         if len(fields) in counts:

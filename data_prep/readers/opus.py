@@ -111,10 +111,12 @@ class OpusZipReader(Reader):
                     origin = f"{self.src_path}:{src_name}:{s.number}"
                     id_line = next(ids, None)
                     doc = id_line.text.split("\t")[0] if id_line is not None and id_line.text else None
-                    bad = (unusable_line(origin, s, "src", limits=self.limits)
-                           or unusable_line(f"{self.src_path}:{tgt_name}:{t.number}", t, "tgt", other=s.text,
-                                            limits=self.limits))
-                    yield bad or Pair(s.text, t.text, origin, doc=doc)
+                    if s.text is not None and t.text is not None:
+                        yield Pair(s.text, t.text, origin, doc=doc)
+                    else:  # oversized or not UTF-8 (a good source is kept beside a bad target)
+                        yield (unusable_line(origin, s, "src", limits=self.limits)
+                               or unusable_line(f"{self.src_path}:{tgt_name}:{t.number}", t, "tgt", other=s.text,
+                                                limits=self.limits))
         except (zipfile.BadZipFile, zlib.error, EOFError) as e:
             raise InputError(f"{self.src_path}: corrupt zip data: {e}") from None
         except (RuntimeError, NotImplementedError) as e:  # encrypted / unsupported, if the zip changed since check()
