@@ -587,3 +587,18 @@ def test_an_unexpected_error_is_one_line_with_the_position(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert "unexpected ZeroDivisionError while reading train, after" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("content,expected", [
+    ("[]", "not a manifest written by data_prep.prepare"),
+    ('{"vocab": {"src_size": "8000", "tgt_size": 8000}, "checksum": "x"}', "not a manifest written"),
+    ('{"vocab": {"src_size": 80, "tgt_size": 80}}', "no vocab sizes or checksum"),
+    ("{oops", r"unreadable \(JSONDecodeError"),
+])
+def test_a_malformed_data_manifest_is_refused_when_training_starts(tmp_path, content, expected):
+    from trainer.data import read_manifest
+    (tmp_path / "manifest.json").write_text(content)
+    with pytest.raises((ValueError, ck.CheckpointError), match=expected):
+        read_manifest(str(tmp_path))
+    (tmp_path / "manifest.json").write_text('{"vocab": {"src_size": 80, "tgt_size": 80}, "checksum": "x"}')
+    assert read_manifest(str(tmp_path))["vocab"]["src_size"] == 80
