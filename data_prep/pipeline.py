@@ -142,15 +142,28 @@ def row_chars(row) -> int:
     return len(row) if isinstance(row, str) else len(row[1]) + len(row[2])
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: unwinds like Ctrl-C, so that prepare removes its staging directory."""
+
+
 @dataclass
 class Position:
-    """How far prepare got, for the one-line message of an unexpected error (MemoryError, a bug)."""
+    """How far prepare got, for the one-line message of an unexpected error (MemoryError, a bug) or a stop."""
 
     step: str = "starting"
     origin: str = ""  # the last record read
+    # Set by prepare's signal handler, which also raises `Stopped`; checked per record read and between
+    # steps, because an exception raised in a handler can be swallowed (when the signal lands in a callback
+    # Python ignores exceptions from, e.g. an at-fork hook while the worker pool starts).
+    stop_signal: str = ""
+    publishing: bool = False  # moving the finished files into place: a signal then waits until it is done
 
     def __str__(self) -> str:
         return self.step + (f", after {self.origin}" if self.origin else "")
+
+    def check_stop(self) -> None:
+        if self.stop_signal:
+            raise Stopped(self.stop_signal)
 
 
 def tracked(records: Iterable, position: Optional[Position]) -> Iterator:
@@ -158,6 +171,8 @@ def tracked(records: Iterable, position: Optional[Position]) -> Iterator:
         yield from records
         return
     for rec in records:
+        if position.stop_signal:
+            raise Stopped(position.stop_signal)
         position.origin = rec.origin
         yield rec
 

@@ -62,8 +62,8 @@ from .clean import CleaningOptions, add_cleaning_arguments
 from .dedup import Deduplicator
 from .filters import RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
 from .normalize import REPAIRS
-from .pipeline import (CleanTask, EncodeTask, Position, clean_split, default_workers, encode_split, escape,
-                       read_samples, tsv_line, unescape)
+from .pipeline import (CleanTask, EncodeTask, Position, Stopped, clean_split, default_workers, encode_split,
+                       escape, read_samples, tsv_line, unescape)
 from .readers import (FORMATS_HELP, READERS, DocSplit, InputLimits, MetaFilter, PrepareError, Reader,
                       add_reader_arguments, check_files_exist, detect_format, open_reader, readers_manifest)
 
@@ -214,8 +214,9 @@ def prepare(args: argparse.Namespace, position: Optional[Position] = None) -> di
     os.makedirs(os.path.join(stage, "tmp"))
     try:
         manifest = build(args, readers, inputs, stage, position)
-        position.step, position.origin = f"writing {args.out}", ""
-        publish(stage, args.out, manifest)
+        position.check_stop()
+        position.step, position.origin, position.publishing = f"writing {args.out}", "", True
+        publish(stage, args.out, manifest)  # a few renames; never left half done by a signal
         return manifest
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -262,6 +263,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
             given = f"--{split}-src {getattr(args, f'{split}_src')}" if not args.split_by_doc else f"--{split}-size"
             raise PrepareError(f"{given}: no {split} pair is left ({describe(stats[split])}); give a {split} set "
                                f"with pairs, or leave it out")
+    position.check_stop()
     position.step, position.origin = "training SentencePiece", ""
 
     ratio_sample = read_samples(pairs_tsv, n_train, args.spm_sample, RATIO_SAMPLE, args.seed,
@@ -272,6 +274,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
 
     lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
                            expected_ratio=corpus_ratio(ratio_sample, models))
+    position.check_stop()
     position.step = "encoding train"
     with open(pairs_tsv, encoding="utf-8", newline="\n") as f:
         encode_split(f, EncodeTask(models, lengths, tsv=True), stage, "train", stats["train"], rejects, workers,
@@ -279,6 +282,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     if stats["train"].pairs_kept == 0:
         raise PrepareError(f"no training pair passes the length filters ({describe(stats['train'])})")
     for split, n in n_eval.items():
+        position.check_stop()
         position.step = f"encoding {split}"
         encode_split(eval_pairs(stage, split), EncodeTask(models, None, tsv=False), stage, split, stats[split],
                      rejects, workers, n)
@@ -393,27 +397,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Stopped(BaseException):
-    """SIGTERM: unwinds like Ctrl-C, so that the staging directory is removed."""
-
-
-def _stop(signum, frame) -> None:
-    raise Stopped()
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     position = Position()
-    previous = signal.signal(signal.SIGTERM, _stop) if threading.current_thread() is threading.main_thread() else None
+
+    def stop(signum, frame) -> None:
+        position.stop_signal = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        if not position.publishing:
+            raise Stopped(position.stop_signal)
+
+    handled = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
+    previous = {signum: signal.signal(signum, stop) for signum in handled}
     try:
         manifest = prepare(args, position)
     except PrepareError as e:
         return _error(str(e), 2)
     except OSError as e:
         return _error(f"{e.filename or ''}: {e.strerror or e}", 2)
-    except (Stopped, KeyboardInterrupt) as e:
-        signame, code = ("SIGTERM", 143) if isinstance(e, Stopped) else ("Ctrl-C", 130)
-        return _error(f"by {signame} while {position}; {args.out} is as it was before", code, "stopped")
+    except (Stopped, KeyboardInterrupt):
+        signame = position.stop_signal or "Ctrl-C"
+        return _error(f"by {signame} while {position}; {args.out} is as it was before",
+                      143 if signame == "SIGTERM" else 130, "stopped")
     except MemoryError:
         return _error(f"out of memory while {position} (lower --workers, or check the input there)", 1)
     except Exception as e:  # a bug, or input we did not foresee: one line, how far we got
@@ -421,8 +425,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         return _error(f"unexpected {type(e).__name__} while {position}: {e} (HNMT_TRACEBACK=1 shows where)", 1)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     kept = {split: s["pairs_kept"] for split, s in manifest["splits"].items()}
     rejected = {r: n for r, n in manifest["rejected"].items() if n}
     print(f"prepare: {args.out}: kept {kept}; rejected {rejected or 'none'}; vocab "

@@ -602,3 +602,17 @@ def test_a_malformed_data_manifest_is_refused_when_training_starts(tmp_path, con
         read_manifest(str(tmp_path))
     (tmp_path / "manifest.json").write_text('{"vocab": {"src_size": 80, "tgt_size": 80}, "checksum": "x"}')
     assert read_manifest(str(tmp_path))["vocab"]["src_size"] == 80
+
+
+def test_a_stop_whose_exception_was_swallowed_is_still_noticed(tmp_path):
+    """A signal handler's exception is lost when the signal lands in a callback whose exceptions Python ignores
+    (seen: logging's at-fork hook while the worker pool started); the flag it set stops prepare anyway."""
+    from data_prep.pipeline import Position, Stopped
+    from data_prep.prepare import build_parser
+    from data_prep.prepare import prepare as run_prepare
+    train = moses(tmp_path, "train", good_pairs(40))
+    args = build_parser().parse_args(["--format", "moses", "--train-src", str(train[0]), "--train-tgt",
+                                      str(train[1]), "--out", str(tmp_path / "data"), "--workers", "1"])
+    with pytest.raises(Stopped):
+        run_prepare(args, Position(stop_signal="SIGTERM"))
+    assert not (tmp_path / "data").exists()
