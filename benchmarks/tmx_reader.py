@@ -30,7 +30,8 @@ from data_prep.readers.tmx import open_binary  # noqa: E402
 def tus(n: int):
     for i in range(n):
         yield (f"The pump {i} has a <b>gear</b> wheel and a shaft, as shown in Fig. {i % 9}. " * 2,
-               f"ポンプ{i}は歯車と軸を有する（図{i % 9}）。" * 2, {"score-bicleaner": "0.9", "source-document": f"EP{i // 10}"})
+               f"ポンプ{i}は歯車と軸を有する（図{i % 9}）。" * 2,
+               {"score-bicleaner": "0.9", "source-document": f"EP{i // 10}"})
 
 
 def reader_pass(path: Path) -> int:

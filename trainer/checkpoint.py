@@ -47,7 +47,6 @@ TRAIN_STATE = "train_state.json"
 META = "meta.json"
 FORMAT_VERSION = 2
 MAX_JSON_BYTES = 64 << 20  # manifest / meta / train_state: real ones are kilobytes
-POINTERS = ("latest", "best")
 _STEP_DIR = re.compile(r"^step_[0-9]{1,12}$")
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")  # no separator, no "..", no leading dot
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")

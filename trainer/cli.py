@@ -97,7 +97,8 @@ def _translator(args):
 def export_main(args) -> int:
     from trainer.translator import Translator
 
-    translator = Translator.from_run(args.run, args.checkpoint, allow_unverified=getattr(args, "allow_unverified", False))
+    translator = Translator.from_run(args.run, args.checkpoint,
+                                     allow_unverified=getattr(args, "allow_unverified", False))
     translator.export(args.out)
     o = translator.origin
     print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")

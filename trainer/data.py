@@ -186,8 +186,9 @@ def read_manifest(data_dir: str) -> dict:
         raise FileNotFoundError(f"{path}: not found; data.dir must be a directory written by data_prep.prepare")
     manifest = read_json(path)
     vocab = manifest.get("vocab") if isinstance(manifest, dict) else None
-    if not (isinstance(vocab, dict) and all(type(vocab.get(k)) is int and vocab[k] > 0 for k in ("src_size", "tgt_size"))
-            and isinstance(manifest.get("checksum"), str)):
+    sizes_ok = isinstance(vocab, dict) and all(type(vocab.get(k)) is int and vocab[k] > 0
+                                               for k in ("src_size", "tgt_size"))
+    if not (sizes_ok and isinstance(manifest.get("checksum"), str)):
         raise ValueError(f"{path}: not a manifest written by data_prep.prepare (no vocab sizes or checksum)")
     return manifest
 

@@ -52,12 +52,14 @@ class Translator:
         src_sp, tgt_sp = (model_files.sentencepiece(os.path.join(run_dir, n), path=os.path.join(run_dir, n))
                           for n in RUN_FILES)
         ckpt = checkpoint.resolve(run_dir, which)
-        checkpoint.check_trusted(ckpt, allow_unverified=allow_unverified or checkpoint.is_unfinished_save(run_dir, ckpt))
+        unverified_ok = allow_unverified or checkpoint.is_unfinished_save(run_dir, ckpt)
+        checkpoint.check_trusted(ckpt, allow_unverified=unverified_ok)
         files = [checkpoint.model_file(ckpt, checkpoint.layer_name(i)) for i in range(cfg.model.layers + 1)]
         files.append(checkpoint.model_file(ckpt, checkpoint.HEAD))
         for index, path in enumerate(files[:-1]):
             if not os.path.lexists(path):
-                raise FileNotFoundError(f"{path}: missing layer {index} (checkpoint incomplete or model.layers differs)")
+                raise FileNotFoundError(f"{path}: missing layer {index} (checkpoint incomplete or model.layers "
+                                        f"differs)")
         model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
                                           ((path, checkpoint.load(path)) for path in files))
         meta_path = os.path.join(ckpt, checkpoint.META)

@@ -62,7 +62,8 @@ def readers_manifest(readers: dict[str, Reader]) -> dict:
             "split_by_doc": split}
 
 
-__all__ = ["DEFAULT_LIMITS", "ExpansionGuard", "InputLimits", "FATAL_REASONS", "FORMATS_HELP", "READER_REASONS", "READERS", "DocSplit", "DocSplitView", "InputError",
+__all__ = ["DEFAULT_LIMITS", "ExpansionGuard", "InputLimits", "FATAL_REASONS", "FORMATS_HELP", "READER_REASONS",
+           "READERS", "DocSplit", "DocSplitView", "InputError",
            "Line", "Malformed", "MetaFilter", "Pair", "PrepareError", "Reader", "Record", "add_reader_arguments",
            "check_files_exist", "count_lines", "detect_format", "lang_matches", "lines_of", "open_reader",
            "read_lines", "readers_manifest", "write_tmx"]
