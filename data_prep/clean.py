@@ -194,7 +194,7 @@ class CleaningOptions:
         return {"max_words": self.max_words, "long": self.long, "copy": self.copy,
                 "near_dedup": self.near_dedup,
                 "wrong_script": {side: s and {"script": s[0], "min_fraction": s[1]} for side, s in self.scripts().items()},
-                "eval_rules": ["malformed", "invalid_utf8", *EVAL_REASONS]}
+                "eval_rules": ["malformed", "invalid_utf8", "oversized", *EVAL_REASONS]}
 
 
 @dataclass(frozen=True)

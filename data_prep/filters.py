@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 # In the order they are checked: a pair is counted under the first reason that applies. The text rules
 # (empty .. near_duplicate) are data_prep.clean's, the piece rules (too_long, too_short, ratio) these below.
 # The readers' reasons (malformed .. ipc) are data_prep.readers' (base.READER_REASONS).
-REASONS = ("malformed", "invalid_utf8", "missing_lang", "other_pair", "low_score", "ipc",
+REASONS = ("malformed", "invalid_utf8", "oversized", "missing_lang", "other_pair", "low_score", "ipc",
            "empty", "too_long_text", "copy", "wrong_script", "duplicate",
            "near_duplicate", "too_long", "too_short", "ratio")
 RATIO_MIN_PIECES = 10

@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import signal
 import sys
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from .prepare import RejectLog, SplitStats
 
 CHUNK = 2000  # records per task: large enough to amortise the transfer, small enough to keep memory flat
+CHUNK_CHARS = 8 << 20  # ... and at most this much text per task, however long the lines (hostile input)
 Local, Payload, Result = TypeVar("Local"), TypeVar("Payload"), TypeVar("Result")
 
 
@@ -79,6 +81,9 @@ _TASK: Optional[Callable] = None  # a worker process's task, installed once per 
 def _install(task: Callable) -> None:
     global _TASK
     _TASK = task
+    # The main process handles Ctrl-C and SIGTERM (it removes its staging directory); workers leave quietly.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run(payload):
@@ -86,9 +91,13 @@ def _run(payload):
 
 
 def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local, Payload]],
-                 workers: int) -> Iterator[tuple[Local, Result]]:
+                 workers: int, position: Optional[Position] = None) -> Iterator[tuple[Local, Result]]:
     """(local, task(payload)) for each (local, payload) of `items`, in order. `local` stays in this process;
-    `task` and the payloads go to the workers. At most 2 x workers payloads are in flight."""
+    `task` and the payloads go to the workers. At most 2 x workers payloads are in flight.
+
+    While the pool runs, `position.in_pool` tells prepare's signal handler not to raise: an exception raised
+    inside the executor's `submit` (which holds its shutdown lock) deadlocks the executor's shutdown. A stop
+    is then acted on here, between payloads."""
     items = iter(items)
     head = list(islice(items, 2))
     if workers <= 1 or len(head) < 2:
@@ -97,22 +106,92 @@ def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local,
         return
     # fork: workers start in milliseconds with everything imported (the tasks are also picklable for spawn)
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(task,)) as pool:
-        pending: deque = deque()
-        for local, payload in chain(head, items):
-            pending.append((local, pool.submit(_run, payload)))
-            if len(pending) > 2 * workers:
+    check = position.check_stop if position is not None else (lambda: None)
+    if position is not None:
+        position.in_pool = True
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(task,)) as pool:
+            pending: deque = deque()
+            for local, payload in chain(head, items):
+                check()
+                pending.append((local, pool.submit(_run, payload)))
+                if len(pending) > 2 * workers:
+                    local, future = pending.popleft()
+                    result = future.result()
+                    check()
+                    yield local, result
+            while pending:
                 local, future = pending.popleft()
-                yield local, future.result()
-        while pending:
-            local, future = pending.popleft()
-            yield local, future.result()
+                result = future.result()
+                check()
+                yield local, result
+    finally:
+        if position is not None:
+            position.in_pool = False
 
 
-def batched(items: Iterable, n: int) -> Iterator[list]:
+def batched(items: Iterable, n: int, size: Optional[Callable] = None, max_size: int = CHUNK_CHARS) -> Iterator[list]:
+    """Lists of `n` items; with `size`, a list is also cut once its items' sizes reach `max_size`."""
     it = iter(items)
-    while batch := list(islice(it, n)):
+    if size is None:
+        while batch := list(islice(it, n)):
+            yield batch
+        return
+    batch, total = [], 0
+    for item in it:
+        batch.append(item)
+        total += size(item)
+        if len(batch) == n or total >= max_size:
+            yield batch
+            batch, total = [], 0
+    if batch:
         yield batch
+
+
+def record_chars(record) -> int:
+    """Characters of a reader's record (`Pair` or `Malformed`)."""
+    return len(record.src) + len(record.tgt)
+
+
+def row_chars(row) -> int:
+    """Characters of a pass-2 row: a TSV line, or an (origin, src, tgt) tuple."""
+    return len(row) if isinstance(row, str) else len(row[1]) + len(row[2])
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: unwinds like Ctrl-C, so that prepare removes its staging directory."""
+
+
+@dataclass
+class Position:
+    """How far prepare got, for the one-line message of an unexpected error (MemoryError, a bug) or a stop."""
+
+    step: str = "starting"
+    origin: str = ""  # the last record read
+    # Set by prepare's signal handler, which also raises `Stopped`; checked per record read and between
+    # steps, because an exception raised in a handler can be swallowed (when the signal lands in a callback
+    # Python ignores exceptions from, e.g. an at-fork hook while the worker pool starts).
+    stop_signal: str = ""
+    publishing: bool = False  # moving the finished files into place: a signal then waits until it is done
+    in_pool: bool = False  # parallel_map's worker pool runs: a signal is acted on between its payloads
+
+    def __str__(self) -> str:
+        return self.step + (f", after {self.origin}" if self.origin else "")
+
+    def check_stop(self) -> None:
+        if self.stop_signal:
+            raise Stopped(self.stop_signal)
+
+
+def tracked(records: Iterable, position: Optional[Position]) -> Iterator:
+    if position is None:
+        yield from records
+        return
+    for rec in records:
+        if position.stop_signal:
+            raise Stopped(position.stop_signal)
+        position.origin = rec.origin
+        yield rec
 
 
 def progress(total: Optional[int], desc: str, unit: str) -> tqdm:
@@ -153,13 +232,13 @@ class CleanTask:
 
 def clean_split(reader: Reader, task: CleanTask, dedup: Optional[Deduplicator], stats: SplitStats,
                 rejects: RejectLog, on_error: str, workers: int, total: Optional[int],
-                desc: str) -> Iterator[tuple[str, str, str]]:
+                desc: str, position: Optional[Position] = None) -> Iterator[tuple[str, str, str]]:
     """Pass 1 of one split: (origin, src, tgt) of the pairs that are well-formed and pass the text rules and,
     with `dedup`, the duplicate rules; every other record is counted in `stats` and logged in `rejects`."""
     chunks = ((records, [(r.origin, r.src, r.tgt) for r in records if isinstance(r, Pair)])
-              for records in batched(reader, CHUNK))
+              for records in batched(tracked(reader, position), CHUNK, record_chars))
     bar = progress(total, desc, " lines")
-    for records, chunk in parallel_map(task, chunks, workers):
+    for records, chunk in parallel_map(task, chunks, workers, position):
         stats.repaired.update(chunk.repaired)
         stats.long_split.update(chunk.long_split)
         reasons = {i: r for i, r in zip(chunk.dedup_at, dedup.reasons(chunk.exact, chunk.near)) if r} if dedup else {}
@@ -256,11 +335,12 @@ class EncodeTask:
 
 
 def encode_split(rows: Iterable, task: EncodeTask, stage: str, split: str, stats: SplitStats, rejects: RejectLog,
-                 workers: int, total: int) -> None:
+                 workers: int, total: int, position: Optional[Position] = None) -> None:
     """Pass 2 of one split: encode `rows` (see `EncodeTask`) and append the kept pairs to `{split}.{src,tgt}`."""
     writers = {side: TokenArrayWriter(stage, split, side) for side in SIDES}
     bar = progress(total, f"encode {split}", " pairs")
-    for n, chunk in parallel_map(task, ((len(b), b) for b in batched(rows, CHUNK)), workers):
+    for n, chunk in parallel_map(task, ((len(b), b) for b in batched(rows, CHUNK, row_chars)), workers,
+                                 position):
         for reason, origin, src, tgt in chunk.rejected:
             rejects.add(stats, reason, origin, src, tgt)
         for side in SIDES:

@@ -28,7 +28,15 @@ A pair is counted under the first reason that rejects it, in the order of `filte
 explains the ratio rule); rejects.tsv holds the raw text for malformed / invalid_utf8 and the normalised
 text otherwise. Dev/test pairs are repaired like training pairs but only checked for malformed and empty
 input: they are evaluation sets. Everything is built in DATA_DIR/.prepare-tmp and moved
-into place at the end (manifest.json last), so a failed run leaves the previous dataset untouched.
+into place at the end (manifest.json last), so a failed or interrupted run (an error, Ctrl-C, SIGTERM)
+leaves the previous dataset untouched and no staging directory behind.
+
+Every input is possibly hostile (docs/RELIABILITY.md, "Hostile input"): lines and TMX segments longer
+than --max-line-bytes are rejected as "oversized" without being read whole, compressed input that
+unpacks to more than --max-expansion times its size is refused, rejects.tsv keeps an excerpt of at most
+`EXCERPT_CHARS` characters per field, an empty dev or test set is refused, DATA_DIR may only hold what
+prepare wrote before (else --overwrite), and an unexpected error (even MemoryError) is one line saying
+how far prepare got.
 """
 from __future__ import annotations
 
@@ -37,7 +45,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -47,17 +57,25 @@ import sentencepiece as spm
 
 from . import vocab
 from .binary import SIDES, side_paths
+from .outdir import OutputDirError, check_output_dir, json_marker
 from .clean import CleaningOptions, add_cleaning_arguments, base_lang
 from .dedup import Deduplicator
 from .filters import MAX_PIECES, RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
 from .normalize import REPAIRS
-from .pipeline import (CleanTask, EncodeTask, clean_split, default_workers, encode_split, escape, read_samples,
-                       tsv_line, unescape)
-from .readers import (FORMATS_HELP, READERS, DocSplit, MetaFilter, PrepareError, Reader, add_reader_arguments,
-                      check_files_exist, detect_format, open_reader, readers_manifest)
+from .pipeline import (CleanTask, EncodeTask, Position, Stopped, clean_split, default_workers, encode_split,
+                       escape, read_samples, tsv_line, unescape)
+from .readers import (FORMATS_HELP, READERS, DocSplit, InputLimits, MetaFilter, PrepareError, Reader,
+                      add_reader_arguments, check_files_exist, detect_format, open_reader, readers_manifest)
 
 SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 1
+STAGE = ".prepare-tmp"
+EXCERPT_CHARS = 1000  # of each field in rejects.tsv: its size stays proportional to the number of rejects
+# Every name prepare writes into DATA_DIR (data_prep.outdir: anything else there is not ours).
+OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", "rejects.tsv", STAGE, "spm.src.model", "spm.src.vocab",
+                "spm.tgt.model", "spm.tgt.vocab", *(f"{split}.{side}.{ext}" for split in SPLITS for side in SIDES
+                                                    for ext in ("bin", "idx")),
+                *(f"{split}.{side}.txt" for split in SPLITS[1:] for side in SIDES))
 # escape / unescape are re-exported: rejects.tsv is escaped the same way as the temporary TSV
 __all__ = ["build_parser", "escape", "main", "prepare", "unescape"]
 
@@ -89,10 +107,15 @@ class RejectLog:
 
     def add(self, stats: SplitStats, reason: str, origin: str, src: str, tgt: str) -> None:
         stats.rejected[reason] += 1
-        self._f.write("\t".join(map(escape, (reason, origin, src, tgt))) + "\n")
+        self._f.write("\t".join(escape(excerpt(x)) for x in (reason, origin, src, tgt)) + "\n")
 
     def close(self) -> None:
         self._f.close()
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text`, or its first `limit` characters and how many more there were."""
+    return text if len(text) <= limit else f"{text[:limit]}…[{len(text) - limit} more characters]"
 
 
 def file_info(path: str) -> dict:
@@ -123,7 +146,8 @@ def split_readers(args: argparse.Namespace) -> dict[str, Reader]:
     training input only. With --split-by-doc, dev and test are documents held out of the training input
     (data_prep.readers.docsplit; its first pass over the input runs here)."""
     meta_filter = MetaFilter(args.min_score, args.score_prop, tuple(args.ipc or ()))
-    options = {"src_lang": args.src_lang, "tgt_lang": args.tgt_lang, "inline": args.tmx_inline}
+    options = {"src_lang": args.src_lang, "tgt_lang": args.tgt_lang, "inline": args.tmx_inline,
+               "limits": InputLimits(max_line_bytes=args.max_line_bytes, max_expansion=args.max_expansion)}
     readers = {}
     for split in SPLITS:
         src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
@@ -157,25 +181,42 @@ def validate(args: argparse.Namespace) -> None:
               (args.spm_sample >= 1, "--spm-sample must be >= 1"),
               (args.max_words >= 0, "--max-words must be >= 0 (0: no limit)"),
               (args.workers >= 0, "--workers must be >= 0 (0: one per core)"),
+              (args.max_line_bytes >= 1, "--max-line-bytes must be >= 1"),
+              (args.max_expansion >= 1, "--max-expansion must be >= 1"),
               (not os.path.isfile(args.out), f"--out {args.out} is a file, not a directory")]
     for ok, message in checks:
         if not ok:
             raise PrepareError(message)
 
 
-def prepare(args: argparse.Namespace) -> dict:
-    """Build DATA_DIR from parsed options; returns the manifest. Raises `PrepareError` for user errors."""
+def check_out(args: argparse.Namespace) -> None:
+    """--out may hold only what prepare wrote before (its manifest proves it), unless --overwrite."""
+    try:
+        check_output_dir(args.out, owned=OUTPUT_NAMES, marker="manifest.json",
+                         is_marker_ours=json_marker(["pairs_read", "checksum_files", "checksum"]),
+                         overwrite=args.overwrite, flag="--overwrite", program="prepare", leftovers=[STAGE])
+    except OutputDirError as e:
+        raise PrepareError(f"--out {e}") from None
+
+
+def prepare(args: argparse.Namespace, position: Optional[Position] = None) -> dict:
+    """Build DATA_DIR from parsed options; returns the manifest. Raises `PrepareError` for user errors.
+    `position` follows the work, for the message of an unexpected error."""
+    position = position or Position()
     validate(args)
+    check_out(args)
     readers = split_readers(args)
     inputs = [dict(split=split, **file_info(p)) for split, r in readers.items() for p in r.paths]
     created_out = not os.path.isdir(args.out)
     os.makedirs(args.out, exist_ok=True)
-    stage = os.path.join(args.out, ".prepare-tmp")
+    stage = os.path.join(args.out, STAGE)
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(os.path.join(stage, "tmp"))
     try:
-        manifest = build(args, readers, inputs, stage)
-        publish(stage, args.out, manifest)
+        manifest = build(args, readers, inputs, stage, position)
+        position.check_stop()
+        position.step, position.origin, position.publishing = f"writing {args.out}", "", True
+        publish(stage, args.out, manifest)  # a few renames; never left half done by a signal
         return manifest
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -184,7 +225,8 @@ def prepare(args: argparse.Namespace) -> dict:
         raise
 
 
-def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dict], stage: str) -> dict:
+def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dict], stage: str,
+          position: Position) -> dict:
     tmp = os.path.join(stage, "tmp")
     stats = {split: SplitStats() for split in readers}
     rejects = RejectLog(os.path.join(stage, "rejects.tsv"))
@@ -196,24 +238,33 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     dedup = Deduplicator(cleaning.dedup, cleaning.near_dedup) if cleaning.dedup or cleaning.near_dedup else None
     pairs_tsv = os.path.join(tmp, "pairs.tsv")
     n_train = 0
+    position.step = "reading train"
     with open(pairs_tsv, "w", encoding="utf-8") as f:
         for rec in clean_split(readers["train"], CleanTask(cleaning, True), dedup, stats["train"], rejects,
-                               args.on_error, workers, lines["train"], "read train"):
+                               args.on_error, workers, lines["train"], "read train", position):
             f.write(tsv_line(rec))
             n_train += 1
     del dedup  # the only state that grows with the corpus, and done with
     n_eval = {}
     for split in [s for s in readers if s != "train"]:
         paths = {side: os.path.join(stage, f"{split}.{side}.txt") for side in SIDES}
+        position.step, position.origin = f"reading {split}", ""
         with open(paths["src"], "w", encoding="utf-8") as fs, open(paths["tgt"], "w", encoding="utf-8") as ft:
             n_eval[split] = 0
             for _, src, tgt in clean_split(readers[split], CleanTask(cleaning, False), None, stats[split], rejects,
-                                           args.on_error, workers, lines.get(split), f"read {split}"):
+                                           args.on_error, workers, lines.get(split), f"read {split}", position):
                 fs.write(src + "\n")
                 ft.write(tgt + "\n")
                 n_eval[split] += 1
     if n_train == 0:
         raise PrepareError(f"no training pair is left after filtering ({describe(stats['train'])})")
+    for split, n in n_eval.items():
+        if n == 0:  # the trainer would have nothing to evaluate (dev BLEU over no sentences)
+            given = f"--{split}-src {getattr(args, f'{split}_src')}" if not args.split_by_doc else f"--{split}-size"
+            raise PrepareError(f"{given}: no {split} pair is left ({describe(stats[split])}); give a {split} set "
+                               f"with pairs, or leave it out")
+    position.check_stop()
+    position.step, position.origin = "training SentencePiece", ""
 
     ratio_sample = read_samples(pairs_tsv, n_train, args.spm_sample, RATIO_SAMPLE, args.seed,
                                 *vocab.sample_files(tmp, args.joint_vocab))
@@ -224,14 +275,18 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
 
     lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
                            expected_ratio=corpus_ratio(ratio_sample, models))
+    position.check_stop()
+    position.step = "encoding train"
     with open(pairs_tsv, encoding="utf-8", newline="\n") as f:
         encode_split(f, EncodeTask(models, lengths, tsv=True), stage, "train", stats["train"], rejects, workers,
-                     n_train)
+                     n_train, position)
     if stats["train"].pairs_kept == 0:
         raise PrepareError(f"no training pair passes the length filters ({describe(stats['train'])})")
     for split, n in n_eval.items():
+        position.check_stop()
+        position.step = f"encoding {split}"
         encode_split(eval_pairs(stage, split), EncodeTask(models, None, tsv=False), stage, split, stats[split],
-                     rejects, workers, n)
+                     rejects, workers, n, position)
     rejects.close()
     shutil.rmtree(tmp)
 
@@ -335,25 +390,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="seed of the SentencePiece training sample and --split-by-doc")
     p.add_argument("--workers", type=int, default=0,
                    help="processes that clean and encode (0: one per core); the output does not depend on it")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into --out even if it holds files prepare did not write (those are left alone; "
+                        "prepare's own names are replaced)")
+    p.add_argument("--max-line-bytes", type=int, default=InputLimits.max_line_bytes, metavar="N",
+                   help="reject (\"oversized\", counted) lines and TMX segments longer than N bytes, unread "
+                        "(default: %(default)s)")
+    p.add_argument("--max-expansion", type=float, default=InputLimits.max_expansion, metavar="X",
+                   help="refuse a zip member or gzipped TMX that unpacks to more than X times its compressed size "
+                        "(a decompression bomb; default: %(default)s)")
     add_cleaning_arguments(p)
     return p
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    position = Position()
+
+    def stop(signum, frame) -> None:
+        position.stop_signal = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        if not (position.publishing or position.in_pool):
+            raise Stopped(position.stop_signal)
+
+    handled = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
+    previous = {signum: signal.signal(signum, stop) for signum in handled}
     try:
-        manifest = prepare(args)
+        manifest = prepare(args, position)
     except PrepareError as e:
-        print(f"prepare: error: {str(e).replace(chr(13), ' ').replace(chr(10), ' ')}", file=sys.stderr)
-        return 2
+        return _error(str(e), 2)
     except OSError as e:
-        print(f"prepare: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return _error(f"{e.filename or ''}: {e.strerror or e}", 2)
+    except (Stopped, KeyboardInterrupt):
+        signame = position.stop_signal or "Ctrl-C"
+        return _error(f"by {signame} while {position}; {args.out} is as it was before",
+                      143 if signame == "SIGTERM" else 130, "stopped")
+    except MemoryError:
+        return _error(f"out of memory while {position} (lower --workers, or check the input there)", 1)
+    except Exception as e:  # a bug, or input we did not foresee: one line, how far we got
+        if os.environ.get("HNMT_TRACEBACK"):
+            raise
+        return _error(f"unexpected {type(e).__name__} while {position}: {e} (HNMT_TRACEBACK=1 shows where)", 1)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     kept = {split: s["pairs_kept"] for split, s in manifest["splits"].items()}
     rejected = {r: n for r, n in manifest["rejected"].items() if n}
     print(f"prepare: {args.out}: kept {kept}; rejected {rejected or 'none'}; vocab "
           f"{manifest['vocab']['src_size']}/{manifest['vocab']['tgt_size']}", file=sys.stderr)
     return 0
+
+
+def _error(message: str, code: int, label: str = "error") -> int:
+    print(f"prepare: {label}: {message.replace(chr(13), ' ').replace(chr(10), ' ')[:2000]}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         return evaluate_main(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
+    except (ValueError, OSError, CheckpointError) as e:  # OSError: also unreadable files
         fail(e)
 
 

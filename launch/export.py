@@ -15,11 +15,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--run", required=True, help="run directory written by launch/train.py")
     p.add_argument("--checkpoint", default="best", help="best | last | a checkpoint directory")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="load a checkpoint without (or with a malformed) manifest.json, unchecked")
     p.add_argument("--out", required=True, help="the model file to write")
     args = p.parse_args(argv)
     try:
         return export_main(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
+    except (ValueError, OSError, CheckpointError) as e:  # OSError: also unreadable files
         fail(e)
 
 

@@ -19,6 +19,13 @@ Atomicity: every file is written into `step_N.tmp` and fsynced; once every rank 
 files, rank 0 writes the manifest, renames the directory to `step_N` and fsyncs the parent, then
 updates `latest` (temporary name + rename). A directory without the `.tmp` suffix therefore always
 holds a complete checkpoint, and `verify` detects any later truncation or corruption by checksum.
+
+Trust: a checkpoint directory may come from anywhere (a copy, a download, a tampered run). `verify`
+accepts it only if its manifest is well-formed, names plain files of that directory (no "..", no
+absolute paths, no links that leave it, nothing but regular files: no /dev/zero, no FIFO), lists
+every file the directory holds, and every size and sha256 matches. A checkpoint without a manifest is
+refused unless the caller says so explicitly (`allow_unverified`; the CLIs' --allow-unverified), and
+`best` / `latest` must name a checkpoint directory of the same run. JSON files are read with a size cap.
 """
 from __future__ import annotations
 
@@ -26,7 +33,9 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
+import stat
 from typing import Optional
 
 import torch
@@ -37,6 +46,10 @@ MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"
 META = "meta.json"
 FORMAT_VERSION = 2
+MAX_JSON_BYTES = 64 << 20  # manifest / meta / train_state: real ones are kilobytes
+_STEP_DIR = re.compile(r"^step_[0-9]{1,12}$")
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")  # no separator, no "..", no leading dot
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(RuntimeError):
@@ -144,20 +157,53 @@ def mark_best(run_dir: str, step: int) -> None:
 
 
 def read_pointer(run_dir: str, name: str) -> Optional[str]:
+    """The checkpoint `latest` / `best` names (None if there is no pointer). A pointer that names anything
+    but a checkpoint directory of this run (`step_N`, inside RUN_DIR/checkpoints) is a CheckpointError."""
     path = os.path.join(root(run_dir), name)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
-    with open(path) as f:
-        return f.read().strip() or None
+    problem = _not_a_regular_file(path, root(run_dir))
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
+    with open(path, "rb") as f:
+        raw = f.read(257)
+    target = raw.decode("utf-8", errors="replace").strip()
+    if not target:
+        return None
+    if len(raw) > 256 or not _STEP_DIR.match(target) or not _inside(os.path.join(root(run_dir), target), root(run_dir)):
+        raise CheckpointError(f"{path}: names {target[:80]!r}, which is not a checkpoint directory of this run "
+                              f"(expected step_N in {root(run_dir)})")
+    return target
+
+
+def _inside(path: str, directory: str) -> bool:
+    """`path`, with every link resolved, is `directory` or below it."""
+    real, base = os.path.realpath(path), os.path.realpath(directory)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _not_a_regular_file(path: str, directory: str) -> Optional[str]:
+    """Why `path` may not be read as a file of `directory` (None if it may): it must exist, stay inside
+    `directory` after resolving links, and be a regular file (a device or FIFO would hang a reader)."""
+    if not os.path.lexists(path):
+        return "missing"
+    if not _inside(path, directory):
+        return f"a link to {os.path.realpath(path)}, outside {directory}"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    return None if stat.S_ISREG(mode) else "not a regular file"
 
 
 def complete_checkpoints(run_dir: str) -> list[str]:
-    """Names of the renamed (complete when written) checkpoints, oldest first."""
+    """Names of the renamed (complete when written) checkpoints, oldest first. A `step_N` entry that is not
+    a directory inside the run (e.g. a link to elsewhere) is not one of them."""
     ckpts = root(run_dir)
     if not os.path.isdir(ckpts):
         return []
-    names = [n for n in os.listdir(ckpts) if n.startswith("step_") and not n.endswith(".tmp")
-             and os.path.isdir(os.path.join(ckpts, n))]
+    names = [n for n in os.listdir(ckpts) if _STEP_DIR.match(n)
+             and os.path.isdir(os.path.join(ckpts, n)) and _inside(os.path.join(ckpts, n), ckpts)]
     return sorted(names, key=step_of)
 
 
@@ -171,21 +217,42 @@ def prune(run_dir: str, keep_last: int) -> None:
 
 
 # ---- reading and trusting ----
-def verify(ckpt: str) -> list[str]:
-    """Problems that make `ckpt` untrustworthy (missing, truncated or altered files); [] if none."""
+def read_manifest(ckpt: str) -> tuple[dict, list[str]]:
+    """(name -> {"sha256", "bytes"}, problems) of `ckpt`'s manifest; the entries are only returned when
+    the manifest is well-formed and names only plain files of the directory."""
     path = os.path.join(ckpt, MANIFEST)
-    if not os.path.exists(path):
-        return [f"{path}: missing (the checkpoint is incomplete, or from a version without checksums)"]
+    if not os.path.lexists(path):
+        return {}, [f"{path}: missing (the checkpoint is incomplete, or from a version without checksums)"]
     try:
-        with open(path) as f:
-            files = json.load(f)["files"]
-    except (ValueError, KeyError) as e:
-        return [f"{path}: unreadable ({e})"]
+        data = read_json(path)
+    except CheckpointError as e:
+        return {}, [str(e)]
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        return {}, [f"{path}: malformed: expected an object whose \"files\" maps file names to sha256 and bytes"]
     problems = []
     for name, entry in files.items():
+        if not _PLAIN_NAME.match(name) or name == MANIFEST:
+            problems.append(f"{path}: lists {name[:80]!r}, which is not a file name of this checkpoint directory")
+        elif not (isinstance(entry, dict) and type(entry.get("bytes")) is int and entry["bytes"] >= 0
+                  and isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])):
+            problems.append(f"{path}: malformed entry for {name!r} (expected sha256 and bytes)")
+    return ({} if problems else files), problems
+
+
+def verify(ckpt: str) -> list[str]:
+    """Problems that make `ckpt` untrustworthy (no or a malformed manifest; missing, truncated, altered,
+    unlisted or not-regular files); [] if none."""
+    files, problems = read_manifest(ckpt)
+    if problems:
+        return problems
+    for name in sorted(set(os.listdir(ckpt)) - set(files) - {MANIFEST}):
+        problems.append(f"{os.path.join(ckpt, name)}: not in the manifest (added after the checkpoint was saved?)")
+    for name, entry in files.items():
         file = os.path.join(ckpt, name)
-        if not os.path.exists(file):
-            problems.append(f"{file}: missing")
+        problem = _not_a_regular_file(file, ckpt)
+        if problem:
+            problems.append(f"{file}: {problem}")
             continue
         size = os.path.getsize(file)
         if size != entry["bytes"]:
@@ -220,7 +287,8 @@ def find_resume(run_dir: str, which: str, log=print) -> Optional[str]:
 
 
 def resolve(run_dir: str, which: str = "best") -> str:
-    """'best' | 'last' | a path -> a complete checkpoint directory (best falls back to last)."""
+    """'best' | 'last' | a path -> a complete checkpoint directory (best falls back to last). The pointers
+    must name a checkpoint directory of this run; a path is the user's own choice."""
     if which not in ("best", "last", "latest"):
         if not os.path.isdir(which):
             raise FileNotFoundError(f"--checkpoint {which}: not a checkpoint directory")
@@ -229,10 +297,37 @@ def resolve(run_dir: str, which: str = "best") -> str:
     name = name or read_pointer(run_dir, "latest")
     if name is None:
         raise FileNotFoundError(f"{root(run_dir)}: no complete checkpoint (was the run trained?)")
-    return os.path.join(root(run_dir), name)
+    path = os.path.join(root(run_dir), name)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{root(run_dir)}: the pointer names {name}, which does not exist (pruned or moved?)")
+    return path
+
+
+def is_unfinished_save(run_dir: str, ckpt: str) -> bool:
+    """`ckpt` is this run's own save in progress (checkpoints/step_N.tmp): its manifest is written only
+    after the trainer's dev decode has read the weights, so it cannot be verified yet."""
+    name = os.path.basename(os.path.normpath(ckpt))
+    return (name.endswith(".tmp") and bool(_STEP_DIR.match(name[:-4]))
+            and os.path.realpath(os.path.dirname(os.path.normpath(ckpt))) == os.path.realpath(root(run_dir)))
+
+
+def check_trusted(ckpt: str, *, allow_unverified: bool = False) -> None:
+    """Raise CheckpointError unless `ckpt` verifies. With `allow_unverified` (the user said so), a missing or
+    malformed manifest is accepted, but every file read must still be a regular file of `ckpt`."""
+    if not allow_unverified:
+        problems = verify(ckpt)
+        if problems:
+            hint = (" (to load it anyway, without checksums, pass --allow-unverified)"
+                    if any(p.startswith(os.path.join(ckpt, MANIFEST)) for p in problems) else "")
+            raise CheckpointError(f"{ckpt}: {'; '.join(problems)}{hint}")
 
 
 def load(path: str):
+    problem = _not_a_regular_file(path, os.path.dirname(path) or ".")
+    if problem == "missing":
+        raise FileNotFoundError(f"{path}: missing")
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -241,23 +336,17 @@ def load(path: str):
         raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
 
 
-def read_json(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
-def load_model_weights(model, ckpt: str) -> dict:
-    """Fill a whole-model `Seq2Seq` from a checkpoint directory (verified when it has a manifest);
-    returns its meta.json (empty while the checkpoint is still being written)."""
-    if os.path.exists(os.path.join(ckpt, MANIFEST)):
-        problems = verify(ckpt)
-        if problems:
-            raise CheckpointError(f"{ckpt}: {'; '.join(problems)}")
-    for index, layer in enumerate(model.layers()):
-        path = model_file(ckpt, layer_name(index))
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: missing layer {index} (checkpoint incomplete or model.layers differs)")
-        layer.load_state_dict(load(path))
-    model.head.load_state_dict(load(model_file(ckpt, HEAD)))
-    meta = os.path.join(ckpt, META)
-    return read_json(meta) if os.path.exists(meta) else {}
+def read_json(path: str, max_bytes: int = MAX_JSON_BYTES):
+    """A JSON file of a checkpoint or run, refused (CheckpointError naming it) when it is not a regular file,
+    larger than `max_bytes`, or not JSON."""
+    problem = _not_a_regular_file(path, os.path.dirname(path) or ".")
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise CheckpointError(f"{path}: {size} bytes, more than the {max_bytes} a file of this kind may have")
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read(max_bytes + 1).decode("utf-8"))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None

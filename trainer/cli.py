@@ -79,7 +79,8 @@ def train_main(config_path, overrides, ds_config_path) -> int:
 def export_main(args) -> int:
     from trainer.translator import Translator
 
-    translator = Translator.from_run(args.run, args.checkpoint, device="cpu")
+    translator = Translator.from_run(args.run, args.checkpoint, device="cpu",
+                                     allow_unverified=getattr(args, "allow_unverified", False))
     translator.export(args.out)
     o = translator.origin
     print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")

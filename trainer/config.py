@@ -7,10 +7,13 @@ are never repeated here.
 """
 from __future__ import annotations
 
+import io
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -18,6 +21,7 @@ from trainer.metrics import TOKENIZE_CHOICES, tokenizer_problem
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_CONFIG = os.path.join(REPO_ROOT, "trainer", "configs", "demo.yaml")
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few hundred bytes; this bounds what a hostile one can make us parse
 
 
 class ConfigError(ValueError):
@@ -141,25 +145,87 @@ def validate(cfg: DictConfig) -> None:
 def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictConfig:
     """YAML at `path` (default demo.yaml) + `key=value` overrides -> validated, read-only config.
 
-    Unknown keys and wrong types raise ConfigError naming the key, before anything is built.
+    Unknown keys and wrong types raise ConfigError naming the key, before anything is built. A config is
+    data: YAML syntax errors name the line, and tags (`!!python/...`), interpolations (`${...}`, which could
+    read environment variables) and non-UTF-8 or oversized files are refused.
     """
     path = path or DEFAULT_CONFIG
-    if not os.path.exists(path):
-        raise ConfigError(f"--config {path}: no such file")
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
+        if "${" in item:
+            raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
+    loaded = read_yaml(path)
     try:
         cfg = OmegaConf.structured(Config)
-        cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        cfg = OmegaConf.merge(cfg, loaded)
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
-        raise ConfigError(f"{path}: bad config key {key!r}: {e.msg if hasattr(e, 'msg') else e}") from None
+        message = str(e.msg if hasattr(e, "msg") else e).splitlines()[0]  # the rest repeats the key and types
+        raise ConfigError(f"{path}: bad config key {key!r}: {message}") from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+def read_yaml(path: str) -> DictConfig:
+    """The YAML file at `path` as an untyped DictConfig, or a ConfigError naming the file (and line)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"--config {path}: no such file")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ConfigError(f"{path}: not a regular file")
+    if os.path.getsize(path) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {os.path.getsize(path)} bytes; a config has at most {MAX_CONFIG_BYTES}")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        loaded = OmegaConf.load(io.StringIO(text))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}{_yaml_where(e)}: {_yaml_problem(e)}") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{path}: {str(getattr(e, 'msg', e)).splitlines()[0]}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...), "
+                          f"not a {type(OmegaConf.to_container(loaded)).__name__}")
+    interpolated = _interpolations(OmegaConf.to_container(loaded, resolve=False))
+    if interpolated:
+        raise ConfigError(f"{path}: {interpolated}: interpolations (${{...}}) are not allowed in a config")
+    return loaded
+
+
+def _yaml_where(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if "python/" in problem or "constructor for the tag" in problem:
+        return (f"YAML tags are not allowed in a config (configs hold plain values, nothing in them is run): "
+                f"{problem}")
+    context = getattr(e, "context", None)
+    return f"YAML syntax error: {problem}" + (f" ({context})" if context else "")
+
+
+def _interpolations(node, key: str = "") -> Optional[str]:
+    """The first key whose value holds an interpolation, if any."""
+    if isinstance(node, dict):
+        items = node.items()
+    elif isinstance(node, list):
+        items = enumerate(node)
+    else:
+        return key or "(top level)" if isinstance(node, str) and "${" in node else None
+    for k, v in items:
+        found = _interpolations(v, f"{key}.{k}" if key else str(k))
+        if found:
+            return found
+    return None
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -5,7 +5,6 @@ travel between ranks; each rank cuts out the rows it needs (see `trainer.paralle
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -129,6 +128,9 @@ class ParallelData:
         self.data_dir, self.split = data_dir, split
         self.src, self.tgt = load_pair(data_dir, split)
         self.src_len, self.tgt_len = self.src.lengths, self.tgt.lengths
+        if len(self.src) == 0:  # found before training starts, not as a crash in the first dev evaluation
+            raise ValueError(f"{data_dir}: the {split} split holds no sentence pair; prepare the data again with a "
+                             f"non-empty --{split}-src (data_prep.prepare now refuses an empty one)")
 
     def __len__(self) -> int:
         return len(self.src)
@@ -176,11 +178,19 @@ class BatchStream:
 
 
 def read_manifest(data_dir: str) -> dict:
+    """DATA_DIR/manifest.json, checked for what the trainer reads from it (size-capped, like any user file)."""
+    from trainer.checkpoint import read_json
+
     path = os.path.join(data_dir, "manifest.json")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: not found; data.dir must be a directory written by data_prep.prepare")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    manifest = read_json(path)
+    vocab = manifest.get("vocab") if isinstance(manifest, dict) else None
+    sizes_ok = isinstance(vocab, dict) and all(type(vocab.get(k)) is int and vocab[k] > 0
+                                               for k in ("src_size", "tgt_size"))
+    if not (sizes_ok and isinstance(manifest.get("checksum"), str)):
+        raise ValueError(f"{path}: not a manifest written by data_prep.prepare (no vocab sizes or checksum)")
+    return manifest
 
 
 __all__ = ["Batch", "BatchStream", "ParallelData", "collate", "has_split", "make_batches",

@@ -34,6 +34,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                                                         "launch/average.py; repeat for an ensemble")
     p.add_argument("--checkpoint", action="append", help="with --run: best (default) | last | a checkpoint "
                                                          "directory; repeat for an ensemble")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="with --run: load a checkpoint without (or with a malformed) manifest.json, unchecked")
     p.add_argument("--device", default=None, help="cuda | cpu | cuda:N (default: cuda when available)")
 
 
@@ -58,7 +60,9 @@ def load_translator(args):
         names = args.model
     else:
         names = args.checkpoint or ["best"]
-        members = [Translator.from_run(args.run, which, args.device) for which in names]
+        members = [Translator.from_run(args.run, which, args.device,
+                                       allow_unverified=getattr(args, "allow_unverified", False))
+                   for which in names]
     return members[0] if len(members) == 1 else Translator.ensemble(members, names)
 
 

@@ -13,19 +13,17 @@ What happens to one input line (`Translator.translate_nbest`):
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 
-import sentencepiece as spm
 import torch
 from omegaconf import OmegaConf
 
 from data_prep.binary import EOS_ID, PAD_ID
 from data_prep.normalize import PLACEHOLDER, normalize, repair, restore_formulas
 from data_prep.segment import TrainingLimits, join_segments, segment
-from trainer import checkpoint
-from trainer.config import Config, load_config
+from trainer import checkpoint, model_files
+from trainer.config import load_config
 from trainer.metrics import manifest_lang
 from trainer.model import Seq2Seq, build_model
 from trainer.search import Ensemble, Hypothesis, beam_search_nbest
@@ -34,6 +32,7 @@ RUN_FILES = ("spm.src.model", "spm.tgt.model")
 DATA_MANIFEST = "data_manifest.json"
 EXPORT_FORMAT = "hybrid-nmt/model"
 EXPORT_VERSION = 1
+EXPORT_KEYS = ("version", "config", "model", "spm_src", "spm_tgt", "normalize", "origin")
 
 
 def default_device() -> str:
@@ -42,6 +41,12 @@ def default_device() -> str:
 
 def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def _tensor_bytes(t, where: str) -> bytes:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1:
+        raise model_files.ModelFileError(f"{where}: expected the model's bytes (a 1-d uint8 tensor)")
+    return t.numpy().tobytes()
 
 
 def one_line(text: str) -> str:
@@ -78,17 +83,36 @@ class Translator:
 
     # ---- loading ----
     @classmethod
-    def from_run(cls, run_dir: str, which: str = "best", device=None) -> "Translator":
+    def from_run(cls, run_dir: str, which: str = "best", device=None, *, allow_unverified: bool = False
+                 ) -> "Translator":
+        """The model of a run directory's checkpoint (`which`: best | last | a path). The checkpoint must
+        verify (trainer.checkpoint) unless `allow_unverified`, or it is the run's own save in progress (the
+        trainer's dev decode); every file is checked before the model is built (trainer.model_files)."""
         cfg = load_config(os.path.join(run_dir, "config.yaml"))
-        with open(os.path.join(run_dir, DATA_MANIFEST)) as f:
-            manifest = json.load(f)
-        src_sp, tgt_sp = (spm.SentencePieceProcessor(model_file=os.path.join(run_dir, n)) for n in RUN_FILES)
-        model = build_model(cfg.model, src_sp.get_piece_size(), tgt_sp.get_piece_size())
+        manifest_path = os.path.join(run_dir, DATA_MANIFEST)
+        manifest = checkpoint.read_json(manifest_path)
+        if not isinstance(manifest, dict):
+            raise model_files.ModelFileError(f"{manifest_path}: not a prepare manifest (a JSON object)")
+        norm = model_files.normalize_flags(manifest.get("normalize", {}), manifest_path)
+        src_sp, tgt_sp = (model_files.sentencepiece(os.path.join(run_dir, n), path=os.path.join(run_dir, n))
+                          for n in RUN_FILES)
         ckpt = checkpoint.resolve(run_dir, which)
-        meta = checkpoint.load_model_weights(model, ckpt)
-        translator = cls(model, src_sp, tgt_sp, manifest.get("normalize", {}), cfg.decode, device,
+        unverified_ok = allow_unverified or checkpoint.is_unfinished_save(run_dir, ckpt)
+        checkpoint.check_trusted(ckpt, allow_unverified=unverified_ok)
+        files = [checkpoint.model_file(ckpt, checkpoint.layer_name(i)) for i in range(cfg.model.layers + 1)]
+        files.append(checkpoint.model_file(ckpt, checkpoint.HEAD))
+        for index, path in enumerate(files[:-1]):
+            if not os.path.lexists(path):
+                raise FileNotFoundError(f"{path}: missing layer {index} (checkpoint incomplete or model.layers "
+                                        f"differs)")
+        model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
+                                          ((path, checkpoint.load(path)) for path in files))
+        meta_path = os.path.join(ckpt, checkpoint.META)
+        meta = checkpoint.read_json(meta_path) if os.path.lexists(meta_path) else {}
+        meta = meta if isinstance(meta, dict) else {}
+        translator = cls(model, src_sp, tgt_sp, norm, cfg.decode, device,
                          tgt_lang=manifest_lang(manifest), limits=TrainingLimits.from_manifest(manifest),
-                         norm_tgt=manifest.get("normalize_tgt", {}))
+                         norm_tgt=model_files.normalize_flags(manifest.get("normalize_tgt", {}), manifest_path))
         translator.origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt),
                              "step": meta.get("step"), "dev_bleu": meta.get("dev_bleu"),
                              "data_checksum": manifest.get("checksum"), "config": OmegaConf.to_container(cfg)}
@@ -133,24 +157,41 @@ class Translator:
 
     @classmethod
     def from_export(cls, path: str, device=None) -> "Translator":
+        """A model file written by `export`, checked like a run (trainer.model_files) before it is built."""
         if not os.path.exists(path):
             raise FileNotFoundError(f"--model {path}: no such file")
+        if not os.path.isfile(path):
+            raise ValueError(f"--model {path}: not a regular file")
         try:
             blob = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:
             raise ValueError(f"--model {path}: not a readable model file ({type(e).__name__}: {e})") from None
         if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
             raise ValueError(f"--model {path}: not a model exported by launch/export.py")
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), blob["config"])
-        src_sp, tgt_sp = (spm.SentencePieceProcessor(model_proto=bytes(blob[k].numpy().tobytes()))
+        where = f"--model {path}"
+        missing = [k for k in EXPORT_KEYS if k not in blob]
+        if missing:
+            raise model_files.ModelFileError(f"{where}: incomplete model file: no {', '.join(missing)}")
+        if blob["version"] != EXPORT_VERSION:
+            raise model_files.ModelFileError(f"{where}: format version {blob['version']!r}; this program reads "
+                                             f"version {EXPORT_VERSION}")
+        cfg = model_files.config_from(blob["config"], where)
+        src_sp, tgt_sp = (model_files.sentencepiece(f"{where}: {k}", proto=_tensor_bytes(blob[k], f"{where}: {k}"))
                           for k in ("spm_src", "spm_tgt"))
-        model = build_model(cfg.model, src_sp.get_piece_size(), tgt_sp.get_piece_size())
-        model.load_state_dict(blob["model"])
+        norm = model_files.normalize_flags(blob["normalize"], f"{where}: normalize")
+        norm_tgt = model_files.normalize_flags(blob.get("normalize_tgt", {}), f"{where}: normalize_tgt")
+        model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
+                                          [(where, blob["model"])], whole=True)
         limits = blob.get("limits") or {}
-        translator = cls(model, src_sp, tgt_sp, blob["normalize"], cfg.decode, device, tgt_lang=blob.get("tgt_lang"),
-                         limits=TrainingLimits.from_manifest({"filters": limits}),
-                         norm_tgt=blob.get("normalize_tgt", {}))
-        translator.origin = dict(blob["origin"], config=blob["config"])
+        if not isinstance(limits, dict):
+            raise model_files.ModelFileError(f"{where}: limits: expected a mapping")
+        tgt_lang = blob.get("tgt_lang")
+        if tgt_lang is not None and not isinstance(tgt_lang, str):
+            raise model_files.ModelFileError(f"{where}: tgt_lang: expected a language code")
+        translator = cls(model, src_sp, tgt_sp, norm, cfg.decode, device, tgt_lang=tgt_lang,
+                         limits=TrainingLimits.from_manifest({"filters": limits}), norm_tgt=norm_tgt)
+        origin = blob["origin"] if isinstance(blob["origin"], dict) else {}
+        translator.origin = dict(origin, config=OmegaConf.to_container(cfg))
         return translator
 
     @classmethod

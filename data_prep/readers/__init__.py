@@ -3,7 +3,8 @@
 A reader yields one record per input line (or TMX <tu>, or row): a `Pair(src, tgt, origin, doc, meta)` when
 it parses, a `Malformed(reason, origin, message, src, tgt)` when it does not, so the caller decides whether
 bad input stops the run (`--on-error fail`: raise `Malformed.error()` when `fatal`) or is counted and logged.
-Non-fatal reasons are selections, always counted: "missing_lang" (a TMX <tu> without one of the languages),
+Non-fatal reasons are always counted: "oversized" (a line or TMX segment over `InputLimits.max_line_bytes`) and
+the selections "missing_lang" (a TMX <tu> without one of the languages),
 "other_pair" (a ParaPat type-1 row of another language pair), "low_score" / "ipc" (`MetaFilter`).
 `origin` is "file:line" (1-based), "file:TU#n" for TMX, "zip:member:line" for OPUS zips. `doc` is the
 document id where the format has one, `meta` the TMX <prop>s / ParaPat ids.
@@ -13,7 +14,8 @@ tmx (tmx.py); opus-zip (opus.py); `auto` is `detect.detect_format`. `--split-by-
 
 Line formats read bytes and decode one line at a time, so invalid UTF-8 is reported with its line. Only "\\n"
 and "\\r\\n" end a line (never U+2028, U+0085, ... as `str.splitlines` would), a missing final newline is fine,
-and a UTF-16 file is an error rather than text full of NULs.
+and a UTF-16 file is an error rather than text full of NULs. A line longer than `InputLimits.max_line_bytes` is
+never read whole: it becomes an "oversized" record (counted and logged under any --on-error, like the selections).
 
 Adding a format is one `Reader` subclass (implementing `records()`) plus one line in `READERS`.
 """
@@ -22,8 +24,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Optional
 
-from .base import (FATAL_REASONS, READER_REASONS, InputError, Line, Malformed, MetaFilter, Pair, PrepareError,
-                   Reader, Record, check_files_exist, count_lines, lang_matches, lines_of, read_lines)
+from .base import (DEFAULT_LIMITS, FATAL_REASONS, READER_REASONS, ExpansionGuard, InputError, InputLimits, Line,
+                   Malformed, MetaFilter, Pair, PrepareError, Reader, Record, check_files_exist, count_lines,
+                   lang_matches, lines_of, read_lines)
 from .cli import FORMATS_HELP, add_reader_arguments
 from .detect import detect_format
 from .docsplit import DocSplit, DocSplitView
@@ -37,7 +40,8 @@ READERS: dict[str, type[Reader]] = {r.name: r for r in (
 
 def open_reader(fmt: str, src_path: str, tgt_path: Optional[str] = None, **options) -> Reader:
     """The reader for `fmt` on these files; raises `PrepareError` for an unknown format or a missing file.
-    `options`: src_lang, tgt_lang, inline (TMX: "drop" | "text"), meta_filter (`MetaFilter`)."""
+    `options`: src_lang, tgt_lang, inline (TMX: "drop" | "text"), meta_filter (`MetaFilter`), limits
+    (`InputLimits`: line / segment cap, decompression ratio)."""
     if fmt not in READERS:
         raise PrepareError(f"unknown format {fmt!r} (known: {', '.join(sorted(READERS))})")
     reader = READERS[fmt](src_path, tgt_path, **options)
@@ -58,7 +62,8 @@ def readers_manifest(readers: dict[str, Reader]) -> dict:
             "split_by_doc": split}
 
 
-__all__ = ["FATAL_REASONS", "FORMATS_HELP", "READER_REASONS", "READERS", "DocSplit", "DocSplitView", "InputError",
+__all__ = ["DEFAULT_LIMITS", "ExpansionGuard", "InputLimits", "FATAL_REASONS", "FORMATS_HELP", "READER_REASONS",
+           "READERS", "DocSplit", "DocSplitView", "InputError",
            "Line", "Malformed", "MetaFilter", "Pair", "PrepareError", "Reader", "Record", "add_reader_arguments",
            "check_files_exist", "count_lines", "detect_format", "lang_matches", "lines_of", "open_reader",
            "read_lines", "readers_manifest", "write_tmx"]

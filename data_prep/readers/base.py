@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import BinaryIO, ClassVar, Iterable, Iterator, Optional, Union
+from typing import BinaryIO, Callable, ClassVar, Iterable, Iterator, NamedTuple, Optional, Union
 
 
 class PrepareError(Exception):
@@ -28,10 +29,35 @@ class Pair:
 
 
 # Reasons a reader gives for a record that is not a usable pair. Only the first two mean broken input and stop
-# the run under `--on-error fail`; the others are selections (a TU without the language, another language pair
-# of a multi-pair file, a metadata filter) and are always counted and logged.
+# the run under `--on-error fail`; the others are always counted and logged: "oversized" (a line or TMX segment
+# longer than --max-line-bytes, never read whole) and the selections (a TU without the language, another
+# language pair of a multi-pair file, a metadata filter).
 FATAL_REASONS = ("malformed", "invalid_utf8")
-READER_REASONS = (*FATAL_REASONS, "missing_lang", "other_pair", "low_score", "ipc")
+READER_REASONS = (*FATAL_REASONS, "oversized", "missing_lang", "other_pair", "low_score", "ipc")
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """What one input may make prepare hold or unpack (every file is possibly hostile).
+
+    max_line_bytes   a line (or TMX <seg> / <prop>) longer than this is rejected as "oversized" and skipped
+                     in pieces, never held whole (--max-line-bytes; real sentences and patent abstracts are a
+                     few kilobytes);
+    max_expansion    a compressed input (OPUS zip member, gzipped TMX) may decompress to at most this many
+                     times its compressed size, plus `expansion_slack` bytes; more is refused as a likely
+                     decompression bomb before it fills memory or disk (--max-expansion; text compresses 3-10x).
+    """
+
+    max_line_bytes: int = 1 << 16
+    max_expansion: float = 100.0
+    expansion_slack: int = 16 << 20
+
+    def oversized(self, origin: str, size: int, what: str = "line", src: str = "", tgt: str = "") -> "Malformed":
+        return Malformed("oversized", origin, f"{what} of {size} bytes, longer than --max-line-bytes "
+                         f"{self.max_line_bytes}", src=src, tgt=tgt)
+
+
+DEFAULT_LIMITS = InputLimits()
 
 
 @dataclass(frozen=True)
@@ -53,11 +79,15 @@ class Malformed:
 Record = Union[Pair, Malformed]
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):  # a tuple: two of these are made per line pair, and a frozen dataclass costs 3x more
     number: int  # 1-based
-    text: Optional[str]  # None when the bytes are not valid UTF-8
-    raw: bytes
+    text: Optional[str]  # None when the bytes are not valid UTF-8, or the line is oversized
+    raw: bytes  # of an oversized line: only its first bytes
+    size: int = -1  # bytes of an oversized line (> InputLimits.max_line_bytes); -1 otherwise
+
+    @property
+    def oversized(self) -> bool:
+        return self.size >= 0
 
     def lossy(self) -> str:
         return self.raw.decode("utf-8", errors="backslashreplace")
@@ -75,18 +105,30 @@ def looks_utf16(head: bytes) -> Optional[str]:
     return None
 
 
-def lines_of(f: BinaryIO) -> Iterator[Line]:
-    """Lines of a binary stream without their "\\n" / "\\r\\n" ending, decoded as UTF-8 one by one."""
-    for number, raw in enumerate(f, start=1):  # binary iteration splits on b"\n" only
-        raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1] if raw.endswith(b"\n") else raw
+def lines_of(f: BinaryIO, max_bytes: int = DEFAULT_LIMITS.max_line_bytes) -> Iterator[Line]:
+    """Lines of a binary stream without their "\\n" / "\\r\\n" ending, decoded as UTF-8 one by one. A line longer
+    than `max_bytes` is not read whole: it is skipped in pieces and yielded as oversized (`Line.size`)."""
+    number, cap = 0, max_bytes + 2  # room for the "\r\n" of a line exactly at the cap
+    while raw := f.readline(cap):  # splits on b"\n" only
+        number += 1
+        size = -1
+        if len(raw) == cap and not raw.endswith(b"\n"):  # longer still: skip to its end, piece by piece
+            size, tail = len(raw), raw[-1:]
+            while (piece := f.readline(cap)) and not piece.endswith(b"\n"):
+                size, tail = size + len(piece), piece[-1:]
+            size += len(piece) - (0 if not piece else 2 if (tail + piece).endswith(b"\r\n") else 1)
+        body = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1] if raw.endswith(b"\n") else raw
+        if size >= 0 or len(body) > max_bytes:
+            yield Line(number, None, body[:max_bytes], size if size >= 0 else len(body))
+            continue
         try:
-            text: Optional[str] = raw.decode("utf-8")
+            text: Optional[str] = body.decode("utf-8")
         except UnicodeDecodeError:
             text = None
-        yield Line(number, text, raw)
+        yield Line(number, text, body)
 
 
-def read_lines(path: str) -> Iterator[Line]:
+def read_lines(path: str, max_bytes: int = DEFAULT_LIMITS.max_line_bytes) -> Iterator[Line]:
     """`lines_of` a UTF-8 file; a UTF-16 file is an `InputError` (it would decode as UTF-8 with NULs)."""
     with open(path, "rb") as f:
         utf16 = looks_utf16(f.read(512))
@@ -94,7 +136,41 @@ def read_lines(path: str) -> Iterator[Line]:
             raise InputError(f"{path}:1: the file looks like UTF-16 ({utf16}); this format is read as UTF-8 "
                              f"(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
         f.seek(0)
-        yield from lines_of(f)
+        yield from lines_of(f, max_bytes)
+
+
+class ExpansionGuard(io.RawIOBase):
+    """A decompressing stream that stops with an `InputError` once it has produced more than
+    `limits.max_expansion` x the compressed bytes consumed so far (`consumed()`) + `limits.expansion_slack`:
+    a decompression bomb is refused after a bounded amount of work, whatever it would unpack to."""
+
+    def __init__(self, inner: BinaryIO, consumed: Callable[[], int], what: str, limits: InputLimits,
+                 also_close: Optional[BinaryIO] = None):
+        self.inner, self.consumed, self.what, self.limits = inner, consumed, what, limits
+        self.also_close = also_close  # the compressed file, when `inner` does not own it
+        self.produced = 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.inner.close()
+            if self.also_close is not None:
+                self.also_close.close()
+        super().close()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.inner.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.produced += n
+        packed = self.consumed()
+        if self.produced > self.limits.max_expansion * packed + self.limits.expansion_slack:
+            raise InputError(f"{self.what}: decompresses to more than {self.limits.max_expansion:g} times its "
+                             f"compressed size ({self.produced} bytes from the first {packed}): refused as a likely "
+                             f"decompression bomb (if the file is genuine, raise --max-expansion)")
+        return n
 
 
 def count_lines(path: str) -> int:
@@ -107,10 +183,21 @@ def count_lines(path: str) -> int:
     return n + (last != b"\n")
 
 
-def invalid_utf8(origin: str, line: Line, side: str = "src") -> Malformed:
+def invalid_utf8(origin: str, line: Line, side: str = "src", other: str = "") -> Malformed:
+    """`line` (of `side`) is not UTF-8; `other` is the other side's text where it is known (for rejects.tsv)."""
     text = line.lossy()
     return Malformed("invalid_utf8", origin, "invalid UTF-8",
-                     src=text if side == "src" else "", tgt=text if side == "tgt" else "")
+                     src=text if side == "src" else other, tgt=text if side == "tgt" else other)
+
+
+def unusable_line(origin: str, line: Line, side: str = "src", other: str = "",
+                  limits: InputLimits = DEFAULT_LIMITS) -> Optional[Malformed]:
+    """The record for a line that is oversized or not UTF-8 (both have no text); None for a good line."""
+    if line.oversized:
+        text = line.lossy()
+        return limits.oversized(origin, line.size, src=text if side == "src" else other,
+                                tgt=text if side == "tgt" else other)
+    return invalid_utf8(origin, line, side, other) if line.text is None else None
 
 
 # --- languages ------------------------------------------------------------------------------------------------
@@ -196,7 +283,8 @@ class Reader:
     two_files: ClassVar[bool] = False  # True: source and target are separate, line-aligned files
 
     def __init__(self, src_path: str, tgt_path: Optional[str] = None, *, src_lang: str = "en",
-                 tgt_lang: str = "ja", inline: str = "drop", meta_filter: Optional[MetaFilter] = None):
+                 tgt_lang: str = "ja", inline: str = "drop", meta_filter: Optional[MetaFilter] = None,
+                 limits: InputLimits = DEFAULT_LIMITS):
         if self.two_files != (tgt_path is not None):
             need = "a source and a target file" if self.two_files else "one file holding both sides"
             raise PrepareError(f"format {self.name!r} takes {need}")
@@ -204,6 +292,7 @@ class Reader:
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.inline = inline
         self.meta_filter = meta_filter or None
+        self.limits = limits
         self.documents: Optional[int] = None
 
     @property
@@ -212,6 +301,10 @@ class Reader:
 
     def check(self) -> None:
         """Cheap whole-file consistency checks; raise `PrepareError`."""
+
+    def lines(self) -> Iterator[Line]:
+        """The lines of the (single) input file, capped at `limits.max_line_bytes`."""
+        return read_lines(self.src_path, self.limits.max_line_bytes)
 
     def records(self) -> Iterator[Record]:
         raise NotImplementedError

@@ -66,6 +66,6 @@ def xml_like(head: bytes) -> bool:
 
 def ntcir_like(path: str, n: int = 5) -> bool:
     with open(path, "rb") as f:
-        lines = [f.readline() for _ in range(n)]
+        lines = [f.readline(1 << 16) for _ in range(n)]  # bounded: a file may be one endless line
     lines = [x.rstrip(b"\r\n").decode("utf-8", errors="replace") for x in lines if x.strip()]
     return bool(lines) and all(_NTCIR_LINE.match(x) for x in lines)

@@ -6,8 +6,8 @@ import re
 from itertools import zip_longest
 from typing import Iterator, Optional, Union
 
-from .base import (Line, Malformed, Pair, PrepareError, Reader, Record, check_lang_pair, count_lines,
-                   invalid_utf8, lang_matches, read_lines)
+from .base import (DEFAULT_LIMITS, InputLimits, Line, Malformed, Pair, PrepareError, Reader, Record,
+                   check_lang_pair, count_lines, lang_matches, read_lines, unusable_line)
 
 
 class MosesReader(Reader):
@@ -24,19 +24,26 @@ class MosesReader(Reader):
                                f"{self.tgt_path} has {n_tgt}; {self.name} pair files must be line-aligned")
 
     def aligned_lines(self) -> Iterator[tuple[Line, Line]]:
-        for s, t in zip_longest(read_lines(self.src_path), read_lines(self.tgt_path)):
+        cap = self.limits.max_line_bytes
+        for s, t in zip_longest(read_lines(self.src_path, cap), read_lines(self.tgt_path, cap)):
             if s is None or t is None:  # the files changed since check()
                 raise PrepareError(f"{self.src_path} and {self.tgt_path} have different line counts")
             yield s, t
 
+    def unusable(self, s: Line, t: Line) -> Optional[Malformed]:
+        """The record for a line pair with an oversized or non-UTF-8 side (a good source is kept beside a bad
+        target in rejects.tsv), None if both sides are text."""
+        if s.text is not None and t.text is not None:  # the common case, first (either problem means no text)
+            return None
+        return (unusable_line(f"{self.src_path}:{s.number}", s, "src", limits=self.limits)
+                or unusable_line(f"{self.tgt_path}:{t.number}", t, "tgt", other=s.text, limits=self.limits))
+
     def records(self) -> Iterator[Record]:
         for s, t in self.aligned_lines():
-            if s.text is None:
-                yield invalid_utf8(f"{self.src_path}:{s.number}", s, "src")
-            elif t.text is None:
-                yield invalid_utf8(f"{self.tgt_path}:{t.number}", t, "tgt")
-            else:
+            if s.text is not None and t.text is not None:
                 yield Pair(s.text, t.text, f"{self.src_path}:{s.number}")
+            else:
+                yield self.unusable(s, t)
 
 
 class NtcirReader(MosesReader):
@@ -48,11 +55,9 @@ class NtcirReader(MosesReader):
     def records(self) -> Iterator[Record]:
         for s, t in self.aligned_lines():
             origin = f"{self.src_path}:{s.number}"
-            if s.text is None:
-                yield invalid_utf8(origin, s, "src")
-                continue
-            if t.text is None:
-                yield invalid_utf8(f"{self.tgt_path}:{t.number}", t, "tgt")
+            bad = self.unusable(s, t)
+            if bad:
+                yield bad
                 continue
             src, tgt = s.text.split("\t"), t.text.split("\t")
             for fields, path, line in ((src, self.src_path, s), (tgt, self.tgt_path, t)):
@@ -76,7 +81,7 @@ class TsvReader(Reader):
     swap = False  # True: the file's first column is the target
 
     def records(self) -> Iterator[Record]:
-        for rec in split_lines(self.src_path, read_lines(self.src_path), "\t", (2,), "2 tab-separated fields"):
+        for rec in split_lines(self.src_path, self.lines(), "\t", (2,), "2 tab-separated fields", self.limits):
             if isinstance(rec, Malformed):
                 yield rec
             else:
@@ -100,7 +105,7 @@ class AspecReader(Reader):
 
     def records(self) -> Iterator[Record]:
         expected = f"{' or '.join(map(str, self.FIELDS))} ' ||| '-separated fields"
-        for rec in split_lines(self.src_path, read_lines(self.src_path), " ||| ", self.FIELDS, expected):
+        for rec in split_lines(self.src_path, self.lines(), " ||| ", self.FIELDS, expected, self.limits):
             if isinstance(rec, Malformed):
                 yield rec
                 continue
@@ -164,10 +169,10 @@ class ParaPatReader(TsvReader):
         yield from (self.type1_records() if self.type1 else super().records())
 
     def type1_records(self) -> Iterator[Record]:
-        lines = read_lines(self.src_path)
+        lines = self.lines()
         next(lines)  # the header
         expected = "6 tab-separated fields (index, family_id, src_lang, src_abs, tgt_lang, tgt_abs)"
-        for rec in split_lines(self.src_path, lines, "\t", (6,), expected):
+        for rec in split_lines(self.src_path, lines, "\t", (6,), expected, self.limits):
             if isinstance(rec, Malformed):
                 yield rec
                 continue
@@ -182,14 +187,14 @@ class ParaPatReader(TsvReader):
                                 src=text1, tgt=text2)
 
 
-def split_lines(path: str, lines: Iterator[Line], sep: str, counts: tuple, expected: str
-                ) -> Iterator[Union[tuple[str, list[str]], Malformed]]:
-    """(origin, fields) of each line split on `sep`; invalid UTF-8 or a field count not in `counts` is a
-    `Malformed` record ("expected <expected>, found N")."""
+def split_lines(path: str, lines: Iterator[Line], sep: str, counts: tuple, expected: str,
+                limits: InputLimits = DEFAULT_LIMITS) -> Iterator[Union[tuple[str, list[str]], Malformed]]:
+    """(origin, fields) of each line split on `sep`; an oversized line, invalid UTF-8 or a field count not in
+    `counts` is a `Malformed` record ("expected <expected>, found N")."""
     for line in lines:
         origin = f"{path}:{line.number}"
         if line.text is None:
-            yield invalid_utf8(origin, line)
+            yield unusable_line(origin, line, limits=limits)
             continue
         fields = line.text.split(sep)
         if len(fields) in counts:

@@ -1,0 +1,132 @@
+"""Reading what a model is made of -- a run directory or an exported file -- without trusting it.
+
+Both are user files: a model downloaded or handed over may be damaged or crafted. So the config is
+checked with the training rules (`trainer.config.validate`), the SentencePiece models must parse and
+keep the special ids, the normalisation flags must be ones `normalize()` takes, and every weight
+tensor's shape is compared with the model the config describes *before* that model is allocated:
+the model is first built on the meta device (no memory), so `model.hidden=60000` next to weights of
+width 256 is a one-line error instead of a 57 GB allocation. Once the shapes agree, the real model
+is no larger than the weights already read. Every failure is a `ModelFileError` (a ValueError the
+CLIs print as one line) naming the file and the key.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import sentencepiece as spm
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from data_prep.binary import SPECIAL_IDS
+from data_prep.normalize import CJK_SPACES
+from trainer.config import Config, ConfigError, validate
+from trainer.model import Seq2Seq, build_model
+
+NORMALIZE_FLAGS = {"nfkc": bool, "lowercase": bool, "entities": bool, "markup": bool, "cjk_spaces": str}
+
+
+class ModelFileError(ValueError):
+    """A model file (or run directory file) that cannot be used; the message names it and what is wrong."""
+
+
+def config_from(data, where: str) -> DictConfig:
+    """The run config stored in a model file, checked with the training rules; read-only."""
+    if not isinstance(data, Mapping):
+        raise ModelFileError(f"{where}: the config is a {type(data).__name__}, not a mapping of sections")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(dict(data)))
+        validate(cfg)
+    except ConfigError as e:
+        raise ModelFileError(f"{where}: config {e}") from None
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        key = getattr(e, "full_key", None)
+        raise ModelFileError(f"{where}: bad config key {key!r}: {getattr(e, 'msg', e)}") from None
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = None) -> spm.SentencePieceProcessor:
+    """A SentencePiece model from bytes or a file that parses and keeps the ids data_prep gives it
+    (<pad> <unk> <s> </s> = 0 1 2 3)."""
+    try:
+        sp = (spm.SentencePieceProcessor(model_proto=proto) if proto is not None
+              else spm.SentencePieceProcessor(model_file=path))
+    except (RuntimeError, OSError, ValueError) as e:
+        raise ModelFileError(f"{where}: not a SentencePiece model ({str(e).strip().splitlines()[0][:200]})") from None
+    ids = {"pad": sp.pad_id(), "unk": sp.unk_id(), "bos": sp.bos_id(), "eos": sp.eos_id()}
+    if sp.get_piece_size() <= max(SPECIAL_IDS.values()) or ids != SPECIAL_IDS:
+        raise ModelFileError(f"{where}: a SentencePiece model of {sp.get_piece_size()} pieces with special ids {ids}; "
+                             f"data_prep writes at least {len(SPECIAL_IDS) + 1} pieces with {SPECIAL_IDS}")
+    return sp
+
+
+def normalize_flags(data, where: str) -> dict:
+    """The `normalize()` keyword arguments recorded at prepare time."""
+    if not isinstance(data, Mapping):
+        raise ModelFileError(f"{where}: the normalisation flags are a {type(data).__name__}, not a mapping")
+    unknown = sorted(set(map(str, data)) - set(NORMALIZE_FLAGS))
+    if unknown:
+        raise ModelFileError(f"{where}: unknown normalisation flag(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(NORMALIZE_FLAGS)})")
+    for key, kind in NORMALIZE_FLAGS.items():
+        if key in data and type(data[key]) is not kind:
+            raise ModelFileError(f"{where}: normalisation flag {key}={data[key]!r} is not a {kind.__name__}")
+    if data.get("cjk_spaces", "keep") not in CJK_SPACES:
+        raise ModelFileError(f"{where}: normalisation flag cjk_spaces={data['cjk_spaces']!r}: must be one of "
+                             f"{', '.join(CJK_SPACES)}")
+    return dict(data)
+
+
+def _describe(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str:
+    m = cfg.model
+    return (f"model.emb_dim={m.emb_dim}, model.hidden={m.hidden}, model.layers={m.layers}, model.attention="
+            f"{m.attention}, model.bidirectional_bottom={m.bidirectional_bottom}, model.tie_embeddings="
+            f"{m.tie_embeddings}, vocabularies {src_vocab}/{tgt_vocab}")
+
+
+def check_shapes(expected: Mapping[str, torch.Tensor], state, where: str, described: str) -> None:
+    """`state` (a loaded state dict) has exactly the keys of `expected` (a meta-device state dict), each a
+    tensor of the same shape."""
+    if not isinstance(state, Mapping):
+        raise ModelFileError(f"{where}: the weights are a {type(state).__name__}, not a mapping of tensors")
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ModelFileError(f"{where}: the weights do not fit the config ({described}): "
+                             + "; ".join(p for p in (f"missing {', '.join(missing[:5])}" if missing else "",
+                                                     f"unexpected {', '.join(map(str, unexpected[:5]))}"
+                                                     if unexpected else "") if p))
+    for key, want in expected.items():
+        got = state[key]
+        if not isinstance(got, torch.Tensor):
+            raise ModelFileError(f"{where}: {key} is a {type(got).__name__}, not a tensor")
+        if tuple(got.shape) != tuple(want.shape):
+            raise ModelFileError(f"{where}: {key} has shape {tuple(got.shape)}, but the config ({described}) "
+                                 f"needs {tuple(want.shape)}")
+        if not got.is_floating_point():
+            raise ModelFileError(f"{where}: {key} holds {got.dtype}, not floating-point weights")
+
+
+def build_checked(cfg: DictConfig, src_vocab: int, tgt_vocab: int,
+                  parts: Iterable[tuple[str, object]], *, whole: bool = False) -> Seq2Seq:
+    """The model `cfg` describes, filled with `parts`: (where, state dict) per global layer then the head
+    (a run's checkpoint files), or, with `whole`, one (where, whole-model state dict) (an exported file).
+    Every shape is checked on a meta-device model first; nothing of the config's size is allocated before."""
+    with torch.device("meta"):
+        shape_model = build_model(cfg.model, src_vocab, tgt_vocab)
+    described = _describe(cfg, src_vocab, tgt_vocab)
+    parts = list(parts)
+    modules = [shape_model] if whole else [*shape_model.layers(), shape_model.head]
+    if len(parts) != len(modules):
+        raise ModelFileError(f"{parts[0][0] if parts else '?'}: {len(parts)} weight files for {len(modules)} "
+                             f"parts of the model ({described})")
+    for (where, state), module in zip(parts, modules):
+        check_shapes(module.state_dict(), state, where, described)
+    model = build_model(cfg.model, src_vocab, tgt_vocab)
+    targets = [model] if whole else [*model.layers(), model.head]
+    for (where, state), module in zip(parts, targets):
+        try:
+            module.load_state_dict(state)
+        except RuntimeError as e:
+            raise ModelFileError(f"{where}: {str(e).splitlines()[0][:300]}") from None
+    return model
