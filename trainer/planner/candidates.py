@@ -16,12 +16,12 @@ LIGHTER_LAST = (8, 6)  # head_shares: the last stage (which also assembles the t
 class Candidate:
     spec: LayoutSpec
     ranks: int
-    threads: int  # torch threads per rank
+    threads: int  # torch threads per rank on a CPU; 0 on GPUs (one rank per device)
 
     def label(self) -> str:
         s = self.spec
         if s.mode == "single":
-            return f"single {self.threads} thread{'s' if self.threads > 1 else ''}"
+            return f"single {self.threads} thread{'s' if self.threads > 1 else ''}" if self.threads else "single"
         if s.mode == "data":
             return f"data {s.num_dp}"
         name = {"hybrid": "hybrid", "grid": "hybrid", "pipeline": "pipeline"}[s.mode]
@@ -66,10 +66,10 @@ def enumerate_layouts(devices: int, model_cfg, min_batch: int, global_batch: int
     per device)."""
     specs: list[tuple[LayoutSpec, int]] = []
     cpu = bool(cpu_threads)
-    for threads in (cpu_threads if cpu else (1,)):
+    for threads in (cpu_threads if cpu else (0,)):
         if not cpu or threads <= devices:
             specs.append((LayoutSpec("single", 1, 1, partition_method=partition_method), threads))
-    threads = 1
+    threads = 1 if cpu else 0
     if cpu and devices > 1 and 1 not in cpu_threads:
         return [Candidate(s, 1, t) for s, t in specs], 0
     if devices > 1:

@@ -98,7 +98,7 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
     for i, p in enumerate(ranked[:args.top], 1):
         fr = " ; ".join(f"{round(100 * f['busy'])}/{round(100 * f['waiting'])}/{round(100 * f['communicating'])}"
                         for _, f in sorted(p.fractions.items()))
-        lines.append(f"| {i} | {p.candidate.label()} | {p.candidate.ranks} x {p.candidate.threads} | "
+        lines.append(f"| {i} | {p.candidate.label()} | {p.candidate.ranks} x {p.candidate.threads or '-'} | "
                      f"{1000 * p.step_s:.1f} | {p.tokens_per_s:.0f} | {p.speedup:.2f}x | {fr} |")
     best = {}
     for p in ranked:

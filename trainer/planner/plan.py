@@ -73,6 +73,7 @@ class Prediction:
     tokens_per_s: float
     fractions: dict = field(default_factory=dict)  # rank -> {busy, waiting, communicating}
     speedup: float = 0.0
+    op_seconds: dict = field(default_factory=dict)  # rank -> {op: seconds per step}, like RUN_DIR/timing/rank*.json
 
 
 def predict(candidate: Candidate, work: Workload, profile: dict, link: str | None = None,
@@ -85,6 +86,7 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
     windows = work.windows[:steps] if steps else work.windows
     total, tokens = 0.0, 0
     sums = {r: {"busy": 0.0, "waiting": 0.0, "communicating": 0.0} for r in range(spec.world_size)}
+    ops = {r: {} for r in range(spec.world_size)}
     for window in windows:
         clock = {r: 0.0 for r in range(spec.world_size)}
         for i, batch in enumerate(window):
@@ -101,6 +103,8 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
                 clock[r] = rt.end
                 for k in sums[r]:
                     sums[r][k] += getattr(rt, k)
+                for op, t0, t1 in rt.spans:
+                    ops[r][op] = ops[r].get(op, 0.0) + t1 - t0
             end = max(clock.values())
             late = max((_late_broadcast(rt, end) for rt in result.values()), default=0.0)
             clock = {r: max(t, end + late) if late else t for r, t in clock.items()}
@@ -108,7 +112,8 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
         tokens += work.tokens(window)
     step = total / len(windows)
     fractions = {r: {k: v / total for k, v in s.items()} for r, s in sums.items()}
-    return Prediction(candidate, step, tokens / total, fractions)
+    per_step = {r: {op: s / len(windows) for op, s in o.items()} for r, o in ops.items()}
+    return Prediction(candidate, step, tokens / total, fractions, op_seconds=per_step)
 
 
 def _late_broadcast(rt, end: float) -> float:
@@ -133,7 +138,7 @@ def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None =
     if not cands:
         raise ValueError(f"--devices {devices}: no layout fits (model.layers={work.dims.layers}, batch of "
                          f"{work.global_batch}, data.min_batch_sentences={work.cfg.data.min_batch_sentences})")
-    baseline = Candidate(LayoutSpec("single", 1, 1, partition_method=method), 1, 1)
+    baseline = Candidate(LayoutSpec("single", 1, 1, partition_method=method), 1, 1 if cpu_threads else 0)
     screened = sorted((predict(c, work, profile, link, steps=screen_steps) for c in cands), key=lambda p: p.step_s)
     final = sorted((predict(p.candidate, work, profile, link) for p in screened[:12]), key=lambda p: p.step_s)
     one = predict(baseline, work, profile, link)
