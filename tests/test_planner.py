@@ -309,6 +309,7 @@ def test_gpu_profile_states_a_source_for_every_number_and_plans(tiny_data):
 
 # ---- calibration ----
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data, tmp_path):
     from trainer.planner import plan
     from trainer.planner.calibrate import calibrate

@@ -46,7 +46,7 @@ def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> di
     rt = _world_of_one()
     torch.set_num_threads(threads)
     model = build_model(cfg.model, dims.src_vocab, dims.tgt_vocab)
-    sets = [model, model.head, model.pairs, model.pairs[0]] if not quick else [model, model.pairs[0]]
+    sets = [model, model.head, model.pairs, model.pairs[0]] if not quick else [model]
     points, backward_ms = [], 0.0
     reps = 2 if quick else 5
     for module in sets:
@@ -106,13 +106,19 @@ def component(name: str, model_cfg: dict, src_vocab: int, tgt_vocab: int, precis
     return opt.step
 
 
-def _burn(name, model_cfg, src_vocab, tgt_vocab, precision, ready, stop) -> None:
+def _burner(conn, model_cfg, src_vocab, tgt_vocab, precision, running) -> None:
+    """The background process: runs each component it is sent while `running` is set."""
     torch.set_num_threads(1)
-    fn = component(name, model_cfg, src_vocab, tgt_vocab, precision)
-    fn()
-    ready.set()
-    while not stop.is_set():
+    while True:
+        name = conn.recv()
+        if name is None:
+            return
+        fn = component(name, model_cfg, src_vocab, tgt_vocab, precision)
         fn()
+        conn.send("ready")
+        while running.is_set():
+            fn()
+        conn.send("stopped")
 
 
 def contention(cfg, dims, precision: str, quick: bool) -> dict:
@@ -123,24 +129,30 @@ def contention(cfg, dims, precision: str, quick: bool) -> dict:
     ctx = mp.get_context("spawn")
     torch.set_num_threads(1)
     reps = 3 if quick else 15
+    parent, child = ctx.Pipe()
+    running = ctx.Event()
+    proc = ctx.Process(target=_burner, args=(child, model_cfg, dims.src_vocab, dims.tgt_vocab, precision, running),
+                       daemon=True)
+    proc.start()
     out = {}
-    for name in COMPONENTS:
-        fn = component(name, model_cfg, dims.src_vocab, dims.tgt_vocab, precision)
-        alone = _ms(fn, reps, warmup=3)
-        ready, stop = ctx.Event(), ctx.Event()
-        proc = ctx.Process(target=_burn, args=(name, model_cfg, dims.src_vocab, dims.tgt_vocab, precision, ready, stop),
-                           daemon=True)
-        proc.start()
-        try:
-            if not ready.wait(300):
-                raise RuntimeError(f"calibration: the background process for {name} did not start")
+    try:
+        for name in COMPONENTS:
+            fn = component(name, model_cfg, dims.src_vocab, dims.tgt_vocab, precision)
+            alone = _ms(fn, reps, warmup=3)
+            running.set()
+            parent.send(name)
+            if not parent.poll(600) or parent.recv() != "ready":
+                raise RuntimeError(f"calibration: the background process did not start {name}")
             shared = _ms(fn, reps, warmup=3)
-        finally:
-            stop.set()
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-        out[name] = round(max(1.0, shared / alone), 4)
+            running.clear()
+            parent.recv()
+            out[name] = round(max(1.0, shared / alone), 4)
+        parent.send(None)
+    finally:
+        running.clear()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
     return out
 
 

@@ -91,18 +91,21 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
              f"{work.global_batch} pairs per micro-batch x {len(work.windows[0])}; {len(work.windows)} real steps of "
              f"{work.cfg.data.dir}",
              f"one device ({one.candidate.label()}): {1000 * one.step_s:.1f} ms/step, {one.tokens_per_s:.0f} tokens/s; "
-             f"{len(ranked)} layouts simulated, {invalid} left out (the trainer would refuse them)",
+             f"{len(ranked)} layouts simulated, {invalid} left out (the trainer would refuse them); '(screened)': "
+             f"simulated on the first {min(4, len(work.windows))} steps only",
              "",
              "| # | layout | ranks x threads | step ms | tokens/s | speed-up | per rank busy / waiting / communicating % |",
              "|---:|---|---|---:|---:|---:|---|"]
     for i, p in enumerate(ranked[:args.top], 1):
         fr = " ; ".join(f"{round(100 * f['busy'])}/{round(100 * f['waiting'])}/{round(100 * f['communicating'])}"
                         for _, f in sorted(p.fractions.items()))
-        lines.append(f"| {i} | {p.candidate.label()} | {p.candidate.ranks} x {p.candidate.threads or '-'} | "
+        mark = " (screened)" if p.screened_only else ""
+        lines.append(f"| {i} | {p.candidate.label()}{mark} | {p.candidate.ranks} x {p.candidate.threads or '-'} | "
                      f"{1000 * p.step_s:.1f} | {p.tokens_per_s:.0f} | {p.speedup:.2f}x | {fr} |")
     best = {}
     for p in ranked:
-        best.setdefault(p.candidate.spec.mode if p.candidate.spec.mode != "grid" else "hybrid", p)
+        if not p.screened_only:
+            best.setdefault(p.candidate.spec.mode if p.candidate.spec.mode != "grid" else "hybrid", p)
     lines.append("")
     lines.append("best of each mode: " + ", ".join(f"{m} {p.speedup:.2f}x ({p.candidate.label()})" for m, p in best.items()))
     return "\n".join(lines)

@@ -201,7 +201,8 @@ class MicroStepCosts:
                 return {}
             own = self.stages[stage].params.count + (dims.head_params.count if stage == spec.num_pp - 1 else 0)
             nbytes = own * self.bytes
-            return {"comm": dev.collective("all_reduce", nbytes, spec.num_dp), "copy": dev.copy_bytes(4 * nbytes)}
+            # DeepSpeed's allreduce_bucket: flatten, scale, all-reduce, scale, copy back (bytes read + written)
+            return {"comm": dev.collective("all_reduce", nbytes, spec.num_dp), "copy": dev.copy_bytes(8 * nbytes)}
         # the runtime's async verbs: flatten, the collective, copy back (measured together on a CPU)
         name = "reduce" if ins.op == "reduce_head_grads" else "broadcast"
         return {"comm": dev.collective(name, head_bytes, spec.num_pp)}

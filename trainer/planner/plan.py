@@ -74,6 +74,7 @@ class Prediction:
     fractions: dict = field(default_factory=dict)  # rank -> {busy, waiting, communicating}
     speedup: float = 0.0
     op_seconds: dict = field(default_factory=dict)  # rank -> {op: seconds per step}, like RUN_DIR/timing/rank*.json
+    screened_only: bool = False  # simulated on the screening steps only (not among the best)
 
 
 def predict(candidate: Candidate, work: Workload, profile: dict, link: str | None = None,
@@ -128,7 +129,8 @@ def _late_broadcast(rt, end: float) -> float:
 def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None = None,
                  screen_steps: int = 4) -> tuple[list[Prediction], Prediction, int]:
     """(predictions best first, the one-device baseline, how many candidates were invalid). All
-    candidates are first simulated on `screen_steps` steps; the best dozen again on every sampled step."""
+    candidates are first simulated on `screen_steps` steps; the best dozen and the best of each mode
+    again on every sampled step (they come first; the rest keep their screening numbers)."""
     cpu_threads = ()
     if "layers" in profile:
         cpu_threads = tuple(sorted(int(t) for t in profiles._get(profile, "layers", work.precision)))
@@ -140,11 +142,22 @@ def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None =
                          f"{work.global_batch}, data.min_batch_sentences={work.cfg.data.min_batch_sentences})")
     baseline = Candidate(LayoutSpec("single", 1, 1, partition_method=method), 1, 1 if cpu_threads else 0)
     screened = sorted((predict(c, work, profile, link, steps=screen_steps) for c in cands), key=lambda p: p.step_s)
-    final = sorted((predict(p.candidate, work, profile, link) for p in screened[:12]), key=lambda p: p.step_s)
+    keep = screened[:12] + [p for p in screened[12:] if p is next(q for q in screened if _mode(q) == _mode(p))]
+    final = sorted((predict(p.candidate, work, profile, link) for p in keep), key=lambda p: p.step_s)
+    kept = {id(p) for p in keep}
+    rest = [p for p in screened if id(p) not in kept]
     one = predict(baseline, work, profile, link)
-    for p in final + screened[12:] + [one]:
+    one_screened = predict(baseline, work, profile, link, steps=screen_steps)
+    for p in final + [one]:
         p.speedup = one.step_s / p.step_s
-    return final + screened[12:], one, invalid
+    for p in rest:  # screened on fewer steps: against the baseline on those steps
+        p.speedup = one_screened.step_s / p.step_s
+        p.screened_only = True
+    return final + rest, one, invalid
+
+
+def _mode(p: "Prediction") -> str:
+    return "hybrid" if p.candidate.spec.mode == "grid" else p.candidate.spec.mode
 
 
 def winner_config(base: dict, winner: Candidate, global_batch: int) -> dict:
