@@ -15,9 +15,9 @@ each full ranking). Scenarios (--scenarios):
     shipped     the config as it is (dropout 0.2): the trainer draws its layout-invariant dropout masks on
                 the host CPU (trainer/dropout.py) for the whole global batch, which the profile prices
     no_dropout  model.dropout=0: the model's own work
-    patent_len  no dropout, every pair's source and target repeated 4 times (~36 pieces a side, about a
-                patent sentence; small_parallel_enja's are ~9.6 with this vocabulary): more GPU work per
-                launched op and more LSTM time steps
+    patent_len  no dropout, every pair's source and target repeated 4 times (~30 source and ~46 target
+                pieces, about a patent sentence; small_parallel_enja's are 8.3 and 12.2 with this
+                vocabulary): more GPU work per launched op and more LSTM time steps
     fast_host   patent_len with 1 us of host time per launched op instead of the profile's 5 (what
                 capturing the step in a CUDA graph or compiling it would approach)
 """
