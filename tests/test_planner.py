@@ -212,6 +212,15 @@ def test_a_profile_for_another_model_is_refused(tmp_path):
     bad.write_text('{"device": {}, "layers": ')
     with pytest.raises(ProfileError, match="bad.json:1: invalid JSON"):
         load(str(bad))
+    broken = _profile(tmp_path, dims)
+    broken["layers"]["bf16"]["1"]["head"][0][-1] = float("inf")
+    with pytest.raises(ProfileError, match=r"layers\.bf16\.1\.head: must be a non-empty list of lists of finite"):
+        MeasuredDevice(broken, "bf16", 1, dims)
+    gpu = load(str(REPO / "benchmarks" / "profiles" / "h200.json"))
+    gpu["roofline"]["memory_tb_s"]["value"] = 0
+    from trainer.planner.roofline import RooflineDevice
+    with pytest.raises(ProfileError, match=r"roofline\.memory_tb_s: must be a finite number > 0"):
+        RooflineDevice(gpu, "bf16", "nvlink", dims)
 
 
 # ---- launch/plan.py ----

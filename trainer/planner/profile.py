@@ -28,6 +28,7 @@ Every number the planner uses is read from the file: nothing device-specific liv
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from trainer.planner.fit import Curve, linear
@@ -74,9 +75,10 @@ def _get(profile: dict, *keys):
 def _points(profile: dict, *keys) -> list:
     pts = _get(profile, *keys)
     if not isinstance(pts, list) or not pts or not all(
-            isinstance(p, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in p)
+            isinstance(p, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+                                        for v in p)
             for p in pts):
-        raise ProfileError(f"{profile['_path']}: {'.'.join(keys)}: must be a non-empty list of lists of numbers >= 0")
+        raise ProfileError(f"{profile['_path']}: {'.'.join(keys)}: must be a non-empty list of lists of finite numbers >= 0")
     return pts
 
 

@@ -30,11 +30,16 @@ from trainer.planner.profile import ProfileError, _get
 CHUNK = 128  # tokens per chunk of the head's loss (trainer.model._chunked_loss)
 
 
+RATES = ("gemm_tflops", "lstm_gemm_tflops", "memory_tb_s", "host_to_device_gb_s", "gb_s", "efficiency")
+
+
 def _value(profile: dict, *keys) -> float:
     node = _get(profile, *keys)
     value = node.get("value") if isinstance(node, dict) else node
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-        raise ProfileError(f"{profile['_path']}: {'.'.join(keys)}: must be a number >= 0 (or {{value, source}})")
+    least = "> 0" if any(k in RATES for k in keys) else ">= 0"
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf
+            or (least == "> 0" and value == 0)):
+        raise ProfileError(f"{profile['_path']}: {'.'.join(keys)}: must be a finite number {least} (or {{value, source}})")
     return float(value)
 
 
