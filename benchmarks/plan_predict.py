@@ -8,7 +8,7 @@ trainer/configs/paper_size.yaml (emb/hidden 1024, 4+4 LSTM layers, general atten
 batches of small_parallel_enja prepared with one joint 32k BPE vocabulary (both embeddings and the
 softmax have 32,000 rows; the corpus supports at most ~17k/21k pieces per side alone). For each number
 of GPUs and link of the profile: the speed-up over one GPU of the best hybrid, data and pipeline
-layout, and the planner's pick (`python launch/plan.py --config trainer/configs/paper_size.yaml
+layout on all N of them, and the planner's pick (which may leave some GPUs out) (`python launch/plan.py --config trainer/configs/paper_size.yaml
 --devices N --profile PROFILE --link LINK --deepspeed_config WORK/paper_128.json data.dir=...` prints
 each full ranking). Scenarios (--scenarios):
 
@@ -97,11 +97,12 @@ def main() -> None:
             for n in args.devices:
                 ranked, one, _ = plan.rank_layouts(work, profile, n, link)
                 best = {}
-                for pred in (q for q in ranked if not q.screened_only):
+                for pred in (q for q in ranked if not q.screened_only and q.candidate.ranks in (1, n)):
                     mode = "hybrid" if pred.candidate.spec.mode == "grid" else pred.candidate.spec.mode
                     best.setdefault(mode, pred)
                 row = {"scenario": scenario, "link": link, "devices": n, "one_gpu_ms": 1000 * one.step_s,
-                       "one_gpu_tokens_per_s": one.tokens_per_s, "pick": ranked[0].candidate.label(),
+                       "one_gpu_tokens_per_s": one.tokens_per_s, "pick": ranked[0].candidate.label() + (f" ({ranked[0].candidate.ranks} GPUs)"
+                                                               if ranked[0].candidate.ranks < n else ""),
                        "pick_ms": 1000 * ranked[0].step_s, "pick_speedup": ranked[0].speedup,
                        **{f"{m}_speedup": best[m].speedup for m in best}, **{f"{m}_layout": best[m].candidate.label()
                                                                              for m in best}}

@@ -194,7 +194,9 @@ def test_candidates_are_layouts_the_trainer_accepts_with_unique_instructions(dev
     cands, invalid = enumerate_layouts(devices, cfg, min_batch=16, global_batch=64)
     modes = {c.spec.mode for c in cands}
     assert {"single", "data", "pipeline", "hybrid"} <= modes
-    assert (invalid > 0) == (devices == 8)  # 4 replicas x 8 units need 32 sentences per batch, more than 16
+    # left out: 3 replicas of a batch of 64 (uneven), 4 replicas x 8 units (32 sentences per batch, more than 16)
+    assert (invalid > 0) == (devices > 2)
+    assert {c.ranks for c in cands} >= {1, 2, devices}  # GPUs: layouts on fewer devices too
     for c in cands:
         c.spec.check_model(cfg, 16, 64 // c.spec.num_dp)
         assert LayoutSpec.from_ds_config({"parallel_layout": c.layout_json()}, c.ranks) == c.spec

@@ -63,7 +63,7 @@ def enumerate_layouts(devices: int, model_cfg, min_batch: int, global_batch: int
                       partition_method: str = "type:EncoderDecoderLayer") -> tuple[list[Candidate], int]:
     """(candidates, how many were left out as invalid). `cpu_threads`: on a CPU profile, the thread
     counts it was calibrated for (N devices = N cores, shared by the ranks); empty for GPUs (one rank
-    per device)."""
+    per device, on any number of the N devices)."""
     specs: list[tuple[LayoutSpec, int]] = []
     cpu = bool(cpu_threads)
     for threads in (cpu_threads if cpu else (0,)):
@@ -72,8 +72,16 @@ def enumerate_layouts(devices: int, model_cfg, min_batch: int, global_batch: int
     threads = 1 if cpu else 0
     if cpu and devices > 1 and 1 not in cpu_threads:
         return [Candidate(s, 1, t) for s, t in specs], 0
-    if devices > 1:
-        specs.append((LayoutSpec("data", 1, devices, partition_method=partition_method), threads))
+    # GPUs: also layouts on fewer of them (more devices can be slower: links, replicated work);
+    # a CPU's ranks share its cores, so there every core gets a rank
+    for world in ([devices] if cpu else range(2, devices + 1)):
+        specs += _layouts(world, threads, partition_method)
+    valid = [Candidate(s, s.world_size, t) for s, t in specs if _valid(s, model_cfg, min_batch, global_batch)]
+    return valid, len(specs) - len(valid)
+
+
+def _layouts(devices: int, threads: int, partition_method: str) -> list[tuple[LayoutSpec, int]]:
+    specs = [(LayoutSpec("data", 1, devices, partition_method=partition_method), threads)] if devices > 1 else []
     for num_pp in range(2, devices + 1):
         if devices % num_pp:
             continue
@@ -88,5 +96,4 @@ def enumerate_layouts(devices: int, model_cfg, min_batch: int, global_batch: int
                     specs.append((LayoutSpec("hybrid", **base, head_shares=(10,) * (num_pp - 1) + (last,)), threads))
                 if units >= num_pp:
                     specs.append((LayoutSpec("hybrid", **base, head_schedule="per_unit"), threads))
-    valid = [Candidate(s, s.world_size, t) for s, t in specs if _valid(s, model_cfg, min_batch, global_batch)]
-    return valid, len(specs) - len(valid)
+    return specs

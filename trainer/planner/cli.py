@@ -104,8 +104,9 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
                      f"{1000 * p.step_s:.1f} | {p.tokens_per_s:.0f} | {p.speedup:.2f}x | {fr} |")
     best = {}
     for p in ranked:
-        if not p.screened_only:
+        if not p.screened_only and p.candidate.ranks in (1, args.devices):
             best.setdefault(p.candidate.spec.mode if p.candidate.spec.mode != "grid" else "hybrid", p)
     lines.append("")
-    lines.append("best of each mode: " + ", ".join(f"{m} {p.speedup:.2f}x ({p.candidate.label()})" for m, p in best.items()))
+    lines.append(f"best of each mode on all {args.devices} device(s): "
+                 + ", ".join(f"{m} {p.speedup:.2f}x ({p.candidate.label()})" for m, p in best.items()))
     return "\n".join(lines)

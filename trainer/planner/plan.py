@@ -129,8 +129,9 @@ def _late_broadcast(rt, end: float) -> float:
 def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None = None,
                  screen_steps: int = 4) -> tuple[list[Prediction], Prediction, int]:
     """(predictions best first, the one-device baseline, how many candidates were invalid). All
-    candidates are first simulated on `screen_steps` steps; the best dozen and the best of each mode
-    again on every sampled step (they come first; the rest keep their screening numbers)."""
+    candidates are first simulated on `screen_steps` steps; the best dozen and the best of each mode on
+    each number of ranks again on every sampled step (they come first; the rest keep their screening
+    numbers)."""
     cpu_threads = ()
     if "layers" in profile:
         cpu_threads = tuple(sorted(int(t) for t in profiles._get(profile, "layers", work.precision)))
@@ -156,8 +157,8 @@ def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None =
     return final + rest, one, invalid
 
 
-def _mode(p: "Prediction") -> str:
-    return "hybrid" if p.candidate.spec.mode == "grid" else p.candidate.spec.mode
+def _mode(p: "Prediction") -> tuple[str, int]:
+    return ("hybrid" if p.candidate.spec.mode == "grid" else p.candidate.spec.mode), p.candidate.ranks
 
 
 def winner_config(base: dict, winner: Candidate, global_batch: int) -> dict:
