@@ -11,7 +11,14 @@ Profile file (JSON), written by benchmarks/gpu_check.py:
     memory        {"copy_tb_s": device-to-device copy, bytes read + written}
     links         {"host_to_device_gb_s", "device_to_host_gb_s" (pinned), "nvlink_gb_s", "pcie_gb_s",
                    "allreduce": null + why (one GPU: no peer to measure against), "sources"}
+    host          {"op_overhead_us"}: host time per tiny eager op (dispatch + launch), what small
+                   kernels cost when the host, not the GPU, sets the pace
     sources       what each number is: "measured: <how>" or "datasheet: <document>"
+
+The planner (launch/plan.py) reads such a file once it has a "roofline" section:
+`python benchmarks/gpu_profile.py --planner-profile OUT.json [--from device_profile.json]` adds one,
+from the measured numbers where the file has them and datasheet figures or stated estimates elsewhere
+(benchmarks/profiles/h200.json was written so, from the datasheet and this workplace's measurements).
 """
 from __future__ import annotations
 
@@ -159,6 +166,21 @@ def copy_rates(device, mib: int, reps: int) -> dict:
     return out
 
 
+def op_overhead(device, reps: int = 200) -> float:
+    """Host microseconds per tiny eager op (an add of 8 numbers), the device synchronised at the end."""
+    x = torch.zeros(8, device=device)
+    for _ in range(20):
+        x.add_(1)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        x.add_(1)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return _sig(1e6 * (time.perf_counter() - t) / reps)
+
+
 def measure(device: torch.device, sizes: dict, reps: int) -> dict:
     """Every measured number of the profile; `sizes` holds the GEMM and LSTM shapes and copy size."""
     precisions = ("bf16", "fp32", "tf32") if device.type == "cuda" else ("bf16", "fp32")
@@ -170,7 +192,9 @@ def measure(device: torch.device, sizes: dict, reps: int) -> dict:
               f"LSTM fwd+bwd TFLOP/s {[x['tflops'] for x in compute[precision]['lstm']]}", flush=True)
     rates = copy_rates(device, sizes["copy_mib"], reps)
     print(f"profile: transfers {rates}", flush=True)
-    return {"compute": compute, "rates": rates}
+    overhead = op_overhead(device)
+    print(f"profile: {overhead} us per tiny eager op", flush=True)
+    return {"compute": compute, "rates": rates, "op_overhead_us": overhead}
 
 
 def describe(device: torch.device) -> dict:
@@ -205,5 +229,120 @@ def profile(device: torch.device, measured: dict) -> dict:
         "links.pcie_gb_s": f"datasheet: {sheet['source']}" if sheet else None,
         "datasheet": sheet["source"] if sheet else "no datasheet entry for this device",
     }
+    if "op_overhead_us" in measured:
+        sources["host.op_overhead_us"] = "measured: host time of 200 eager adds of 8 numbers, synchronised at the end"
     return {"device": info, "datasheet": sheet, "compute": measured["compute"],
-            "memory": {"copy_tb_s": rates["copy_tb_s"]}, "links": links, "sources": sources}
+            "memory": {"copy_tb_s": rates["copy_tb_s"]}, "links": links,
+            "host": {"op_overhead_us": measured.get("op_overhead_us")}, "sources": sources}
+
+
+# ---- the planner's roofline section ----
+KINDS_MEASUREMENT = ("measured: this workplace's H200 (device tool, KINDS.md, 2026-10-28 and 2026-11-04): bf16 "
+                     "8192^3 torch matmul on random data 769-798 TFLOP/s; device-to-device copy 4.3 TB/s (read + write)")
+ESTIMATES = {
+    "op_overhead_us": (5.0, "estimate: PyTorch eager dispatch + cudaLaunchKernel per aten op on a server host "
+                            "(typically 4-10 us); measured by benchmarks/gpu_profile.py on the next GPU run (host.op_overhead_us)"),
+    "lstm_step_us": (6.0, "estimate: cuDNN LSTM forward time step (a recurrent GEMM and a gate kernel launched back to "
+                          "back, ~3 us each at these sizes); from compute.lstm once measured (slope over time steps)"),
+    "instruction_us": (20.0, "estimate: the interpreter's own Python per instruction (timing, handler dispatch, "
+                             "slicing), about what it costs on the CPU machine's calibration"),
+    "backward_call_us": (60.0, "estimate: DeepSpeed engine.backward's Python around the autograd call"),
+    "host_mask_ns_per_element": (3.0, "estimate: trainer/dropout.py draws each mask on the host CPU (a seeded "
+                                      "randint per 3 elements, compare, copy): ~3-4 ns per element measured on the "
+                                      "project's CPU machine at 1 thread (cache-resident sizes)"),
+    "host_to_device_gb_s": (25.0, "estimate: pageable host-to-device copy (the masks are not pinned)"),
+    "host_collective_us": (100.0, "estimate: a 16-byte gloo all-reduce between the ranks' processes on one host "
+                                  "(the per-step loss sums stay on the CPU: cpu:gloo,cuda:nccl)"),
+}
+LINK_ESTIMATES = {"efficiency": (0.8, "estimate: NCCL reaches about 80% of a link's rate on large messages"),
+                  "latency_us": {"nvlink": (10.0, "estimate: NCCL small-message latency between GPUs over NVLink"),
+                                 "pcie": (20.0, "estimate: NCCL small-message latency between GPUs over PCIe")}}
+
+
+def _num(value, source: str) -> dict:
+    return {"value": value, "source": source}
+
+
+def roofline(profile: dict) -> dict:
+    """The planner's rates (trainer/planner/roofline.py) from a device profile: measured numbers where
+    the profile has them, the datasheet's and this workplace's measurements, stated estimates else."""
+    sheet = profile.get("datasheet") or {}
+    compute = profile.get("compute") or {}
+    out = {"gemm_tflops": {}, "lstm_gemm_tflops": {}}
+    for precision in ("bf16", "fp32"):
+        gemms = compute.get(precision, {}).get("gemm") or []
+        if gemms:
+            best = max(gemms, key=lambda g: g["tflops"])
+            out["gemm_tflops"][precision] = _num(best["tflops"], f"measured: largest torch matmul of compute.{precision}.gemm "
+                                                                 f"({best['m']}x{best['n']}x{best['k']})")
+        elif precision == "bf16" and sheet.get("name", "").startswith("NVIDIA H200"):
+            out["gemm_tflops"]["bf16"] = _num(788.0, KINDS_MEASUREMENT)
+        else:
+            ratio = 788.0 / 989.5  # achieved / datasheet, bf16 on this workplace's H200
+            out["gemm_tflops"][precision] = _num(round(sheet["peak_tflops"][precision] * ratio, 1),
+                                                 f"estimate: datasheet {sheet['peak_tflops'][precision]} TFLOP/s x "
+                                                 f"{ratio:.3f} (measured / datasheet bf16 ratio)")
+        out["lstm_gemm_tflops"][precision] = out["gemm_tflops"][precision]
+    if "tf32" in (sheet.get("peak_tflops") or {}):
+        tf32 = compute.get("tf32", {}).get("gemm") or []
+        value = max(g["tflops"] for g in tf32) if tf32 else round(sheet["peak_tflops"]["tf32"] * 788.0 / 989.5, 1)
+        out["lstm_gemm_tflops"]["fp32"] = _num(value, "cuDNN runs fp32 LSTMs on TF32 by default (torch.backends.cudnn."
+                                                      "allow_tf32): " + ("measured compute.tf32.gemm" if tf32 else
+                                                                         "estimate: datasheet TF32 x 0.796"))
+    copy = (profile.get("memory") or {}).get("copy_tb_s")
+    out["memory_tb_s"] = (_num(copy, "measured: memory.copy_tb_s") if copy and (profile.get("device") or {}).get("type") == "cuda"
+                          else _num(4.3, KINDS_MEASUREMENT))
+    for key, (value, source) in ESTIMATES.items():
+        out[key] = _num(value, source)
+    overhead = (profile.get("host") or {}).get("op_overhead_us")
+    if overhead:
+        out["op_overhead_us"] = _num(overhead, "measured: host.op_overhead_us")
+    steps = [x for x in (compute.get("bf16", {}).get("lstm") or []) if x["hidden"] >= 1024]
+    if len({x["time"] for x in steps}) > 1:
+        t0, t1 = min(steps, key=lambda x: x["time"]), max(steps, key=lambda x: x["time"])
+        per_step = (t1["ms_fwd_bwd"] - t0["ms_fwd_bwd"]) / (t1["time"] - t0["time"]) / 3 * 1000
+        out["lstm_step_us"] = _num(round(per_step, 2), "measured: compute.bf16.lstm, forward+backward ms per extra time "
+                                                       f"step at batch {t0['batch']}, hidden {t0['hidden']}, / 3")
+    links = sheet.get("links_gb_s") or {}
+    out["links"] = {}
+    for name, total in links.items():
+        out["links"][name] = {
+            "gb_s": _num(total / 2, f"datasheet: {total} GB/s in both directions together, half each way ({sheet.get('source')})"),
+            "efficiency": _num(*LINK_ESTIMATES["efficiency"]),
+            "latency_us": _num(*LINK_ESTIMATES["latency_us"].get(name, (15.0, "estimate")))}
+    out["default_link"] = "nvlink" if "nvlink" in out["links"] else next(iter(out["links"]), None)
+    return out
+
+
+def main() -> None:
+    import argparse
+    import json
+    import os
+
+    p = argparse.ArgumentParser(description="Write a planner profile (with a roofline section) from a device "
+                                            "profile, or from the datasheet alone.")
+    p.add_argument("--planner-profile", required=True, help="the file to write")
+    p.add_argument("--from", dest="source", default=None, help="a device_profile.json from benchmarks/gpu_check.sh")
+    p.add_argument("--device-name", default="NVIDIA H200", help="without --from: the datasheet entry to use")
+    args = p.parse_args()
+    if args.source:
+        with open(args.source, encoding="utf-8") as f:
+            base = json.load(f)
+    else:
+        sheet = datasheet(args.device_name)
+        if sheet is None:
+            raise SystemExit(f"--device-name {args.device_name!r}: no datasheet entry ({', '.join(DATASHEETS)})")
+        base = {"device": {"name": args.device_name, "type": "cuda"}, "datasheet": sheet,
+                "sources": {"datasheet": sheet["source"]}}
+    if os.path.exists(args.planner_profile):
+        raise SystemExit(f"--planner-profile {args.planner_profile}: exists; choose another path")
+    base["roofline"] = roofline(base)
+    base["measured_by"] = base.get("measured_by") or "datasheet + this workplace's measurements + stated estimates"
+    with open(args.planner_profile, "x", encoding="utf-8") as f:
+        json.dump(base, f, indent=1)
+        f.write("\n")
+    print(f"wrote {args.planner_profile}")
+
+
+if __name__ == "__main__":
+    main()

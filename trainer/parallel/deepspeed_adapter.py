@@ -167,6 +167,33 @@ def build_stages(layer_builders, *, num_pp: int, num_dp: int, partition_method: 
     return stages
 
 
+def layer_parts(layer_builders, num_pp: int, partition_method: str) -> list[int]:
+    """The partition `build_stages` would make, without building a module or a process group (for
+    the planner): stage s holds global layers parts[s] .. parts[s + 1] - 1. The same calls as
+    PipelineModule._partition_layers (uniform, parameters, type:regex)."""
+    import re
+
+    from deepspeed.runtime import utils as ds_utils
+
+    method = partition_method.lower()
+    try:
+        if method == "uniform":
+            return [int(x) for x in ds_utils.partition_uniform(num_items=len(layer_builders), num_parts=num_pp)]
+        if method == "parameters":
+            with torch.device("meta"):
+                counts = [sum(p.numel() for p in cls(**kw).parameters() if p.requires_grad)
+                          for cls, kw in layer_builders]
+            return [int(x) for x in ds_utils.partition_balanced(weights=counts, num_parts=num_pp)]
+        if method.startswith("type:"):
+            pattern = re.compile(partition_method.split(":", 1)[1], re.IGNORECASE)
+            weights = [1 if pattern.search(cls.__name__) else 0 for cls, _ in layer_builders]
+            return [int(x) for x in ds_utils.partition_balanced(weights=weights, num_parts=num_pp)]
+    except (ValueError, IndexError, re.error) as e:
+        raise StageError(f"parallel_layout.partition_method={partition_method!r}: {e}") from None
+    raise StageError(f"parallel_layout.partition_method={partition_method!r}: not one of uniform, parameters, "
+                     f"type:REGEX")
+
+
 def stage_id(stages) -> int:
     return stages.stage_id
 

@@ -1,0 +1,22 @@
+"""Plan the layout: `python launch/plan.py --config MODEL.yaml --devices N --profile PROFILE
+[--deepspeed_config BASE.json] [--write-config OUT.json]` ranks the parallel layouts by predicted step
+time; `python launch/plan.py --calibrate --config MODEL.yaml --out PROFILE` measures this machine."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from trainer.cli import fail  # noqa: E402
+
+
+def main(argv=None):
+    from trainer.planner.cli import main as plan_main
+
+    try:
+        sys.exit(plan_main(argv))
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        fail(e)
+
+
+if __name__ == "__main__":
+    main()

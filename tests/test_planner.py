@@ -1,0 +1,345 @@
+"""The planner: the simulator's refinements, the cost model on synthetic profiles (known numbers, no
+training), candidate layouts, launch/plan.py's output and --write-config, the GPU profile, and a
+calibration of tiny shapes (slow)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, run_cli
+from tests.planner_profiles import measured_profile, write
+from trainer.config import ModelConfig, load_config
+from trainer.data import collate
+from trainer.parallel.layout import LayoutSpec, group_members
+from trainer.parallel.schedule import Instr, global_programs
+from trainer.parallel.simulate import simulate, simulate_shared
+from trainer.planner.candidates import enumerate_layouts
+from trainer.planner.costs import MicroStepCosts, encoder_counts
+from trainer.planner.fit import Curve, nnls
+from trainer.planner.profile import MeasuredDevice, ProfileError, load
+from trainer.planner.shapes import Cut, ModelDims, stages_of
+
+VOCAB = 50
+
+
+def _dims(layers=2, hidden=8, dropout=0.0):
+    return ModelDims.build(ModelConfig(emb_dim=hidden, hidden=hidden, layers=layers, dropout=dropout), VOCAB, VOCAB)
+
+
+def _profile(tmp_path, dims, **kw):
+    model = {"emb_dim": dims.emb, "hidden": dims.hidden, "layers": dims.layers, "attention": dims.attention,
+             "src_vocab": VOCAB, "tgt_vocab": VOCAB}
+    return load(str(write(tmp_path / "p.json", measured_profile(model, **kw))))
+
+
+def _batch(rows=16, src=(12,), tgt=(10,), seed=0):
+    rng = np.random.default_rng(seed)
+    s = [rng.integers(4, VOCAB, int(src[i % len(src)])) for i in range(rows)]
+    t = [rng.integers(4, VOCAB, int(tgt[i % len(tgt)])) for i in range(rows)]
+    return collate(s, t)
+
+
+def _step(device, dims, spec, batch, shared=False, contention=None):
+    costs = MicroStepCosts(device, dims, spec, stages_of(dims, spec), Cut(batch, spec), 2)
+    kw = dict(inner_sync=costs.inner_sync, async_at_end=False)
+    if shared:
+        out = simulate_shared(costs.programs, group_members(spec), costs.cost, costs.transfer,
+                              {r: "h" for r in costs.programs}, costs.slowdown, **kw)
+    else:
+        out = simulate(costs.programs, group_members(spec), costs.cost, costs.transfer, **kw)
+    return max(rt.end for rt in out.values()), costs
+
+
+# ---- the simulator's refinements ----
+def test_inner_sync_meets_the_group_partway():
+    programs = {0: [Instr("optimizer_step")], 1: [Instr("optimizer_step")]}
+    groups = {"pipe": [[0, 1]], "world": [[0, 1]], "data": [[0], [1]]}
+    cost = {0: 1.0, 1: 3.0}
+    out = simulate(programs, groups, lambda r, i: cost[r], lambda r, i: 0.0,
+                   inner_sync=lambda r, i: ("pipe", 0.5 * cost[r], 0.1))
+    # rank 0 arrives at 0.5, rank 1 at 1.5; the meeting ends at 1.6; each then does its second half
+    assert out[0].end == pytest.approx(2.1) and out[1].end == pytest.approx(3.1)
+    assert out[0].busy == pytest.approx(1.0) and out[0].communicating == pytest.approx(1.1)
+    assert out[1].communicating == pytest.approx(0.1)
+
+
+def test_async_broadcast_can_be_left_to_the_next_step():
+    spec = LayoutSpec("hybrid", 2, 1)
+    programs = global_programs(spec)
+    slow = lambda r, i: 5.0 if i.op == "broadcast_head" else 0.01  # noqa: E731
+    held = simulate(programs, group_members(spec), slow, lambda r, i: 0.0)
+    left = simulate(programs, group_members(spec), slow, lambda r, i: 0.0, async_at_end=False)
+    for r in programs:
+        assert held[r].end == pytest.approx(left[r].async_done) and left[r].end < left[r].async_done - 4
+
+
+def test_shared_host_slows_only_overlapping_compute():
+    groups = {"world": [[0, 1]], "pipe": [[0, 1]], "data": [[0], [1]]}
+    f = Instr("forward", 0, 0, "enc")
+    together = {0: [f], 1: [f]}  # both compute from t=0
+    out = simulate_shared(together, groups, lambda r, i: 1.0, lambda r, i: 0.0, {0: "h", 1: "h"}, lambda r, i: 2.0)
+    assert out[0].end == pytest.approx(2.0, rel=1e-2) and out[1].end == pytest.approx(2.0, rel=1e-2)
+    apart = {0: [f, Instr("send_forward", 0, 0, "enc", 1)], 1: [Instr("recv_forward", 0, 0, "enc", 0), f]}
+    compute = lambda r, i: 1.0 if i.op == "forward" else 0.0  # noqa: E731
+    out = simulate_shared(apart, groups, compute, lambda r, i: 0.0, {0: "h", 1: "h"}, lambda r, i: 2.0)
+    assert out[1].end == pytest.approx(2.0, rel=1e-3)  # one after the other: no slowdown
+    out = simulate_shared(together, groups, lambda r, i: 1.0, lambda r, i: 0.0, {0: "a", 1: "b"}, lambda r, i: 2.0)
+    assert out[0].end == pytest.approx(1.0)  # different hosts
+
+
+def test_fits():
+    a = np.random.default_rng(1).random((30, 3))
+    assert np.allclose(nnls(a, a @ [2.0, 0.0, 1.0]), [2.0, 0.0, 1.0], atol=1e-8)
+    assert (nnls(a, a @ [1.0, -1.0, 1.0]) >= 0).all()  # never a negative cost
+    c = Curve([4, 1, 16], [4, 1, 16])
+    assert c(8) == pytest.approx(8) and c(32) == pytest.approx(32) and c(0) == pytest.approx(1)
+
+
+# ---- the cost model on a synthetic profile ----
+def test_lstm_table_fits_and_interpolates(tmp_path):
+    dims = _dims()
+    dev = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)
+    assert dev.lstm_fused("fwd", 8, 8, 8, 10) == pytest.approx((0.1 + 10 * (0.01 + 0.008)) / 1000)
+    assert dev.lstm_fused("bwd", 8, 8, 64, 4) == pytest.approx((0.1 + 4 * 2 * (0.01 + 0.064)) / 1000)
+    assert dev.lstm_packed("fwd", 8, 8, [4, 4, 2]) == pytest.approx(
+        (0.1 + 1.5 * (3 * 0.01 + 0.001 * 10)) / 1000)
+    assert MeasuredDevice(_profile(tmp_path, dims), "bf16", 2, dims).lstm_fused("fwd", 8, 8, 8, 10) == pytest.approx(
+        dev.lstm_fused("fwd", 8, 8, 8, 10) / 2)
+    assert encoder_counts([5, 3, 3, 1], 1, 5) == [3, 3, 1, 1]
+
+
+def test_single_step_is_the_sum_of_its_instructions(tmp_path):
+    dims = _dims()
+    dev = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)
+    spec = LayoutSpec("single", 1, 1)
+    step, costs = _step(dev, dims, spec, _batch())
+    assert step == pytest.approx(sum(costs.cost(0, i) for i in costs.programs[0]))
+    head = next(i for i in costs.programs[0] if i.op == "head")
+    tokens = 16 * 11  # every target has 10 pieces + EOS
+    assert costs.parts[(0, head)]["head"] == pytest.approx((0.1 + 0.01 * tokens) / 1000)
+    opt = next(i for i in costs.programs[0] if i.op == "optimizer_step")
+    params = sum(p.count for p in dims.layer_params) + dims.head_params.count
+    assert costs.parts[(0, opt)]["optimizer"] == pytest.approx((0.5 + 1e-5 * params) / 1000, rel=1e-6)
+
+
+def test_ragged_sources_take_the_packed_path_for_their_tail(tmp_path):
+    dims = _dims()
+    dev = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)
+    spec = LayoutSpec("single", 1, 1)
+    even, _ = _step(dev, dims, spec, _batch(src=(12,)))
+    ragged, costs = _step(dev, dims, spec, _batch(src=(12, 6)))
+    chunk = costs.cut.chunk(0, "enc", 0, 0)
+    assert min(chunk.lengths) == 7 and max(chunk.lengths) == 13  # with EOS
+    assert ragged > even  # fewer real steps, but the tail runs the packed path (1.5x per step here) in a second call
+    fused_only = dev.lstm_fused("fwd", 8, 8, 16, 7) + dev.lstm_packed("fwd", 8, 8, [8] * 6)
+    assert costs._lstm("fwd", "enc", 1, 8, chunk) == pytest.approx(fused_only + dev.copy_bytes(2 * 16 * 13 * 8 * 2))
+
+
+def test_parallel_layouts_split_the_work(tmp_path):
+    dims = _dims(layers=2)
+    dev = MeasuredDevice(_profile(tmp_path, dims, p2p_latency=0.0, p2p_byte=0.0), "bf16", 1, dims)
+    batch = _batch(rows=32, src=(30,), tgt=(30,))
+    single, _ = _step(dev, dims, LayoutSpec("single", 1, 1), batch)
+    data, _ = _step(dev, dims, LayoutSpec("data", 1, 2), batch)
+    hybrid, costs = _step(dev, dims, LayoutSpec("hybrid", 2, 1), batch)
+    assert data < single and hybrid < single
+    heads = [i for r in (0, 1) for i in costs.programs[r] if i.op == "head"]
+    shares = [costs.parts[(r, i)]["head"] for r, i in zip((0, 1), heads)]
+    assert shares[0] == pytest.approx(shares[1])  # equal shards of equal sentences
+    assert sum(shares) == pytest.approx((0.2 + 0.01 * 32 * 31) / 1000)
+    # the stack of a 2-stage pipeline: more units overlap the stages when the LSTM steps dominate and
+    # cost in proportion to their rows (no fixed cost per call or step)
+    stack = MeasuredDevice(_profile(tmp_path, dims, lstm_call=0.0, lstm_step=0.0, head_token=1e-5, p2p_latency=0.0, p2p_byte=0.0),
+                           "bf16", 1, dims)
+    u1, _ = _step(stack, dims, LayoutSpec("pipeline", 2, 1, micro_batches=1), batch)
+    u4, _ = _step(stack, dims, LayoutSpec("pipeline", 2, 1, micro_batches=4), batch)
+    assert u4 < 0.8 * u1
+
+
+def test_contention_slows_two_ranks_on_one_host(tmp_path):
+    dims = _dims()
+    batch = _batch(rows=32, src=(20,), tgt=(20,))
+    spec = LayoutSpec("hybrid", 2, 1)
+    free = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)
+    busy = MeasuredDevice(_profile(tmp_path, dims, contention={"lstm": 1.5, "head": 1.5}), "bf16", 1, dims)
+    t_free, _ = _step(free, dims, spec, batch, shared=True)
+    t_busy, _ = _step(busy, dims, spec, batch, shared=True)
+    assert 1.1 * t_free < t_busy < 1.5 * t_free
+    single = LayoutSpec("single", 1, 1)
+    assert _step(busy, dims, single, batch, shared=True)[0] == pytest.approx(_step(free, dims, single, batch)[0])
+
+
+def test_messages_carry_the_interpreters_shapes(tmp_path):
+    dims = _dims()
+    dev = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)
+    batch = _batch(rows=10, src=(9, 5), tgt=(7, 3))
+    spec = LayoutSpec("hybrid", 2, 1, micro_batches=2, time_chunks=2)
+    _, costs = _step(dev, dims, spec, batch)
+    for (rank, ins), nbytes in costs.sizes.items():
+        if ins.op == "send_forward":
+            unit = costs.cut.units(0)[ins.unit]
+            width = unit.src.shape[1] if ins.kind == "enc" else unit.tgt_in.shape[1]
+            assert nbytes == unit.size * [(width + 1) // 2, width // 2][ins.chunk] * dims.hidden * 2
+        if ins.op == "scatter_shard":
+            piece = costs.cut.piece(0, 0)
+            assert piece.size == 5 and nbytes == 5 * (piece.src.shape[1] + piece.tgt_in.shape[1]) * dims.hidden * 2
+
+
+@pytest.mark.parametrize("devices", [2, 4, 8])
+def test_candidates_are_layouts_the_trainer_accepts_with_unique_instructions(devices):
+    cfg = ModelConfig(layers=4)
+    cands, invalid = enumerate_layouts(devices, cfg, min_batch=16, global_batch=64)
+    modes = {c.spec.mode for c in cands}
+    assert {"single", "data", "pipeline", "hybrid"} <= modes
+    # left out: 3 replicas of a batch of 64 (uneven), 4 replicas x 8 units (32 sentences per batch, more than 16)
+    assert (invalid > 0) == (devices > 2)
+    assert {c.ranks for c in cands} >= {1, 2, devices}  # GPUs: layouts on fewer devices too
+    for c in cands:
+        c.spec.check_model(cfg, 16, 64 // c.spec.num_dp)
+        assert LayoutSpec.from_ds_config({"parallel_layout": c.layout_json()}, c.ranks) == c.spec
+        for prog in global_programs(c.spec).values():
+            assert len(set(prog)) == len(prog)  # costs are keyed by (rank, instruction)
+
+
+def test_a_profile_for_another_model_is_refused(tmp_path):
+    dims = _dims()
+    with pytest.raises(ProfileError, match="calibrated for another model.*hidden: 8 there, 16 here"):
+        MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, _dims(hidden=16))
+    with pytest.raises(ProfileError, match="not calibrated for 4 thread"):
+        MeasuredDevice(_profile(tmp_path, dims), "bf16", 4, dims)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"device": {}, "layers": ')
+    with pytest.raises(ProfileError, match="bad.json:1: invalid JSON"):
+        load(str(bad))
+    broken = _profile(tmp_path, dims)
+    broken["layers"]["bf16"]["1"]["head"][0][-1] = float("inf")
+    with pytest.raises(ProfileError, match=r"layers\.bf16\.1\.head: must be a non-empty list of lists of finite"):
+        MeasuredDevice(broken, "bf16", 1, dims)
+    gpu = load(str(REPO / "benchmarks" / "profiles" / "h200.json"))
+    gpu["roofline"]["memory_tb_s"]["value"] = 0
+    from trainer.planner.roofline import RooflineDevice
+    with pytest.raises(ProfileError, match=r"roofline\.memory_tb_s: must be a finite number > 0"):
+        RooflineDevice(gpu, "bf16", "nvlink", dims)
+
+
+# ---- launch/plan.py ----
+def _tiny_cfg(tiny_data):
+    return ["model.emb_dim=16", "model.hidden=16", "model.layers=2", "model.dropout=0.1", f"data.dir={tiny_data}",
+            "data.min_batch_sentences=8"]
+
+
+def _tiny_profile(tmp_path, tiny_data, **kw):
+    from trainer.data import read_manifest
+
+    vocab = read_manifest(str(tiny_data))["vocab"]
+    model = {"emb_dim": 16, "hidden": 16, "layers": 2, "attention": "general", "src_vocab": vocab["src_size"],
+             "tgt_vocab": vocab["tgt_size"]}
+    return write(tmp_path / "cpu.json", measured_profile(model, **kw))
+
+
+def test_plan_ranks_layouts_and_writes_a_loadable_config(tiny_data, tmp_path, capsys):
+    from trainer.ds_config import check_batch, load_ds_config
+    from trainer.planner.cli import main
+
+    out = tmp_path / "best.json"
+    main(["--devices", "2", "--profile", str(_tiny_profile(tmp_path, tiny_data)), "--steps", "3",
+          "--deepspeed_config", str(REPO / "ds_configs" / "hybrid_2.json"), "--write-config", str(out),
+          *_tiny_cfg(tiny_data)])
+    text = capsys.readouterr().out
+    table = [line for line in text.splitlines() if line.startswith("| 1 |")]
+    assert table and "tokens/s" in text and "per rank busy / waiting / communicating" in text
+    first = table[0].split("|")[2].strip()
+    ds = load_ds_config(str(out), max_steps=10)
+    spec = LayoutSpec.from_ds_config(ds, ds["parallel_layout"]["num_pp"] * ds["parallel_layout"]["num_dp"])
+    check_batch(ds, str(out), spec.num_dp)
+    assert ds["train_micro_batch_size_per_gpu"] * spec.num_dp == 64  # hybrid_2's global micro-batch kept
+    assert ds["optimizer"] == json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text())["optimizer"]
+    assert f"wrote {out}: {first}" in text
+    with pytest.raises(FileExistsError, match="never overwrites"):
+        main(["--devices", "2", "--profile", str(tmp_path / "cpu.json"), "--steps", "1", "--write-config", str(out),
+              *_tiny_cfg(tiny_data)])
+
+
+def test_plan_prefers_no_communication_when_links_are_slow(tiny_data, tmp_path):
+    from trainer.planner import plan
+
+    cfg = load_config(None, _tiny_cfg(tiny_data))
+    ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
+    work = plan.workload(cfg, ds, steps=2)
+    # one thread calibrated: the 2-thread single process is no candidate here (it would scale perfectly)
+    fast = load(str(_tiny_profile(tmp_path, tiny_data, p2p_latency=0.0, p2p_byte=0.0, head_token=0.05, threads=(1,))))
+    ranked, one, _ = plan.rank_layouts(work, fast, devices=2)
+    assert ranked[0].candidate.ranks == 2 and ranked[0].speedup > 1.2
+    for p in ranked:  # the rank that ends the step accounts for all of it (the rest of a rank's step is idle)
+        sums = [f["busy"] + f["waiting"] + f["communicating"] for f in p.fractions.values()]
+        assert 0.9 < max(sums) <= 1.0 + 1e-9 and min(sums) > 0
+    slow = load(str(_tiny_profile(tmp_path, tiny_data, p2p_latency=500.0, p2p_byte=0.0, threads=(1,))))
+    ranked, _, _ = plan.rank_layouts(work, slow, devices=2)
+    assert ranked[0].candidate.spec.mode == "single"
+
+
+def test_launch_plan_bad_input_is_one_line(tmp_path):
+    bad = tmp_path / "p.json"
+    bad.write_text("[]")
+    proc = run_cli([sys.executable, "launch/plan.py", "--devices", "2", "--profile", str(bad)], check=False, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert proc.stderr.startswith(f"error: {bad}: not a device profile")
+
+
+# ---- the GPU profile ----
+def test_gpu_profile_states_a_source_for_every_number_and_plans(tiny_data):
+    from trainer.planner import plan
+
+    profile = load(str(REPO / "benchmarks" / "profiles" / "h200.json"))
+
+    def leaves(node, path=()):
+        if isinstance(node, dict) and "value" in node:
+            yield path, node
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                yield from leaves(v, (*path, k))
+    numbers = list(leaves(profile["roofline"]))
+    assert len(numbers) > 15
+    for path, node in numbers:
+        assert node["source"].split(":")[0] in ("measured", "datasheet", "estimate", "cuDNN runs fp32 LSTMs on TF32 "
+                                                "by default (torch.backends.cudnn.allow_tf32)"), path
+    cfg = load_config(None, [*_tiny_cfg(tiny_data), "model.hidden=512", "model.emb_dim=512", "model.layers=4",
+                             "data.min_batch_sentences=32"])
+    ds = {**json.loads((REPO / "ds_configs" / "single.json").read_text()), "train_micro_batch_size_per_gpu": 128}
+    work = plan.workload(cfg, ds, steps=2)
+    best = {}
+    for link in ("nvlink", "pcie"):
+        ranked, one, _ = plan.rank_layouts(work, profile, devices=4, link=link)
+        best[link] = {p.candidate.spec.mode: p for p in reversed(ranked)}
+        assert one.step_s > 0 and all(p.step_s > 0 for p in ranked)
+    assert best["pcie"]["data"].step_s > best["nvlink"]["data"].step_s  # the whole model crosses the link
+
+
+# ---- calibration ----
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data, tmp_path):
+    from trainer.planner import plan
+    from trainer.planner.calibrate import calibrate
+
+    cfg = load_config(None, _tiny_cfg(tiny_data))
+    out = tmp_path / "cpu.json"
+    calibrate(cfg, str(out), quick=True, global_batch=16)
+    profile = load(str(out))
+    assert profile["conditions"]["quick"] and "load_average_before" in profile["conditions"]
+    for precision in ("bf16", "fp32"):
+        for threads in ("1", "2"):
+            table = profile["layers"][precision][threads]
+            assert all(p[-1] > 0 for p in table["head"]) and all(p[-1] > 0 for p in table["optimizer"])
+            assert set(table["overhead"]["instruction_ms"]) >= {"forward", "backward", "head", "optimizer_step"}
+        assert set(profile["contention"][precision]) == {"lstm", "head", "embedding", "mask", "copy", "optimizer"}
+    assert len(profile["transfers"]["gloo"]["p2p"]) == 2
+    ds = {**json.loads((REPO / "ds_configs" / "single.json").read_text()), "train_micro_batch_size_per_gpu": 16}
+    work = plan.workload(cfg, ds, steps=1)
+    ranked, one, _ = plan.rank_layouts(work, profile, devices=2)
+    assert one.step_s > 0 and {p.candidate.spec.mode for p in ranked} >= {"single", "data", "hybrid", "pipeline"}
+    with pytest.raises(FileExistsError):
+        calibrate(cfg, str(out), quick=True)

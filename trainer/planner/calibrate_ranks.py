@@ -1,0 +1,270 @@
+"""The parts of the calibration that need more than the bare layers: DeepSpeed's optimizer step (a
+world of one in this process), the slowdown of a component while a second process computes (a
+spawned background process), and gloo transfers between two ranks (two spawned processes talking
+through ParallelRuntime's verbs, as the trainer does)."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+
+import torch
+
+from trainer.planner.calibrate import _dtype, _ms
+
+COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer")
+_runtime = None  # this process's world of one, started once
+
+
+def _world_of_one():
+    global _runtime
+    if _runtime is None:
+        from trainer.parallel.layout import LayoutSpec
+        from trainer.parallel.runtime import ParallelRuntime
+
+        _runtime = ParallelRuntime.start(LayoutSpec("single", 1, 1), comm_timeout_s=120)
+    return _runtime
+
+
+def _ds_config(precision: str) -> dict:
+    from trainer.config import REPO_ROOT
+    from trainer.ds_config import load_ds_config
+
+    ds = load_ds_config(os.path.join(REPO_ROOT, "ds_configs", "single.json"), max_steps=1000)
+    ds["bf16"] = {"enabled": precision == "bf16"}
+    ds.pop("parallel_layout", None)
+    return ds
+
+
+def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> dict:
+    """DeepSpeed's step (the trainer's engine, clipping on) for modules of several sizes:
+    [[params, tensors, ms]]; and the cost of engine.backward around a trivial autograd call."""
+    from trainer.model import build_model
+    from trainer.parallel import deepspeed_adapter as dsa
+
+    rt = _world_of_one()
+    torch.set_num_threads(threads)
+    model = build_model(cfg.model, dims.src_vocab, dims.tgt_vocab)
+    sets = [model, model.head, model.pairs, model.pairs[0]] if not quick else [model]
+    points, backward_ms = [], 0.0
+    reps = 2 if quick else 5
+    for module in sets:
+        module = module if isinstance(module, torch.nn.Module) else torch.nn.ModuleList(module)
+        params = [p for p in module.parameters()]
+        engine = dsa.initialize(module, params, _ds_config(precision), rt.grid)
+
+        def grads():
+            for p in engine.module.parameters():
+                p.grad = torch.randn_like(p) * 1e-3
+        points.append([sum(p.numel() for p in params), len(params), _ms(lambda _: engine.step(), reps, setup=grads)])
+        if module is model:
+            x = torch.zeros(4, requires_grad=True, dtype=next(engine.module.parameters()).dtype)
+            plain = _ms(lambda: (x * 2).sum().backward(), reps * 4)
+            wrapped = _ms(lambda: engine.backward((x * 2).sum()), reps * 4)
+            backward_ms = round(max(0.0, wrapped - plain), 5)
+    return {"points": points, "backward_ms": backward_ms}
+
+
+# ---- contention: the same component in a second process ----
+def component(name: str, model_cfg: dict, src_vocab: int, tgt_vocab: int, precision: str):
+    """A zero-argument callable running one representative piece of `name`."""
+    from omegaconf import OmegaConf
+
+    from trainer.dropout import keep_mask
+    from trainer.model import build_head
+    from trainer.planner.shapes import ModelDims
+
+    cfg = OmegaConf.create(model_cfg)
+    dims = ModelDims.build(cfg, src_vocab, tgt_vocab)
+    dtype = _dtype(precision)
+    torch.manual_seed(0)
+    rows, steps = 32, 16
+    if name == "lstm":
+        lstm = torch.nn.LSTM(dims.hidden, dims.hidden, batch_first=True).to(dtype)
+        x = torch.randn(rows, steps, dims.hidden, dtype=dtype, requires_grad=True)
+        return lambda: lstm(x)[0].sum().backward()
+    if name == "head":
+        head = build_head(cfg, tgt_vocab).to(dtype)
+        enc = torch.randn(rows, steps, dims.hidden, dtype=dtype, requires_grad=True)
+        dec = torch.randn(rows, steps, dims.hidden, dtype=dtype, requires_grad=True)
+        mask, target = torch.ones(rows, steps, dtype=torch.bool), torch.randint(4, tgt_vocab, (rows, steps))
+        return lambda: head(enc, mask, dec, target)[0].backward()
+    if name == "embedding":
+        table = torch.nn.Embedding(src_vocab, dims.emb).to(dtype)
+        ids = torch.randint(4, src_vocab, (rows, steps))
+        return lambda: table(ids).sum().backward()
+    if name == "mask":
+        return lambda: keep_mask((rows, steps, dims.hidden * 4), 0.8, 7).to(dtype)
+    if name == "copy":
+        src, dst = torch.randn(1 << 21), torch.empty(1 << 21)
+        return lambda: dst.copy_(src)
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (1 << 20, 1 << 20, 1 << 18)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, fused=True)
+    return opt.step
+
+
+def _burner(conn, model_cfg, src_vocab, tgt_vocab, precision, running) -> None:
+    """The background process: runs each component it is sent while `running` is set."""
+    torch.set_num_threads(1)
+    while True:
+        name = conn.recv()
+        if name is None:
+            return
+        fn = component(name, model_cfg, src_vocab, tgt_vocab, precision)
+        fn()
+        conn.send("ready")
+        while running.is_set():
+            fn()
+        conn.send("stopped")
+
+
+def contention(cfg, dims, precision: str, quick: bool) -> dict:
+    """{component: time while a second process runs the same component / time alone} (1 thread each)."""
+    from omegaconf import OmegaConf
+
+    model_cfg = OmegaConf.to_container(cfg.model)
+    ctx = mp.get_context("spawn")
+    torch.set_num_threads(1)
+    reps = 3 if quick else 15
+    parent, child = ctx.Pipe()
+    running = ctx.Event()
+    proc = ctx.Process(target=_burner, args=(child, model_cfg, dims.src_vocab, dims.tgt_vocab, precision, running),
+                       daemon=True)
+    proc.start()
+    out = {}
+    try:
+        for name in COMPONENTS:
+            fn = component(name, model_cfg, dims.src_vocab, dims.tgt_vocab, precision)
+            alone = _ms(fn, reps, warmup=3)
+            running.set()
+            parent.send(name)
+            if not parent.poll(600) or parent.recv() != "ready":
+                raise RuntimeError(f"calibration: the background process did not start {name}")
+            shared = _ms(fn, reps, warmup=3)
+            running.clear()
+            parent.recv()
+            out[name] = round(max(1.0, shared / alone), 4)
+        parent.send(None)
+    finally:
+        running.clear()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    return out
+
+
+# ---- gloo between two ranks ----
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _transfer_rank(rank: int, port: int, sizes: list, reps: int, results) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.parallel.runtime import ParallelRuntime
+
+    try:
+        rt = ParallelRuntime.start(LayoutSpec("hybrid", 2, 1), comm_timeout_s=120)
+        comm = rt.stage_comm(torch.float32)
+        peer = 1 - rank
+        out = {"p2p": [], "all_reduce": [], "reduce": [], "broadcast": []}
+        for nbytes in sizes:
+            t = torch.ones(nbytes // 4)
+            post, rtt = [], []
+            for i in range(reps + 2):
+                rt.barrier()
+                start = time.perf_counter()
+                if rank == 0:
+                    comm.send_forward(t, peer)
+                    posted = time.perf_counter()
+                    comm.recv_backward(t.shape, peer)
+                else:
+                    comm.recv_forward(t.shape, peer)
+                    comm.send_backward(t, peer)
+                end = time.perf_counter()
+                comm.flush()
+                if i >= 2:
+                    rtt.append(end - start)
+                    post.append(posted - start if rank == 0 else 0.0)
+            out["p2p"].append([nbytes, 1000 * sorted(rtt)[len(rtt) // 2] / 2, 1000 * sorted(post)[len(post) // 2]])
+            for name, run in (("all_reduce", lambda: rt.all_reduce(t.clone(), group="world")),
+                              ("reduce", lambda: rt.reduce_async([t.clone()], dst=1, group="pipe").wait()),
+                              ("broadcast", lambda: rt.broadcast_async([t.clone()], src=1, group="pipe").wait())):
+                times = []
+                for i in range(reps + 2):
+                    rt.barrier()
+                    start = time.perf_counter()
+                    run()
+                    if i >= 2:
+                        times.append(time.perf_counter() - start)
+                out[name].append([nbytes, 1000 * sorted(times)[len(times) // 2]])
+        if rank == 0:
+            results.put(("ok", out))
+        rt.close()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails with it
+        results.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
+
+
+def transfers(quick: bool) -> dict:
+    """p2p [[bytes, one-way ms, sender's posting ms]], all_reduce / reduce / broadcast [[bytes, ms]]."""
+    sizes = [1 << 10, 1 << 16] if quick else [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_transfer_rank, args=(r, port, sizes, 3 if quick else 15, results), daemon=True)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        status, value = results.get(timeout=600)
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    if status != "ok":
+        raise RuntimeError(f"calibration: gloo transfers failed: {value}")
+    return value
+
+
+# ---- the interpreter itself, one rank ----
+def interpreter_runs(cfg, dims, precision: str, threads: int, batches: list, settings: list) -> list:
+    """Real micro-steps of the trainer's StepRunner on this process's world of one, for each
+    (micro_batches, time_chunks) of `settings`: [{"units", "chunks", "ops": {op: [seconds, count]}}]
+    over `batches` (after one warm-up batch). What the interpreter adds to the layers is read off
+    these against the layer tables (calibrate.interpreter_overhead)."""
+    import dataclasses
+
+    from trainer.parallel import deepspeed_adapter as dsa
+    from trainer.parallel.interpreter import StepRunner
+    from trainer.parallel.layout import LayoutSpec, ParallelLayout
+    from trainer.parallel.rank_module import build_rank_module
+
+    rt = _world_of_one()
+    torch.set_num_threads(threads)
+    module = build_rank_module(cfg.model, rt.spec, 0, dims.src_vocab, dims.tgt_vocab, cfg.train.seed)
+    engine = dsa.initialize(module, module.optimizer_parameters(), _ds_config(precision), rt.grid)
+    out = []
+    for units, chunks in settings:
+        spec = LayoutSpec("single", 1, 1, micro_batches=units, time_chunks=chunks)
+        runner = StepRunner(dataclasses.replace(rt, layout=ParallelLayout(spec, 0)), engine, module, dims.hidden)
+        ops: dict = {}
+        for i, batch in enumerate([batches[0], *batches]):
+            runner.op_seconds = {}
+            engine.begin_window()
+            runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(cfg.train.seed, i + 1, 0))
+            if i == 0:
+                continue
+            for ins in runner.programs[True]:
+                ops.setdefault(ins.op, [0.0, 0])[1] += 1
+            for op, seconds in runner.op_seconds.items():
+                ops[op][0] += seconds
+        out.append({"units": units, "chunks": chunks, "ops": ops})
+    return out

@@ -1,0 +1,112 @@
+"""launch/plan.py: rank the layouts for N devices (and write the winner's DeepSpeed JSON), or calibrate
+this machine's profile."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from trainer.config import REPO_ROOT
+
+DEFAULT_BASE = os.path.join(REPO_ROOT, "ds_configs", "single.json")
+USAGE = """\
+  python launch/plan.py --config MODEL.yaml --devices N --profile PROFILE [--deepspeed_config BASE.json]
+                        [--link nvlink|pcie] [--steps 16] [--top 20] [--write-config OUT.json] [key=value ...]
+  python launch/plan.py --calibrate --config MODEL.yaml --out PROFILE [--quick] [key=value ...]"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="launch/plan.py", usage=USAGE, description=(
+        "Predict each parallel layout's step time on N devices by simulating its schedule with a device "
+        "profile's costs over real batches of the configured data, rank them, and optionally write the "
+        "winner's DeepSpeed JSON; or measure this machine's profile (--calibrate)."))
+    p.add_argument("--config", default=None, help="model/data YAML (default trainer/configs/demo.yaml)")
+    p.add_argument("--devices", type=int, help="devices to plan for: GPUs, or on a CPU profile cores")
+    p.add_argument("--profile", help="device profile JSON (benchmarks/profiles/)")
+    p.add_argument("--deepspeed_config", default=DEFAULT_BASE,
+                   help="base DeepSpeed JSON: optimizer, precision, batch (global micro-batch = its "
+                        "train_micro_batch_size_per_gpu x its num_dp), accumulation (default ds_configs/single.json)")
+    p.add_argument("--link", default=None, help="a GPU profile's link between devices (its roofline.links)")
+    p.add_argument("--steps", type=int, default=16, help="training steps whose real batches are simulated")
+    p.add_argument("--top", type=int, default=20, help="layouts printed")
+    p.add_argument("--write-config", dest="write_config", default=None, help="write the winner's DeepSpeed JSON here")
+    p.add_argument("--calibrate", action="store_true", help="measure this machine's profile instead")
+    p.add_argument("--out", default=None, help="--calibrate: the profile file to write")
+    p.add_argument("--quick", action="store_true", help="--calibrate: fewer shapes and repeats (tests)")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. data.dir=...")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    from trainer.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    if args.calibrate:
+        from trainer.planner.calibrate import calibrate
+
+        if not args.out:
+            raise ValueError("--calibrate needs --out PROFILE (the file to write)")
+        from trainer.ds_config import load_ds_config
+        from trainer.parallel.layout import LayoutSpec
+
+        ds = load_ds_config(args.deepspeed_config, cfg.train.max_steps)
+        section = ds.get("parallel_layout", {"mode": "single"})
+        spec = LayoutSpec.from_ds_config(ds, section.get("num_pp", 1) * section.get("num_dp", 1))
+        calibrate(cfg, args.out, quick=args.quick, global_batch=ds["train_micro_batch_size_per_gpu"] * spec.num_dp)
+        return 0
+    if args.devices is None or args.devices < 1:
+        raise ValueError(f"--devices {args.devices}: give the number of devices to plan for (>= 1)")
+    if not args.profile:
+        raise ValueError("--profile PROFILE is required (benchmarks/profiles/*.json, or one written by --calibrate)")
+    if args.steps < 1 or args.top < 1:
+        raise ValueError("--steps and --top must be >= 1")
+    from trainer.ds_config import load_ds_config
+    from trainer.planner import plan
+    from trainer.planner.profile import load
+
+    profile = load(args.profile)
+    ds = load_ds_config(args.deepspeed_config, cfg.train.max_steps)
+    work = plan.workload(cfg, ds, args.steps)
+    ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link)
+    print(report(work, profile, args, ranked, one, invalid))
+    if args.write_config:
+        best = ranked[0].candidate
+        plan.write_config(args.write_config, plan.winner_config(ds, best, work.global_batch), best.ranks)
+        launch = (f"deepspeed --num_gpus {best.ranks} launch/train.py" if best.ranks > 1 else "python launch/train.py")
+        threads = f" train.threads={best.threads}" if "layers" in profile else ""
+        print(f"wrote {args.write_config}: {best.label()}\n  {launch} --deepspeed_config {args.write_config} "
+              f"--config {args.config or 'trainer/configs/demo.yaml'}{threads} ...")
+    return 0
+
+
+def report(work, profile, args, ranked, one, invalid: int) -> str:
+    dev = profile.get("device", {})
+    where = dev.get("name", "?")
+    if "roofline" in profile and "layers" not in profile:
+        links = profile["roofline"].get("links", {})
+        where += f", link {args.link or profile['roofline'].get('default_link') or sorted(links)[0]}"
+    d = work.dims
+    lines = [f"plan: {args.devices} device(s) of {where} ({os.path.basename(args.profile)}); model emb {d.emb} hidden "
+             f"{d.hidden} {d.layers}+{d.layers} layers, vocab {d.src_vocab}/{d.tgt_vocab}; {work.precision}; "
+             f"{work.global_batch} pairs per micro-batch x {len(work.windows[0])}; {len(work.windows)} real steps of "
+             f"{work.cfg.data.dir}",
+             f"one device ({one.candidate.label()}): {1000 * one.step_s:.1f} ms/step, {one.tokens_per_s:.0f} tokens/s; "
+             f"{len(ranked)} layouts simulated, {invalid} left out (the trainer would refuse them); '(screened)': "
+             f"simulated on the first {min(4, len(work.windows))} steps only",
+             "",
+             "| # | layout | ranks x threads | step ms | tokens/s | speed-up | per rank busy / waiting / communicating % |",
+             "|---:|---|---|---:|---:|---:|---|"]
+    for i, p in enumerate(ranked[:args.top], 1):
+        fr = " ; ".join(f"{round(100 * f['busy'])}/{round(100 * f['waiting'])}/{round(100 * f['communicating'])}"
+                        for _, f in sorted(p.fractions.items()))
+        mark = " (screened)" if p.screened_only else ""
+        lines.append(f"| {i} | {p.candidate.label()}{mark} | {p.candidate.ranks} x {p.candidate.threads or '-'} | "
+                     f"{1000 * p.step_s:.1f} | {p.tokens_per_s:.0f} | {p.speedup:.2f}x | {fr} |")
+    best = {}
+    for p in ranked:
+        if not p.screened_only and p.candidate.ranks in (1, args.devices):
+            best.setdefault(p.candidate.spec.mode if p.candidate.spec.mode != "grid" else "hybrid", p)
+    lines.append("")
+    lines.append(f"best of each mode on all {args.devices} device(s): "
+                 + ", ".join(f"{m} {p.speedup:.2f}x ({p.candidate.label()})" for m, p in best.items()))
+    return "\n".join(lines)

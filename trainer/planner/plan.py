@@ -1,0 +1,186 @@
+"""Predict and rank: every candidate layout's schedule simulated (trainer.parallel.simulate) over real
+batches of the configured data, each instruction priced by a device profile (trainer.planner.costs).
+
+A step is `gradient_accumulation_steps` micro-steps run back to back on every rank; steps are timed
+from a common start (the trainer gathers every rank's metrics between steps). The predicted step time
+is the mean over the sampled steps of the last rank's end; the head broadcast that the next step's
+head waits for is charged when it would arrive later than that head starts.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from trainer.data import BatchStream, ParallelData, read_manifest
+from trainer.ds_config import check_batch, load_ds_config
+from trainer.parallel.layout import LayoutSpec, group_members
+from trainer.parallel.simulate import simulate, simulate_shared
+from trainer.planner import profile as profiles
+from trainer.planner.candidates import Candidate, enumerate_layouts
+from trainer.planner.costs import MicroStepCosts
+from trainer.planner.roofline import RooflineDevice
+from trainer.planner.shapes import Cut, ModelDims, stages_of
+
+
+@dataclass
+class Workload:
+    """What is being planned: the model, the batches of the first steps, the precision."""
+
+    cfg: object
+    dims: ModelDims
+    windows: list  # per sampled step: its global micro-batches
+    global_batch: int  # sentences per global micro-batch (at most)
+    precision: str
+    base_ds: dict
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 2 if self.precision == "bf16" else 4
+
+    def tokens(self, window) -> int:
+        return sum(b.src_tokens + b.tgt_tokens for b in window)
+
+
+def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
+    """The first `skip + steps` steps' batches of the training stream (the trainer's own batching),
+    the last `steps` of them kept."""
+    world = ds.get("parallel_layout", {}).get("num_pp", 1) * ds.get("parallel_layout", {}).get("num_dp", 1)
+    base = LayoutSpec.from_ds_config(ds, world) if "parallel_layout" in ds else LayoutSpec("single", 1, 1)
+    global_batch = ds["train_micro_batch_size_per_gpu"] * base.num_dp
+    vocab = read_manifest(cfg.data.dir)["vocab"]
+    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_batch,
+                         max_tokens=cfg.data.max_tokens, seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
+                         min_batch=cfg.data.min_batch_sentences)
+    accumulation = ds.get("gradient_accumulation_steps", 1)
+    windows = [[stream.next() for _ in range(accumulation)] for _ in range(skip + steps)][skip:]
+    dims = ModelDims.build(cfg.model, vocab["src_size"], vocab["tgt_size"])
+    precision = "bf16" if ds.get("bf16", {}).get("enabled") else "fp32"
+    return Workload(cfg, dims, windows, global_batch, precision, ds)
+
+
+def device_for(profile: dict, precision: str, threads: int, link: str | None, dims: ModelDims):
+    if "layers" in profile:
+        return profiles.MeasuredDevice(profile, precision, threads, dims)
+    links = profiles._get(profile, "roofline", "links")
+    return RooflineDevice(profile, precision, link or profile["roofline"].get("default_link") or sorted(links)[0], dims)
+
+
+@dataclass
+class Prediction:
+    candidate: Candidate
+    step_s: float
+    tokens_per_s: float
+    fractions: dict = field(default_factory=dict)  # rank -> {busy, waiting, communicating}
+    speedup: float = 0.0
+    op_seconds: dict = field(default_factory=dict)  # rank -> {op: seconds per step}, like RUN_DIR/timing/rank*.json
+    screened_only: bool = False  # simulated on the screening steps only (not among the best)
+
+
+def predict(candidate: Candidate, work: Workload, profile: dict, link: str | None = None,
+            steps: int | None = None) -> Prediction:
+    spec = candidate.spec
+    device = device_for(profile, work.precision, candidate.threads, link, work.dims)
+    stages = stages_of(work.dims, spec)
+    groups = group_members(spec)
+    shared = device.kind == "measured" and candidate.ranks > 1  # ranks on one host's cores
+    windows = work.windows[:steps] if steps else work.windows
+    total, tokens = 0.0, 0
+    sums = {r: {"busy": 0.0, "waiting": 0.0, "communicating": 0.0} for r in range(spec.world_size)}
+    ops = {r: {} for r in range(spec.world_size)}
+    for window in windows:
+        clock = {r: 0.0 for r in range(spec.world_size)}
+        for i, batch in enumerate(window):
+            costs = MicroStepCosts(device, work.dims, spec, stages, Cut(batch, spec), work.dtype_bytes,
+                                   boundary=i == len(window) - 1)
+            start = {r: clock[r] + device.micro_step for r in clock}
+            kw = dict(start=start, inner_sync=costs.inner_sync, async_at_end=False, keep_spans=True)
+            if shared:
+                result = simulate_shared(costs.programs, groups, costs.cost, costs.transfer,
+                                         {r: "host" for r in clock}, costs.slowdown, **kw)
+            else:
+                result = simulate(costs.programs, groups, costs.cost, costs.transfer, **kw)
+            for r, rt in result.items():
+                clock[r] = rt.end
+                for k in sums[r]:
+                    sums[r][k] += getattr(rt, k)
+                for op, t0, t1 in rt.spans:
+                    ops[r][op] = ops[r].get(op, 0.0) + t1 - t0
+            end = max(clock.values())
+            late = max((_late_broadcast(rt, end) for rt in result.values()), default=0.0)
+            clock = {r: max(t, end + late) if late else t for r, t in clock.items()}
+        total += max(clock.values())
+        tokens += work.tokens(window)
+    step = total / len(windows)
+    fractions = {r: {k: v / total for k, v in s.items()} for r, s in sums.items()}
+    per_step = {r: {op: s / len(windows) for op, s in o.items()} for r, o in ops.items()}
+    return Prediction(candidate, step, tokens / total, fractions, op_seconds=per_step)
+
+
+def _late_broadcast(rt, end: float) -> float:
+    """How long the next step's first head would wait for this step's head broadcast."""
+    heads = [t0 for op, t0, _ in rt.spans if op == "head"]
+    if not heads or rt.async_done <= end:
+        return 0.0
+    first_head = min(heads) - min((t0 for _, t0, _ in rt.spans), default=0.0)
+    return max(0.0, rt.async_done - end - first_head)
+
+
+def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None = None,
+                 screen_steps: int = 4) -> tuple[list[Prediction], Prediction, int]:
+    """(predictions best first, the one-device baseline, how many candidates were invalid). All
+    candidates are first simulated on `screen_steps` steps; the best dozen and the best of each mode on
+    each number of ranks again on every sampled step (they come first; the rest keep their screening
+    numbers)."""
+    cpu_threads = ()
+    if "layers" in profile:
+        cpu_threads = tuple(sorted(int(t) for t in profiles._get(profile, "layers", work.precision)))
+    method = work.base_ds.get("parallel_layout", {}).get("partition_method", "type:EncoderDecoderLayer")
+    cands, invalid = enumerate_layouts(devices, work.cfg.model, work.cfg.data.min_batch_sentences, work.global_batch,
+                                       cpu_threads, method)
+    if not cands:
+        raise ValueError(f"--devices {devices}: no layout fits (model.layers={work.dims.layers}, batch of "
+                         f"{work.global_batch}, data.min_batch_sentences={work.cfg.data.min_batch_sentences})")
+    baseline = Candidate(LayoutSpec("single", 1, 1, partition_method=method), 1, 1 if cpu_threads else 0)
+    screened = sorted((predict(c, work, profile, link, steps=screen_steps) for c in cands), key=lambda p: p.step_s)
+    keep = screened[:12] + [p for p in screened[12:] if p is next(q for q in screened if _mode(q) == _mode(p))]
+    final = sorted((predict(p.candidate, work, profile, link) for p in keep), key=lambda p: p.step_s)
+    kept = {id(p) for p in keep}
+    rest = [p for p in screened if id(p) not in kept]
+    one = predict(baseline, work, profile, link)
+    one_screened = predict(baseline, work, profile, link, steps=screen_steps)
+    for p in final + [one]:
+        p.speedup = one.step_s / p.step_s
+    for p in rest:  # screened on fewer steps: against the baseline on those steps
+        p.speedup = one_screened.step_s / p.step_s
+        p.screened_only = True
+    return final + rest, one, invalid
+
+
+def _mode(p: "Prediction") -> tuple[str, int]:
+    return ("hybrid" if p.candidate.spec.mode == "grid" else p.candidate.spec.mode), p.candidate.ranks
+
+
+def winner_config(base: dict, winner: Candidate, global_batch: int) -> dict:
+    """The base DeepSpeed JSON (optimizer, schedule, precision ...) with the winner's layout and the
+    micro-batch per replica that keeps the global micro-batch."""
+    ds = json.loads(json.dumps(base))
+    ds["train_micro_batch_size_per_gpu"] = global_batch // winner.spec.num_dp
+    ds.pop("train_batch_size", None)
+    ds["parallel_layout"] = winner.layout_json()
+    return ds
+
+
+def write_config(path: str, ds: dict, ranks: int) -> None:
+    """Write it, then read it back as the trainer would (never over an existing file)."""
+    if os.path.exists(path):
+        raise FileExistsError(f"--write-config {path}: exists; choose another path (the planner never overwrites a file)")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"--write-config {path}: no such directory {parent}")
+    with open(path, "x", encoding="utf-8") as f:
+        json.dump(ds, f, indent=2)
+        f.write("\n")
+    back = load_ds_config(path, max_steps=1)
+    spec = LayoutSpec.from_ds_config(back, ranks)
+    check_batch(back, path, spec.num_dp)

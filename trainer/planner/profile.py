@@ -1,0 +1,233 @@
+"""Device profiles: JSON files that say how long the model's pieces take on a device.
+
+One format, an extension of the device profile `benchmarks/gpu_profile.py` writes (device, datasheet,
+compute, memory, links, sources are its keys and keep their meaning). The planner reads two more
+sections, whichever the file has:
+
+    layers      measured by `python launch/plan.py --calibrate` (trainer/planner/calibrate.py): the real
+                layers of one model timed at a few shapes, per precision and thread count:
+                  model         the sizes they were measured at (emb_dim, hidden, layers, attention, vocab)
+                  PREC.THREADS  lstm {"IxH": {fused_fwd, fused_bwd, packed_fwd, packed_bwd: [[rows, steps, ms]]}}
+                                (one layer with its dropout; fused = oneDNN over all-real steps, packed =
+                                the per-step path of ragged tails), embedding {src_fwd, src_bwd, tgt_fwd,
+                                tgt_bwd: [[tokens, ms]]}, mask [[elements, ms]] (a dropout mask drawn),
+                                copy [[bytes, ms]], head [[rows, src_len, tgt_len, tokens, ms]] (forward +
+                                backward of one piece), optimizer [[params, tensors, ms]] (DeepSpeed's
+                                step), overhead {instruction_ms: {op: ms}, micro_step_ms,
+                                backward_ms} (the interpreter's own work per instruction type, read
+                                off real one-rank micro-steps; DeepSpeed's backward call)
+                contention   {PREC: {component: factor}}: how much slower a component runs while a
+                             second rank computes on the other core (shared caches, memory bandwidth)
+                transfers    {"gloo": {p2p [[bytes, one_way_ms, post_ms]], all_reduce / reduce /
+                             broadcast [[bytes, ms]] between two ranks}}
+    roofline    a GPU's rates, each with its source (datasheet figure, a measurement, or an estimate):
+                see trainer/planner/roofline.py
+
+Every number the planner uses is read from the file: nothing device-specific lives in code.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from trainer.planner.fit import Curve, linear
+
+MAX_BYTES = 4 << 20
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the file and the key."""
+
+
+def load(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--profile {path}: no such file")
+    if os.path.getsize(path) > MAX_BYTES:
+        raise ProfileError(f"{path}: {os.path.getsize(path)} bytes; a device profile is at most {MAX_BYTES}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("device"), dict):
+        raise ProfileError(f"{path}: not a device profile (a JSON object with a 'device' section)")
+    if "layers" not in data and "roofline" not in data:
+        raise ProfileError(f"{path}: has neither 'layers' (a calibrated machine: python launch/plan.py --calibrate) "
+                           f"nor 'roofline' (a GPU's rates); the planner needs one")
+    data["_path"] = path
+    return data
+
+
+def _get(profile: dict, *keys):
+    node = profile
+    for i, k in enumerate(keys):
+        if not isinstance(node, dict) or k not in node:
+            have = sorted(x for x in node if not str(x).startswith("_")) if isinstance(node, dict) else []
+            raise ProfileError(f"{profile.get('_path', 'profile')}: {'.'.join(keys[:i + 1])}: missing "
+                               f"(has: {', '.join(map(str, have)) or 'nothing'})")
+        node = node[k]
+    return node
+
+
+def _points(profile: dict, *keys) -> list:
+    pts = _get(profile, *keys)
+    if not isinstance(pts, list) or not pts or not all(
+            isinstance(p, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+                                        for v in p)
+            for p in pts):
+        raise ProfileError(f"{profile['_path']}: {'.'.join(keys)}: must be a non-empty list of lists of finite numbers >= 0")
+    return pts
+
+
+class _Line:
+    """y = c . features(x) fitted to measured points (ms), returning seconds."""
+
+    def __init__(self, profile, keys, features):
+        try:
+            self.coef = linear(_points(profile, *keys), features)
+        except (ValueError, IndexError, TypeError) as e:
+            raise ProfileError(f"{profile['_path']}: {'.'.join(keys)}: cannot fit ({e})") from None
+        self.features = features
+
+    def __call__(self, *x) -> float:
+        return float(self.coef @ self.features(list(x))) / 1000.0
+
+
+class _Lstm:
+    """One LSTM layer's table: ms = c0(rows) + steps * step(rows), per measured row count, fitted
+    over the measured step counts and interpolated between row counts."""
+
+    def __init__(self, profile, keys):
+        by_rows: dict = {}
+        for rows, steps, ms in _points(profile, *keys):
+            by_rows.setdefault(rows, []).append((steps, ms))
+        xs, c0, step = [], [], []
+        for rows, pts in sorted(by_rows.items()):
+            c = linear([[s, ms] for s, ms in pts], lambda r: [1.0, r[0]]) if len(pts) > 1 else [0.0, pts[0][1] / pts[0][0]]
+            xs.append(rows)
+            c0.append(c[0])
+            step.append(c[1])
+        self.c0, self.step = Curve(xs, c0), Curve(xs, step)
+
+    def fused(self, rows: int, steps: int) -> float:
+        return (self.c0(rows) + steps * self.step(rows)) / 1000.0 if steps > 0 and rows > 0 else 0.0
+
+    def per_step(self, counts) -> float:
+        """Steps of different active row counts (the packed path)."""
+        counts = [n for n in counts if n > 0]
+        if not counts:
+            return 0.0
+        return (self.c0(max(counts)) + sum(self.step(n) for n in counts)) / 1000.0
+
+
+COMPONENTS = ("lstm", "embedding", "mask", "copy", "head", "optimizer")
+
+
+class MeasuredDevice:
+    """A calibrated machine: every cost from the layer tables of one precision and thread count."""
+
+    kind = "measured"
+
+    def __init__(self, profile: dict, precision: str, threads: int, dims=None):
+        self.profile, self.precision, self.threads = profile, precision, threads
+        tables = _get(profile, "layers", precision)
+        key = str(threads)
+        if key not in tables:
+            raise ProfileError(f"{profile['_path']}: layers.{precision}.{key}: not calibrated for {threads} thread(s) "
+                               f"(has: {', '.join(sorted(tables))})")
+        if dims is not None:
+            self._check_model(dims)
+        base = ("layers", precision, key)
+        self.lstm = {name: {part: _Lstm(profile, (*base, "lstm", name, part))
+                            for part in ("fused_fwd", "fused_bwd", "packed_fwd", "packed_bwd")}
+                     for name in _get(profile, *base, "lstm")}
+        one = lambda r: [1.0, r[0]]  # noqa: E731
+        self.embedding = {part: _Line(profile, (*base, "embedding", part), one)
+                          for part in ("src_fwd", "src_bwd", "tgt_fwd", "tgt_bwd")}
+        self.mask = _Line(profile, (*base, "mask"), one)
+        self.copy = _Line(profile, (*base, "copy"), one)
+        self.head = _Line(profile, (*base, "head"), lambda r: [1.0, r[3], r[0] * r[2], r[0] * r[2] * r[1]])
+        self.optimizer_line = _Line(profile, (*base, "optimizer"), lambda r: [1.0, r[0], r[1]])
+        over = _get(profile, *base, "overhead")
+        per_op = over.get("instruction_ms", {})
+        self.per_instruction = ({op: float(ms) / 1000.0 for op, ms in per_op.items()} if isinstance(per_op, dict)
+                                else {"reduce_metrics": float(per_op) / 1000.0})
+        self.micro_step = float(over.get("micro_step_ms", 0.0)) / 1000.0
+        self.backward_call = float(over.get("backward_ms", 0.0)) / 1000.0  # engine.backward's own work
+        self.contention = profile.get("contention", {}).get(precision, {})
+        self._transfers = None
+
+    def instruction(self, op: str) -> float:
+        """The interpreter's own seconds for one instruction of type `op` (measured on one rank;
+        instruction types only several ranks run take those of the loss all-reduce, a bare verb)."""
+        return self.per_instruction.get(op, self.per_instruction.get("reduce_metrics", 0.0))
+
+    @property
+    def transfers(self) -> dict:
+        if self._transfers is None:
+            profile, gloo = self.profile, ("transfers", "gloo")
+            post = [[b, p] for b, _, p in _points(profile, *gloo, "p2p")]
+            self._transfers = {
+                "p2p": _Line(profile, (*gloo, "p2p"), lambda r: [1.0, r[0]]),
+                "post": _Line({"_path": profile["_path"], "post": post}, ("post",), lambda r: [1.0, r[0]]),
+                **{name: _Line(profile, (*gloo, name), lambda r: [1.0, r[0]]) for name in ("all_reduce", "reduce", "broadcast")}}
+        return self._transfers
+
+    def _check_model(self, dims) -> None:
+        measured = _get(self.profile, "layers", "model")
+        want = dims.describe()
+        differ = {k: (measured.get(k), v) for k, v in want.items() if k != "layers" and measured.get(k) != v}
+        if differ:
+            raise ProfileError(f"{self.profile['_path']}: calibrated for another model ("
+                               + ", ".join(f"{k}: {a} there, {b} here" for k, (a, b) in differ.items())
+                               + "); calibrate this one: python launch/plan.py --calibrate --config MODEL.yaml --out FILE")
+
+    # ---- compute ----
+    def _lstm(self, in_dim: int, hidden: int) -> dict:
+        key = f"{in_dim}x{hidden}"
+        if key not in self.lstm:
+            raise ProfileError(f"{self.profile['_path']}: layers.{self.precision}.{self.threads}.lstm.{key}: no table "
+                               f"(has: {', '.join(sorted(self.lstm))})")
+        return self.lstm[key]
+
+    def lstm_fused(self, direction: str, in_dim: int, hidden: int, rows: int, steps: int) -> float:
+        return self._lstm(in_dim, hidden)[f"fused_{direction}"].fused(rows, steps)
+
+    def lstm_packed(self, direction: str, in_dim: int, hidden: int, counts) -> float:
+        return self._lstm(in_dim, hidden)[f"packed_{direction}"].per_step(counts)
+
+    def embed(self, side: str, direction: str, tokens: int) -> float:
+        return self.embedding[f"{side}_{direction}"](tokens) if tokens else 0.0
+
+    def dropout_mask(self, elements: int) -> float:
+        return self.mask(elements) if elements else 0.0
+
+    def copy_bytes(self, nbytes: int) -> float:
+        return self.copy(nbytes) if nbytes else 0.0
+
+    def head_step(self, rows: int, src: int, tgt: int, tokens: int) -> float:
+        return self.head(rows, src, tgt, tokens) if rows else 0.0
+
+    def optimizer(self, params: int, tensors: int) -> float:
+        return self.optimizer_line(params, tensors)
+
+    def slowdown(self, component: str) -> float:
+        return max(1.0, float(self.contention.get(component, 1.0)))
+
+    # ---- transfers between ranks ----
+    def p2p(self, nbytes: int) -> tuple[float, float]:
+        """(the sender's cost of posting it, when it arrives after that)."""
+        return self.transfers["post"](nbytes), self.transfers["p2p"](nbytes)
+
+    def collective(self, name: str, nbytes: int, ranks: int) -> float:
+        """gloo between `ranks` ranks, from the two-rank measurement: latency terms grow with the
+        ring's steps (ranks - 1), the bandwidth term by 2 (ranks - 1) / ranks for an all-reduce."""
+        if ranks <= 1:
+            return 0.0
+        line = self.transfers[name]
+        latency, per_byte = line.coef[0] / 1000.0, line.coef[1] / 1000.0
+        volume = 2 * (ranks - 1) / ranks if name == "all_reduce" else 1.0
+        return (ranks - 1) * latency + per_byte * nbytes * volume
