@@ -14,7 +14,7 @@ from trainer.parallel.layout import LayoutError, LayoutSpec
 
 
 def test_unknown_key_and_wrong_type_name_the_key():
-    with pytest.raises(ConfigError, match="model.hiden"):
+    with pytest.raises(ConfigError, match="^command-line override: bad config key .model.hiden."):
         load_config(None, ["model.hiden=3"])
     with pytest.raises(ConfigError, match="train.max_steps"):
         load_config(None, ["train.max_steps=lots"])

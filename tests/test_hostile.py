@@ -17,7 +17,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from tests.conftest import run_cli
+from tests.conftest import read_metrics, run_cli
 from trainer import checkpoint as ck
 from trainer.config import ConfigError, load_config, to_yaml
 from trainer.model import build_model
@@ -616,3 +616,53 @@ def test_a_stop_whose_exception_was_swallowed_is_still_noticed(tmp_path):
     with pytest.raises(Stopped):
         run_prepare(args, Position(stop_signal="SIGTERM"))
     assert not (tmp_path / "data").exists()
+
+
+# --- run.dir: a new run never writes over files the trainer did not write -------------------------------------
+
+def test_a_new_run_refuses_a_run_dir_holding_foreign_files(tmp_path):
+    from data_prep.dataformat import OutputDirError
+    from trainer.resume import check_new_run_dir
+
+    run = tmp_path / "run"
+    check_new_run_dir(str(run), overwrite=False)  # not there yet
+    run.mkdir()
+    check_new_run_dir(str(run), overwrite=False)  # empty
+    (run / "config.yaml").write_text("mine: 1\n")
+    (run / "notes.txt").write_text("the user's\n")
+    with pytest.raises(OutputDirError, match=r"holds notes.txt, which the trainer did not write; .*run.overwrite=true"):
+        check_new_run_dir(str(run), overwrite=False)
+    (run / "notes.txt").unlink()
+    # only names the trainer writes, but no data manifest of a run: could be anyone's config.yaml
+    with pytest.raises(OutputDirError, match="no data_manifest.json written by the trainer"):
+        check_new_run_dir(str(run), overwrite=False)
+    (run / "data_manifest.json").write_text('{"checksum": "abc"}')
+    (run / "metrics.jsonl").write_text('{"step": 5}\n')
+    check_new_run_dir(str(run), overwrite=False)  # an earlier run's own output (no checkpoint): replaced
+    assert not (run / "metrics.jsonl").exists() and (run / "config.yaml").read_text() == "mine: 1\n"
+    (run / "notes.txt").write_text("the user's\n")
+    check_new_run_dir(str(run), overwrite=True)  # the explicit flag: allowed, and notes.txt is left alone
+    assert (run / "notes.txt").read_text() == "the user's\n"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(OutputDirError, match="is not a directory"):
+        check_new_run_dir(str(afile), overwrite=True)
+
+
+@pytest.mark.slow
+def test_train_cli_refuses_a_foreign_run_dir_and_leaves_it_alone(tmp_path, tiny_data):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("the user's own config\n")
+    (run / "spm.src.model").write_text("not a model\n")
+    (run / "metrics.jsonl").write_text('{"step": 99}\n')
+    args = [sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", f"data.dir={tiny_data}",
+            f"run.dir={run}", "train.max_steps=2", "logging.wandb_mode=disabled", "model.hidden=16", "model.emb_dim=16"]
+    r = run_cli(args, check=False, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "no data_manifest.json written by the trainer" in r.stderr and "run.overwrite=true" in r.stderr
+    assert (run / "config.yaml").read_text() == "the user's own config\n"
+    assert (run / "metrics.jsonl").read_text() == '{"step": 99}\n'
+    r = run_cli(args + ["run.overwrite=true"], check=False, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [row["step"] for row in read_metrics(run) if "loss" in row] == [1, 2]  # the old row is gone

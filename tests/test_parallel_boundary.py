@@ -57,3 +57,28 @@ def test_the_grep_finds_what_it_looks_for():
     assert _internals(ADAPTER) >= {"_local_start", "forward_funcs", "fp16_groups", "fp32_groups",
                                                       "_hp_mapping", "loss_scale_config", "clip_fp32_gradients",
                                                       "enable_backward_allreduce", "micro_steps"}
+
+
+DATA_PREP_IMPORT = re.compile(r"\bfrom data_prep(?: \. (\w+))?(?: \. \w+)* import\b|\bimport data_prep(?: \. (\w+))?")
+
+
+def test_the_trainer_reads_data_prep_only_through_its_data_format_module():
+    """The wall between writer and reader: trainer/ imports data_prep.dataformat and nothing else of
+    data_prep; data_prep imports nothing of the trainer."""
+    offenders = []
+    for path in sorted((REPO / "trainer").rglob("*.py")):
+        for m in DATA_PREP_IMPORT.finditer(_code(path)):
+            if (m.group(1) or m.group(2)) != "dataformat":
+                offenders.append(f"{path.relative_to(REPO)}: {m.group(0)}")
+    assert offenders == [], f"trainer/ imports data_prep beyond data_prep.dataformat: {offenders}"
+    back = [str(p.relative_to(REPO)) for p in sorted((REPO / "data_prep").rglob("*.py"))
+            if re.search(r"\bfrom trainer\b|\bimport trainer\b", _code(p))]
+    assert back == [], f"data_prep imports the trainer: {back}"
+
+
+def test_the_wall_test_sees_an_import_past_the_data_format_module(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from data_prep.normalize import normalize\nimport data_prep.binary\n"
+                   "from data_prep.dataformat import PAD_ID\n")
+    found = [m.group(1) or m.group(2) for m in DATA_PREP_IMPORT.finditer(_code(bad))]
+    assert found == ["normalize", "binary", "dataformat"]

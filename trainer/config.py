@@ -84,6 +84,9 @@ class DecodeConfig:
 class RunConfig:
     dir: str = "runs/demo"
     name: str = ""
+    # A new run refuses a run.dir holding files the trainer did not write (it names one); true: write into it
+    # anyway (only the trainer's own names are replaced, never its checkpoints; other files are left alone).
+    overwrite: bool = False
 
 
 @dataclass
@@ -158,12 +161,14 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
     loaded = read_yaml(path)
     try:
         cfg = OmegaConf.structured(Config)
+        where = path
         cfg = OmegaConf.merge(cfg, loaded)
+        where = "command-line override"
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         message = str(e.msg if hasattr(e, "msg") else e).splitlines()[0]  # the rest repeats the key and types
-        raise ConfigError(f"{path}: bad config key {key!r}: {message}") from None
+        raise ConfigError(f"{where}: bad config key {key!r}: {message}") from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     OmegaConf.set_struct(cfg, True)

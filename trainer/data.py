@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data_prep.binary import BOS_ID, EOS_ID, PAD_ID, TokenArray, has_split, load_pair
+from data_prep.dataformat import BOS_ID, EOS_ID, MANIFEST, PAD_ID, TokenArray, has_split, load_pair
 
 
 @dataclass
@@ -181,7 +181,7 @@ def read_manifest(data_dir: str) -> dict:
     """DATA_DIR/manifest.json, checked for what the trainer reads from it (size-capped, like any user file)."""
     from trainer.checkpoint import read_json
 
-    path = os.path.join(data_dir, "manifest.json")
+    path = os.path.join(data_dir, MANIFEST)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: not found; data.dir must be a directory written by data_prep.prepare")
     manifest = read_json(path)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from data_prep.clean import base_lang
+from data_prep.dataformat import base_lang
 
 TOKENIZE_BY_LANG = {"ja": "ja-mecab", "zh": "zh", "ko": "ko-mecab"}
 TOKENIZE_CHOICES = ("auto", "13a", "none", "intl", "char", "zh", "ja-mecab", "ko-mecab", "flores101", "flores200")

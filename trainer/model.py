@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from data_prep.binary import PAD_ID
+from data_prep.dataformat import PAD_ID
 from trainer.dropout import KeyedDropout
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)

@@ -18,8 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_prep.binary import SPECIAL_IDS
-from data_prep.normalize import CJK_SPACES
+from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS
 from trainer.config import Config, ConfigError, validate
 from trainer.model import Seq2Seq, build_model
 

@@ -6,28 +6,53 @@ import os
 
 from omegaconf import OmegaConf
 
+from data_prep.dataformat import OutputDirError, check_output_dir, json_marker
 from trainer import checkpoint
 from trainer.parallel.layout import LayoutSpec
 from trainer.state import TrainState, reseed
 
 
+# What the trainer and its tools write into run.dir (fnmatch patterns); the data manifest, written first,
+# marks a directory as an earlier run's.
+RUN_DIR_NAMES = ("config.yaml", "ds_config.json", "data_manifest.json", "data_manifest.json.tmp", "spm.src.model",
+                 "spm.tgt.model", "metrics.jsonl", "metrics.jsonl.tmp", checkpoint.CKPT_DIR, "timing", "timeline",
+                 "wandb", "training.png", "test.hyp")
+RUN_DIR_MARKER = "data_manifest.json"
+
+
+def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
+    """A new run writes only into a new or empty run.dir, or an earlier run's own (never into a directory
+    holding files the trainer did not write, unless run.overwrite=true); its old metrics are dropped."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise OutputDirError(f"run.dir={run_dir}: exists and is not a directory")
+    check_output_dir(run_dir, owned=RUN_DIR_NAMES, marker=RUN_DIR_MARKER, is_marker_ours=json_marker(["checksum"]),
+                     overwrite=overwrite, flag="run.overwrite=true", program="the trainer")
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.isfile(metrics) and not os.path.islink(metrics):
+        os.remove(metrics)  # an earlier run's rows (it saved no checkpoint): this run starts the file anew
+
+
 def find(session, log=print) -> str | None:
-    """Rank 0 picks the checkpoint (train.resume) and every rank gets its answer or its error."""
+    """Rank 0 picks the checkpoint (train.resume), checks that a new run may write into run.dir, and every
+    rank gets its answer or its error."""
     rt, cfg, run_dir = session.runtime, session.cfg, session.run_dir
     answer = (None, None)
     if rt.is_rank0:
         try:
             which, existing = cfg.train.resume, checkpoint.complete_checkpoints(run_dir)
+            found = None
             if which:
                 found = checkpoint.find_resume(run_dir, which, log=log)
                 if found is None:
                     log(f"resume: {checkpoint.root(run_dir)} holds no usable checkpoint; starting from scratch")
-                answer = (found, None)
             elif existing:
                 raise checkpoint.CheckpointError(
                     f"run.dir={run_dir} already holds checkpoints (newest {existing[-1]}): continue "
                     f"that run with train.resume=auto, or choose another run.dir")
-        except checkpoint.CheckpointError as e:
+            if found is None:
+                check_new_run_dir(run_dir, cfg.run.overwrite)
+            answer = (found, None)
+        except (checkpoint.CheckpointError, OutputDirError) as e:
             answer = (None, str(e))
     found, error = rt.broadcast_object(answer, src=0)
     if error:

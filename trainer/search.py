@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from data_prep.binary import BOS_ID, EOS_ID, PAD_ID
+from data_prep.dataformat import BOS_ID, EOS_ID, PAD_ID
 from trainer.model import Seq2Seq
 
 

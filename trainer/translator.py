@@ -19,16 +19,15 @@ from dataclasses import dataclass, field
 import torch
 from omegaconf import OmegaConf
 
-from data_prep.binary import EOS_ID, PAD_ID
-from data_prep.normalize import PLACEHOLDER, normalize, repair, restore_formulas
-from data_prep.segment import TrainingLimits, join_segments, segment
+from data_prep.dataformat import (EOS_ID, PAD_ID, PLACEHOLDER, SPM_MODELS, TrainingLimits, join_segments, normalize,
+                                  repair, restore_formulas, segment)
 from trainer import checkpoint, model_files
 from trainer.config import load_config
 from trainer.metrics import manifest_lang
 from trainer.model import Seq2Seq, build_model
 from trainer.search import Ensemble, Hypothesis, beam_search_nbest
 
-RUN_FILES = ("spm.src.model", "spm.tgt.model")
+RUN_FILES = (SPM_MODELS["src"], SPM_MODELS["tgt"])
 DATA_MANIFEST = "data_manifest.json"
 EXPORT_FORMAT = "hybrid-nmt/model"
 EXPORT_VERSION = 1

@@ -1,0 +1,30 @@
+"""What `data_prep.prepare` (the writer) and the trainer (the reader) agree on: the one module of data_prep
+the trainer imports (tests/test_parallel_boundary.py holds the wall).
+
+DATA_DIR, as prepare leaves it:
+
+    manifest.json                 MANIFEST: counts, vocabulary, normalisation flags, filters, checksum
+    spm.src.model / spm.tgt.model SPM_MODELS: the SentencePiece models (copied into each run directory)
+    {split}.{side}.bin / .idx     token ids (data_prep.binary)
+
+and the text rules applied on both sides of training: the normalisation of translation input
+(`normalize`, `repair`, formula placeholders), the segmentation of long inputs under the training limits,
+the language code of a manifest entry, and the output-directory rule (never overwrite what we did not write).
+"""
+from __future__ import annotations
+
+from .binary import (BOS_ID, EOS_ID, OFFSET_DTYPE, PAD_ID, SIDES, SPECIAL_IDS, TOKEN_DTYPE, UNK_ID, TokenArray,
+                     has_split, load_pair, side_paths)
+from .clean import base_lang
+from .normalize import CJK_SPACES, PLACEHOLDER, normalize, repair, restore_formulas
+from .outdir import OutputDirError, check_output_dir, json_marker
+from .segment import TrainingLimits, join_segments, segment
+
+MANIFEST = "manifest.json"  # DATA_DIR's manifest (prepare writes it last)
+SPM_MODELS = {"src": "spm.src.model", "tgt": "spm.tgt.model"}
+MANIFEST_KEYS = ("version", "splits", "vocab", "normalize", "checksum")  # what every manifest holds
+
+__all__ = ["BOS_ID", "CJK_SPACES", "EOS_ID", "MANIFEST", "MANIFEST_KEYS", "OFFSET_DTYPE", "OutputDirError",
+           "PAD_ID", "PLACEHOLDER", "SIDES", "SPECIAL_IDS", "SPM_MODELS", "TOKEN_DTYPE", "TokenArray",
+           "TrainingLimits", "UNK_ID", "base_lang", "check_output_dir", "has_split", "join_segments",
+           "json_marker", "load_pair", "normalize", "repair", "restore_formulas", "segment", "side_paths"]
