@@ -24,7 +24,7 @@ from data_prep.dataformat import (EOS_ID, PAD_ID, PLACEHOLDER, SPM_MODELS, Train
 from trainer import checkpoint, model_files
 from trainer.config import load_config
 from trainer.metrics import manifest_lang
-from trainer.model import Seq2Seq, build_model
+from trainer.model import Seq2Seq
 from trainer.search import Ensemble, Hypothesis, beam_search_nbest
 
 RUN_FILES = (SPM_MODELS["src"], SPM_MODELS["tgt"])
@@ -123,15 +123,12 @@ class Translator:
         if not checkpoints:
             raise ValueError("no checkpoint to average")
         translator = cls.from_run(run_dir, checkpoints[0], device="cpu")
-        model_cfg = load_config(os.path.join(run_dir, "config.yaml")).model
         total = {k: v.detach().double().clone() for k, v in translator.model.state_dict().items()}
         names = [translator.origin["checkpoint"]]
-        for which in checkpoints[1:]:
-            other = build_model(model_cfg, translator.src_sp.get_piece_size(), translator.tgt_sp.get_piece_size())
-            ckpt = checkpoint.resolve(run_dir, which)
-            checkpoint.load_model_weights(other, ckpt)
-            names.append(os.path.basename(os.path.normpath(ckpt)))
-            for k, v in other.state_dict().items():
+        for which in checkpoints[1:]:  # each verified and checked against the config like the first
+            other = cls.from_run(run_dir, which, device="cpu")
+            names.append(other.origin["checkpoint"])
+            for k, v in other.model.state_dict().items():
                 total[k] += v.double()
         translator.model.load_state_dict({k: v / len(checkpoints) for k, v in total.items()})
         translator.device = torch.device(device or default_device())
