@@ -218,8 +218,8 @@ METHOD = Phrase("the method", "方法")
 class ClaimSampler:
     """Draws claims from the grammar above; all randomness comes from the given `random.Random`."""
 
-    def __init__(self, rng: random.Random):
-        self.rng = rng
+    def __init__(self, rng: random.Random, max_tokens: int = MAX_TOKENS):
+        self.rng, self.max_tokens = rng, max_tokens
         self.pick = rng.choice
 
     def chance(self, p: float) -> bool:
@@ -313,22 +313,24 @@ class ClaimSampler:
         return further_comprising(head, claim_no, addition, is_method)
 
     def sentence(self) -> Phrase:
-        """A claim of MIN_TOKENS..MAX_TOKENS English tokens."""
+        """A claim of MIN_TOKENS..max_tokens English tokens."""
         while True:
             claim = self.claim()
-            if MIN_TOKENS <= len(claim.en.split()) <= MAX_TOKENS:
+            if MIN_TOKENS <= len(claim.en.split()) <= self.max_tokens:
                 return claim
 
 
-def generate(pairs: int = 20000, seed: int = 1, dev: int = 500, test: int = 500) -> dict[str, list[tuple[str, str]]]:
-    """{split: [(en, ja), ...]} with no English sentence repeated within or across splits.
+def generate(pairs: int = 20000, seed: int = 1, dev: int = 500, test: int = 500,
+             max_tokens: int = MAX_TOKENS) -> dict[str, list[tuple[str, str]]]:
+    """{split: [(en, ja), ...]} with no English sentence repeated within or across splits, each of at most
+    `max_tokens` English tokens (shorter claims: the same grammar, fewer and shorter lists and clauses).
 
     Each split draws from its own stream (seeded by seed and split name), test first, then dev,
     then train skipping what the held-out splits took; so test and dev do not depend on --pairs."""
     taken: set[str] = set()
     corpus: dict[str, list[tuple[str, str]]] = {}
     for split, count in (("test", test), ("dev", dev), ("train", pairs)):
-        sampler = ClaimSampler(random.Random(f"demo-corpus:{seed}:{split}"))
+        sampler = ClaimSampler(random.Random(f"demo-corpus:{seed}:{split}"), max_tokens)
         rows: list[tuple[str, str]] = []
         for _ in range(20 * count + 1000):
             if len(rows) == count:
@@ -442,13 +444,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="print corpus statistics and baseline BLEU as JSON")
     parser.add_argument("--ja-spaces", action="store_true",
                         help="write the Japanese with spaces between words (default: raw, as patents are)")
+    parser.add_argument("--max-words", type=int, default=MAX_TOKENS,
+                        help="longest English claim in words (default %(default)s; the quickstart uses shorter ones)")
+    parser.add_argument("--baseline-out", default=None, metavar="FILE",
+                        help="write the word-by-word baseline's translation of the test set here (one per line, "
+                             "as the Japanese is written), for launch/evaluate.py --baseline")
     args = parser.parse_args(argv)
-    if not args.out and not args.report:
-        parser.error("nothing to do: give --out DIR and/or --report")
-    sizes = dict(pairs=args.pairs, seed=args.seed, dev=args.dev, test=args.test)
+    if not (args.out or args.report or args.baseline_out):
+        parser.error("nothing to do: give --out DIR, --baseline-out FILE and/or --report")
+    if args.max_words < MIN_TOKENS:
+        parser.error(f"--max-words {args.max_words}: must be at least {MIN_TOKENS}")
+    sizes = dict(pairs=args.pairs, seed=args.seed, dev=args.dev, test=args.test, max_tokens=args.max_words)
     corpus = generate(**sizes)
     if args.out:
         write_corpus(args.out, ja_spaces=args.ja_spaces, corpus=corpus)
+    if args.baseline_out:
+        hyps = monotone_baseline([en for en, _ in corpus["test"]])
+        with open(args.baseline_out, "w", encoding="utf-8", newline="\n") as f:
+            f.writelines((h if args.ja_spaces else raw_japanese(h)) + "\n" for h in hyps)
     if args.report:
         print(json.dumps(report(corpus), indent=2, ensure_ascii=False))
     return 0

@@ -1,5 +1,5 @@
 """Evaluate: `python launch/evaluate.py (--run RUN_DIR [--checkpoint C ...] | --model FILE ...) --src F --ref F
-[--tokenize auto|13a|ja-mecab|zh|ko-mecab|...] [--json]`: translates the source and prints sacreBLEU BLEU and
+[--tokenize auto|13a|ja-mecab|zh|ko-mecab|...] [--baseline HYP] [--show N] [--json]`: translates the source and prints sacreBLEU BLEU and
 chrF with their signatures. The tokenizer follows the target language (auto: ja-mecab, zh, ko-mecab, else 13a)."""
 import argparse
 import os
@@ -20,6 +20,10 @@ def main(argv=None):
     p.add_argument("--tokenize", default=None, help="sacreBLEU tokenizer (default: decode.bleu_tokenize, auto)")
     p.add_argument("--output", default=None, help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print one JSON object (bleu, chrf, signatures)")
+    p.add_argument("--baseline", default=None,
+                   help="another system's translations of --src (one per line): scored the same way, printed beside")
+    p.add_argument("--show", type=int, default=0, metavar="N",
+                   help="print the first N sentences: source, reference, hypothesis")
     add_decode_arguments(p)
     args = p.parse_args(argv)
     try:

@@ -11,17 +11,25 @@ cd "$(dirname "$0")/.."
 RANKS=${RANKS:-2}
 DS_CONFIG=${DS_CONFIG:-ds_configs/demo_hybrid_2.json}
 WORK=${WORK:-.}
+MAX_WORDS=${MAX_WORDS:-20}
 TEXT=$WORK/data/demo_text
 DATA=$WORK/data/demo
 RUN=$WORK/runs/demo
 EXTRA=()
 [ -n "${STEPS:-}" ] && EXTRA+=("train.max_steps=$STEPS")
 
-python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1
+# No GPU: say so, so that DeepSpeed does not probe for one and warn.
+command -v nvidia-smi > /dev/null 2>&1 || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+
+python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1 --max-words "$MAX_WORDS" \
+    --baseline-out "$TEXT/test.baseline.ja"
 python -m data_prep.prepare --format moses --src-lang en --tgt-lang ja --train-src "$TEXT/train.en" --train-tgt "$TEXT/train.ja" \
     --dev-src "$TEXT/dev.en" --dev-tgt "$TEXT/dev.ja" --test-src "$TEXT/test.en" --test-tgt "$TEXT/test.ja" \
     --out "$DATA" --vocab-size 8000 --model-type bpe
 rm -rf "$RUN"
-deepspeed --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
+deepspeed --log_level error --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
     data.dir="$DATA" run.dir="$RUN" "${EXTRA[@]}"
-python launch/evaluate.py --run "$RUN" --src "$TEXT/test.en" --ref "$TEXT/test.ja" --output "$RUN/test.hyp"
+# Test BLEU/chrF beside the word-by-word baseline (a lexicon in English word order), then three sentences.
+python launch/evaluate.py --run "$RUN" --src "$TEXT/test.en" --ref "$TEXT/test.ja" --output "$RUN/test.hyp" \
+    --baseline "$TEXT/test.baseline.ja" --show 3
+python launch/plot.py "$RUN"

@@ -44,6 +44,13 @@ def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(result) >= {"bleu", "chrf", "signature"} and "tok:ja-mecab" in result["signature"]  # raw Japanese target
     assert 0 <= result["bleu"] <= 100 and 0 <= result["chrf"] <= 100 and result["sentences"] == n_in
+    # the quickstart's report: a baseline scored the same way beside the model, then sample sentences
+    proc = run_cli([sys.executable, "launch/evaluate.py", "--run", run_dir, "--src", src, "--ref",
+                    tiny_data / "test.tgt.txt", "--beam", "1", "--baseline", tiny_data / "test.tgt.txt", "--show", "2"])
+    lines = proc.stdout.splitlines()
+    assert lines[1].split()[0] == "model" and float(lines[1].split()[1]) == result["bleu"]
+    assert lines[2].split()[0] == "test.tgt.txt" and lines[2].split()[1:] == ["100.00", "100.00"]
+    assert proc.stdout.count("reference: ") == 2 and "[2] source:" in proc.stdout
     # wandb ran offline without an API key, inside the run directory, and holds what a dashboard needs
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert runs

@@ -179,11 +179,26 @@ def evaluate_main(args) -> int:
     s = score(hyps, ref, check_tokenize(tokenize, "--tokenize"))
     result = {"bleu": round(s.bleu, 2), "chrf": round(s.chrf, 2), "signature": s.bleu_signature,
               "chrf_signature": s.chrf_signature, "sentences": len(src), "tokenize": tokenize}
+    baseline = getattr(args, "baseline", None)
+    if baseline:  # another system's output on the same source, scored the same way
+        base_hyps = _read_pair(args.src, baseline, "--baseline")[1]
+        b = score(base_hyps, ref, tokenize)
+        result["baseline"] = {"file": baseline, "bleu": round(b.bleu, 2), "chrf": round(b.chrf, 2)}
     if args.json:
         print(json.dumps(result))
+        return 0
+    if baseline:
+        width = max(len("model"), len(os.path.basename(baseline)))
+        print(f"{'':{width}}  {'BLEU':>6}  {'chrF':>6}")
+        print(f"{'model':{width}}  {result['bleu']:6.2f}  {result['chrf']:6.2f}")
+        print(f"{os.path.basename(baseline):{width}}  {result['baseline']['bleu']:6.2f}  "
+              f"{result['baseline']['chrf']:6.2f}")
     else:
-        print(f"BLEU {result['bleu']:.2f}  ({result['signature']})")
-        print(f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})")
+        print(f"BLEU {result['bleu']:.2f}")
+        print(f"chrF {result['chrf']:.2f}")
+    print(f"  {result['signature']}\n  {result['chrf_signature']}")
+    for i in range(min(getattr(args, "show", 0) or 0, len(src))):
+        print(f"\n[{i + 1}] source:     {src[i]}\n    reference:  {ref[i]}\n    hypothesis: {hyps[i]}")
     return 0
 
 
