@@ -7,9 +7,9 @@ side, batches of 64 sentence pairs, on ../shared/data/small_parallel_enja, train
 CLI (`python launch/train.py --deepspeed_config ds_configs/single.json`), in fp32 and in bf16
 (DeepSpeed's bf16 wrapper: bf16 weights and activations, fp32 master weights). Reported: sentence
 pairs/s and src+tgt tokens/s over the steps after 3 warm-up steps, and the per-step time split of the
-schedule (forward, head, backward, optimizer). Reference on this machine (from the issue): OpenNMT-py
-3.5.1, same model and batches, 2 threads, word-level vocabulary: ~220 pairs/s with input feeding,
-~330 pairs/s without.
+schedule (forward, head, backward, optimizer). The peer, OpenNMT-py 3.5.1 with the same model and
+batches, is measured next to ours by benchmarks/opennmt_peer.py (its own virtual environment); when
+WORK/opennmt_peer.json exists, its numbers are printed beside these (from that run, not this one).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common import breakdown, ds_variant, prepare_enja, train
 
-OPENNMT_INPUT_FEED = 220.0
+PEER_RUNS = ("OpenNMT-py, no input feeding fp32", "OpenNMT-py, input feeding fp32")
 
 
 def main() -> None:
@@ -35,14 +35,21 @@ def main() -> None:
         name = f"throughput_{precision}"
         cfg = ds_variant(args.work, "single", name, bf16={"enabled": precision == "bf16"})
         results[precision] = train(args.work, name, cfg, 1, args.threads, args.steps, data)
-    print(f"| precision | pairs/s | tokens/s | median step (ms) | fwd | head | bwd | opt | vs OpenNMT-py input-feed "
-          f"({OPENNMT_INPUT_FEED:.0f} pairs/s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| precision | pairs/s | tokens/s | median step (ms) | fwd | head | bwd | opt |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for precision, r in results.items():
         b = breakdown(r["timing"][0])
         print(f"| {precision} | {r['pairs_per_s']:.0f} | {r['tokens_per_s']:.0f} | {r['step_ms_median']:.0f} | "
-              f"{b['forward']:.0f} | {b['head']:.0f} | {b['backward']:.0f} | {b['optimizer_step']:.0f} | "
-              f"{r['pairs_per_s'] / OPENNMT_INPUT_FEED:.2f}x |")
+              f"{b['forward']:.0f} | {b['head']:.0f} | {b['backward']:.0f} | {b['optimizer_step']:.0f} |")
+    peer_file = args.work / "opennmt_peer.json"
+    if peer_file.exists():
+        peer = json.loads(peer_file.read_text())
+        for name in PEER_RUNS:
+            if name in peer.get("runs", {}):
+                print(f"{name}: {peer['runs'][name]['pairs_per_s']:.0f} pairs/s ({peer_file}, its own run; "
+                      f"benchmarks/opennmt_peer.py measures both side by side)")
+    else:
+        print("the peer: python benchmarks/opennmt_peer.py (OpenNMT-py 3.5.1 beside ours, same model and batches)")
     (args.work / "throughput.json").write_text(json.dumps(results, indent=1))
 
 

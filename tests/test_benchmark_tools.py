@@ -157,3 +157,17 @@ def test_peer_report_gives_ratios_goal_and_flags_a_busy_machine(capsys):
     assert opennmt_peer.report(_peer_results(400, 300, 450, 500), [cores + 8.0], args)
     out = capsys.readouterr().out
     assert "1.12x (not met)" in out and "1.67x (not met)" in out and "not a measurement of record" in out
+
+
+def test_head_rows_times_the_reference_head_forward_and_backward():
+    import torch
+
+    import head_rows
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        ms = head_rows.head_ms(2, torch.float32, reps=1, src_len=3, tgt_len=4, real=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert 0 < ms < 10_000
