@@ -3,9 +3,10 @@
 # without spaces, as patents are), prepare it (SentencePiece + binarized), train with the paper's hybrid
 # parallelism on 2 local ranks, then translate the test set on one process and print sacreBLEU BLEU/chrF
 # (BLEU tokenized by MeCab, ja-mecab, as for any Japanese target).
+# Prints test BLEU/chrF beside the word-by-word baseline, then three test sentences; writes the training plot.
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
-# learning rate, 5e-3), STEPS (from the YAML),
-# WORK (data and runs go under here; default: the repo's data/ and runs/).
+# learning rate, 5e-3), STEPS (from the YAML: 3300), MAX_WORDS (20: the longest English claim; the
+# generator's default is 50), WORK (data and runs go under here; default: the repo's data/ and runs/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RANKS=${RANKS:-2}
