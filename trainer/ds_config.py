@@ -95,19 +95,26 @@ def check_batch(ds: dict, path: str, num_dp: int) -> None:
                                 f"x gradient_accumulation_steps x replicas (num_dp) = {want}; drop it or fix it")
 
 
-def load_ds_config(path: str, max_steps: int) -> dict:
-    """The DeepSpeed JSON, checked; a WarmupDecayLR without total_num_steps decays over train.max_steps."""
+def read_json_file(path: str, *, flag: str, kind: str, max_bytes: int, error: type[Exception]):
+    """A JSON file the user names with `flag` (a config, a profile), read with a size cap: a missing file,
+    one over `max_bytes`, invalid JSON or non-UTF-8 text is one line naming the file (and line)."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"--deepspeed_config {path}: no such file")
-    if os.path.getsize(path) > MAX_BYTES:
-        raise DSConfigError(f"{path}: {os.path.getsize(path)} bytes; a DeepSpeed JSON is at most {MAX_BYTES}")
+        raise FileNotFoundError(f"{flag} {path}: no such file")
+    if os.path.getsize(path) > max_bytes:
+        raise error(f"{path}: {os.path.getsize(path)} bytes; {kind} is at most {max_bytes}")
     try:
         with open(path, encoding="utf-8") as f:
-            ds = json.load(f)
+            return json.load(f)
     except json.JSONDecodeError as e:
-        raise DSConfigError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+        raise error(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
     except UnicodeDecodeError as e:
-        raise DSConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def load_ds_config(path: str, max_steps: int) -> dict:
+    """The DeepSpeed JSON, checked; a WarmupDecayLR without total_num_steps decays over train.max_steps."""
+    ds = read_json_file(path, flag="--deepspeed_config", kind="a DeepSpeed JSON", max_bytes=MAX_BYTES,
+                        error=DSConfigError)
     validate(ds, path)
     sched = ds.get("scheduler")
     if sched and sched.get("type") == "WarmupDecayLR":

@@ -27,10 +27,9 @@ Every number the planner uses is read from the file: nothing device-specific liv
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 
+from trainer.ds_config import read_json_file
 from trainer.planner.fit import Curve, linear
 
 MAX_BYTES = 4 << 20
@@ -41,17 +40,7 @@ class ProfileError(ValueError):
 
 
 def load(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--profile {path}: no such file")
-    if os.path.getsize(path) > MAX_BYTES:
-        raise ProfileError(f"{path}: {os.path.getsize(path)} bytes; a device profile is at most {MAX_BYTES}")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise ProfileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    data = read_json_file(path, flag="--profile", kind="a device profile", max_bytes=MAX_BYTES, error=ProfileError)
     if not isinstance(data, dict) or not isinstance(data.get("device"), dict):
         raise ProfileError(f"{path}: not a device profile (a JSON object with a 'device' section)")
     if "layers" not in data and "roofline" not in data:
