@@ -181,13 +181,7 @@ def evaluate_main(args) -> int:
               "chrf_signature": s.chrf_signature, "sentences": len(src), "tokenize": tokenize}
     baseline = getattr(args, "baseline", None)
     if baseline:  # another system's output on the same source, scored the same way
-        from trainer.translator import read_lines
-
-        if not os.path.isfile(baseline):
-            raise FileNotFoundError(f"--baseline {baseline}: no such file")
-        base_hyps = read_lines(baseline)
-        if len(base_hyps) != len(src):
-            raise ValueError(f"--src {args.src} has {len(src)} lines but --baseline {baseline} has {len(base_hyps)}")
+        base_hyps = _read_pair(args.src, baseline, "--baseline")[1]
         b = score(base_hyps, ref, tokenize)
         result["baseline"] = {"file": baseline, "bleu": round(b.bleu, 2), "chrf": round(b.chrf, 2)}
     if args.json:
