@@ -3,7 +3,7 @@
     python benchmarks/demo_recipes.py [--work /tmp/hybrid-nmt-bench] [--steps 1000] [--only NAME ...]
 
 Each row: the demo corpus (`python -m data_prep.demo_corpus --pairs 20000 --seed 1 --max-words W`),
-prepared with `--src-lang en --tgt-lang ja --vocab-size V --model-type T`, trained through the real CLI on
+prepared with `--src-lang en --tgt-lang ja --vocab-size V --model-type T` and the row's flags, trained through the real CLI on
 one process with 2 threads (`ds_configs/demo_hybrid_2.json`'s optimizer, precision and schedule with a
 single layout; the recipe is layout-invariant) with `trainer/configs/demo.yaml` and the row's overrides,
 then its dev BLEU (greedy, ja-mecab, 200 sentences) at the last step. About a minute and a half per row.
@@ -18,28 +18,36 @@ from pathlib import Path
 
 from common import REPO, ds_variant, train
 
-# name, max words, vocabulary size, model type, bf16, config overrides
+# name, max words, vocabulary size, model type, prepare's extra flags, bf16, config overrides. The first rows
+# predate `--pretokenize` and learn pieces from the raw Japanese (none); "auto" bounds them by MeCab's words.
+RAW = ("--pretokenize", "none")
+WORDS = ("--pretokenize", "auto")
+NUMBERS = ("--pretokenize", "auto", "--number-placeholders", "8")
 ROWS = [
-    ("50 words, 8k BPE", 50, 8000, "bpe", True, ()),
-    ("50 words, dropout 0", 50, 8000, "bpe", True, ("model.dropout=0",)),
-    ("50 words, bidirectional bottom layer", 50, 8000, "bpe", True, ("model.bidirectional_bottom=true",)),
-    ("50 words, hidden 256", 50, 8000, "bpe", True, ("model.hidden=256", "model.emb_dim=256")),
-    ("50 words, 2k BPE", 50, 2000, "bpe", True, ()),
-    ("50 words, 2k unigram", 50, 2000, "unigram", True, ()),
-    ("20 words, fp32", 20, 8000, "bpe", False, ()),
-    ("20 words, 8k BPE", 20, 8000, "bpe", True, ()),
-    ("12 words, 8k BPE", 12, 8000, "bpe", True, ()),
+    ("50 words, 8k BPE", 50, 8000, "bpe", RAW, True, ()),
+    ("50 words, dropout 0", 50, 8000, "bpe", RAW, True, ("model.dropout=0",)),
+    ("50 words, bidirectional bottom layer", 50, 8000, "bpe", RAW, True, ("model.bidirectional_bottom=true",)),
+    ("50 words, hidden 256", 50, 8000, "bpe", RAW, True, ("model.hidden=256", "model.emb_dim=256")),
+    ("50 words, 2k BPE", 50, 2000, "bpe", RAW, True, ()),
+    ("50 words, 2k unigram", 50, 2000, "unigram", RAW, True, ()),
+    ("20 words, fp32", 20, 8000, "bpe", RAW, False, ()),
+    ("20 words, 8k BPE", 20, 8000, "bpe", RAW, True, ()),
+    ("12 words, 8k BPE", 12, 8000, "bpe", RAW, True, ()),
+    ("20 words, 8k BPE within MeCab words", 20, 8000, "bpe", WORDS, True, ()),
+    ("20 words, 8k BPE within MeCab words, number placeholders", 20, 8000, "bpe", NUMBERS, True, ()),
+    ("20 words, 8k BPE, number placeholders", 20, 8000, "bpe", RAW + NUMBERS[2:], True, ()),
 ]
 
 
-def prepare_demo(work: Path, words: int, size: int, model_type: str) -> Path:
-    text, data = work / f"demo_text_{words}", work / f"demo_{words}_{model_type}_{size}"
+def prepare_demo(work: Path, words: int, size: int, model_type: str, extra: tuple = RAW) -> Path:
+    flags = "".join(c for c in "_".join(extra) if c.isalnum() or c == "_")
+    text, data = work / f"demo_text_{words}", work / f"demo_{words}_{model_type}_{size}{flags}"
     if not (data / "manifest.json").exists():
         subprocess.run([sys.executable, "-m", "data_prep.demo_corpus", "--out", str(text), "--pairs", "20000",
                         "--seed", "1", "--max-words", str(words)], cwd=REPO, check=True, capture_output=True)
         subprocess.run([sys.executable, "-m", "data_prep.prepare", "--format", "moses", "--src-lang", "en",
                         "--tgt-lang", "ja", "--out", str(data), "--vocab-size", str(size), "--model-type", model_type,
-                        "--overwrite", *(f"--{s}-{side}={text}/{s}.{lang}" for s in ("train", "dev", "test")
+                        *extra, "--overwrite", *(f"--{s}-{side}={text}/{s}.{lang}" for s in ("train", "dev", "test")
                                          for side, lang in (("src", "en"), ("tgt", "ja")))],
                        cwd=REPO, check=True, capture_output=True)
     return data
@@ -55,10 +63,10 @@ def main() -> None:
     single = {"mode": "single", "num_pp": 1, "num_dp": 1, "micro_batches": 1, "time_chunks": 1}
     print("| corpus / recipe | dev BLEU | dev chrF | dev loss |\n|---|---:|---:|---:|")
     results = {}
-    for name, words, size, model_type, bf16, overrides in ROWS:
+    for name, words, size, model_type, extra, bf16, overrides in ROWS:
         if args.only and name not in args.only:
             continue
-        data = prepare_demo(args.work, words, size, model_type)
+        data = prepare_demo(args.work, words, size, model_type, extra)
         key = "demo_recipe_" + "".join(c if c.isalnum() else "_" for c in name)
         ds = ds_variant(args.work, "demo_hybrid_2", key, bf16={"enabled": bf16}, layout=single)
         train(args.work, key, ds, 1, 2, args.steps, data, config="trainer/configs/demo.yaml",

@@ -8,11 +8,12 @@ DATA_DIR, as prepare leaves it:
     {split}.{side}.bin / .idx     token ids (data_prep.binary)
 
 and the text rules applied on both sides of training: the normalisation of translation input
-(`normalize`, `repair`, formula placeholders), the segmentation of long inputs under the training limits,
+(`normalize`, `repair`, formula and number placeholders), the segmentation of long inputs under the training limits,
 the language code of a manifest entry, and the output-directory rule (never overwrite what we did not write).
 """
 from __future__ import annotations
 
+from . import numbers
 from .binary import (BOS_ID, EOS_ID, OFFSET_DTYPE, PAD_ID, SIDES, SPECIAL_IDS, TOKEN_DTYPE, UNK_ID, TokenArray,
                      has_split, load_pair, side_paths)
 from .clean import base_lang
@@ -27,4 +28,4 @@ MANIFEST_KEYS = ("version", "splits", "vocab", "normalize", "checksum")  # what 
 __all__ = ["BOS_ID", "CJK_SPACES", "EOS_ID", "MANIFEST", "MANIFEST_KEYS", "OFFSET_DTYPE", "OutputDirError",
            "PAD_ID", "PLACEHOLDER", "SIDES", "SPECIAL_IDS", "SPM_MODELS", "TOKEN_DTYPE", "TokenArray",
            "TrainingLimits", "UNK_ID", "base_lang", "check_output_dir", "has_split", "join_segments",
-           "json_marker", "load_pair", "normalize", "repair", "restore_formulas", "segment", "side_paths"]
+           "json_marker", "load_pair", "normalize", "numbers", "repair", "restore_formulas", "segment", "side_paths"]

@@ -31,6 +31,7 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
+from . import numbers
 from .binary import SIDES, TOKEN_DTYPE, UNK_ID, TokenArrayWriter
 from .clean import CleaningOptions, Cleaner, dedup_keys
 from .dedup import Deduplicator
@@ -267,9 +268,13 @@ def clean_split(reader: Reader, task: CleanTask, dedup: Optional[Deduplicator], 
 # --- between the passes: the SentencePiece and ratio samples --------------------------------------------------
 
 def read_samples(pairs_tsv: str, n: int, spm_sample: int, ratio_sample: int, seed: int, src_file: str,
-                 tgt_file: str) -> list[tuple[str, str]]:
+                 tgt_file: str, segmenters: Optional[dict] = None, number_slots: int = 0) -> list[tuple[str, str]]:
     """One read of the `n` kept training pairs: writes a seeded sample of `spm_sample` of them to the
-    SentencePiece input files (data_prep.vocab.sample_files) and returns another of `ratio_sample` pairs."""
+    SentencePiece input files (data_prep.vocab.sample_files) -- with number placeholders if `number_slots`
+    (data_prep.numbers), each side's lines through its word segmenter if `segmenters` has one
+    (data_prep.vocab.word_segmenter) -- and returns another of `ratio_sample` pairs (as read)."""
+    segmenters = segmenters or {}
+    seg_src, seg_tgt = (segmenters.get(side) or (lambda text: text) for side in ("src", "tgt"))
     spm_flags, ratio_flags = sample_flags(n, spm_sample, seed), sample_flags(n, ratio_sample, f"ratio:{seed}")
     ratio_pairs = []
     fs = open(src_file, "w", encoding="utf-8")
@@ -279,8 +284,9 @@ def read_samples(pairs_tsv: str, n: int, spm_sample: int, ratio_sample: int, see
             if for_spm or for_ratio:
                 _, src, tgt = parse_tsv_line(line)
                 if for_spm:
-                    fs.write(src + "\n")
-                    ft.write(tgt + "\n")
+                    masked = numbers.mask_pair(src, tgt, number_slots)
+                    fs.write(seg_src(masked[0]) + "\n")
+                    ft.write(seg_tgt(masked[1]) + "\n")
                 if for_ratio:
                     ratio_pairs.append((src, tgt))
     return ratio_pairs
@@ -304,6 +310,7 @@ class EncodeTask:
     model_files: dict[str, str]
     lengths: Optional[LengthFilter]
     tsv: bool
+    number_slots: int = 0  # encode with number placeholders (data_prep.numbers); rejects keep the text as read
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k != "_models"}  # workers load their own
@@ -317,7 +324,9 @@ class EncodeTask:
     def __call__(self, rows: list) -> EncodedChunk:
         pairs = [parse_tsv_line(r) for r in rows] if self.tsv else rows
         models = self.models()
-        ids = {side: models[side].encode([p[1 + k] for p in pairs]) for k, side in enumerate(SIDES)}
+        texts = [numbers.mask_pair(p[1], p[2], self.number_slots) for p in pairs] if self.number_slots \
+            else [p[1:] for p in pairs]
+        ids = {side: models[side].encode([t[k] for t in texts]) for k, side in enumerate(SIDES)}
         rejected = []
         if self.lengths:
             keep = []

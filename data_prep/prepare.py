@@ -55,7 +55,7 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from . import vocab
+from . import numbers, vocab
 from .binary import SIDES, side_paths
 from .outdir import OutputDirError, check_output_dir, json_marker
 from .clean import CleaningOptions, add_cleaning_arguments, base_lang
@@ -179,6 +179,8 @@ def validate(args: argparse.Namespace) -> None:
               (args.max_len >= max(args.min_len, 1), "--max-len must be >= --min-len and >= 1"),
               (args.max_ratio >= 1.0, "--max-ratio must be >= 1"),
               (args.spm_sample >= 1, "--spm-sample must be >= 1"),
+              (0 <= args.number_placeholders <= numbers.MAX_SLOTS,
+               f"--number-placeholders must be 0-{numbers.MAX_SLOTS}"),
               (args.max_words >= 0, "--max-words must be >= 0 (0: no limit)"),
               (args.workers >= 0, "--workers must be >= 0 (0: one per core)"),
               (args.max_line_bytes >= 1, "--max-line-bytes must be >= 1"),
@@ -266,11 +268,14 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     position.check_stop()
     position.step, position.origin = "training SentencePiece", ""
 
+    pretokenize = {side: vocab.pretokenizer_name(getattr(args, f"{side}_lang"), args.pretokenize) for side in SIDES}
+    slots = args.number_placeholders
     ratio_sample = read_samples(pairs_tsv, n_train, args.spm_sample, RATIO_SAMPLE, args.seed,
-                                *vocab.sample_files(tmp, args.joint_vocab))
+                                *vocab.sample_files(tmp, args.joint_vocab),
+                                {side: vocab.word_segmenter(name) for side, name in pretokenize.items()}, slots)
     sizes = vocab.train_vocab(tmp, stage, joint=args.joint_vocab, vocab_size=args.vocab_size,
                               model_type=args.model_type, seed=args.seed, src_lang=args.src_lang,
-                              tgt_lang=args.tgt_lang)
+                              tgt_lang=args.tgt_lang, pretokenize=pretokenize, number_slots=slots)
     models = {side: os.path.join(stage, f"spm.{side}.model") for side in SIDES}
 
     lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
@@ -278,14 +283,14 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     position.check_stop()
     position.step = "encoding train"
     with open(pairs_tsv, encoding="utf-8", newline="\n") as f:
-        encode_split(f, EncodeTask(models, lengths, tsv=True), stage, "train", stats["train"], rejects, workers,
+        encode_split(f, EncodeTask(models, lengths, tsv=True, number_slots=slots), stage, "train", stats["train"], rejects, workers,
                      n_train, position)
     if stats["train"].pairs_kept == 0:
         raise PrepareError(f"no training pair passes the length filters ({describe(stats['train'])})")
     for split, n in n_eval.items():
         position.check_stop()
         position.step = f"encoding {split}"
-        encode_split(eval_pairs(stage, split), EncodeTask(models, None, tsv=False), stage, split, stats[split],
+        encode_split(eval_pairs(stage, split), EncodeTask(models, None, tsv=False, number_slots=slots), stage, split, stats[split],
                      rejects, workers, n, position)
     rejects.close()
     shutil.rmtree(tmp)
@@ -301,10 +306,11 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
         "vocab": {"joint": args.joint_vocab, "src_size": sizes.src_size, "tgt_size": sizes.tgt_size,
                   "requested_size": sizes.requested, "src_model": "spm.src.model", "tgt_model": "spm.tgt.model",
                   "model_type": args.model_type, "character_coverage": sizes.coverage, "byte_fallback": True,
-                  "split_digits": True,
+                  "split_digits": True, "pretokenize": sizes.pretokenize,
                   "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
                   "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
         "languages": {"src": base_lang(args.src_lang), "tgt": base_lang(args.tgt_lang)},  # scoring, joining
+        "numbers": number_config(ratio_sample, slots),  # number placeholders (data_prep.numbers) or None
         "normalize": cleaning.normalize_flags("src"),  # what the trainer applies to translation input
         "normalize_tgt": cleaning.normalize_flags("tgt"),
         "repaired": {r: sum(s.repaired[r] for s in stats.values()) for r in REPAIRS},
@@ -321,6 +327,18 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
     }
     assert manifest["pairs_read"] == manifest["pairs_kept"] + sum(manifest["rejected"].values()), manifest
     return manifest
+
+
+def number_config(sample: list[tuple[str, str]], slots: int) -> Optional[dict]:
+    """manifest["numbers"]: None without placeholders; else the slots and whether the target writes the
+    numbers it shares with the source in full-width digits (most of them in a seeded sample of pairs)."""
+    if not slots:
+        return None
+    matched = full = 0
+    for src, tgt in sample:
+        _, m, f = numbers.mask_target(tgt, numbers.mask_source(src, slots)[1])
+        matched, full = matched + m, full + f
+    return {"slots": slots, "fullwidth": 2 * full > matched}
 
 
 def corpus_ratio(sample: list[tuple[str, str]], models: dict[str, str]) -> float:
@@ -375,6 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "cover plus 256 byte pieces if smaller")
     p.add_argument("--joint-vocab", action="store_true", help="one SentencePiece model for both sides")
     p.add_argument("--model-type", choices=("unigram", "bpe"), default="unigram")
+    p.add_argument("--pretokenize", choices=("auto", "none"), default="auto",
+                   help="auto: SentencePiece learns Japanese pieces within MeCab's words (no piece spans words; "
+                        "the data stays raw text, see data_prep/vocab.py); none: pieces from the raw text")
+    p.add_argument("--number-placeholders", type=int, default=0, metavar="N",
+                   help=f"numbers are copied: the first N distinct numbers of a source sentence become placeholders "
+                        f"⟨n1⟩..⟨nN⟩, and the target's equal numbers the same (1-{numbers.MAX_SLOTS}; 0: off; see "
+                        f"data_prep/numbers.py)")
     p.add_argument("--spm-sample", type=int, default=1_000_000, help="at most this many sentences per side train SPM")
     p.add_argument("--nfkc", action="store_true", help="Unicode NFKC normalisation")
     p.add_argument("--lowercase", action="store_true")

@@ -4,16 +4,18 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
 import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import sentencepiece as spm
 
 from .binary import SPECIAL_IDS
 from .normalize import PLACEHOLDER
+from .numbers import SLOT_RE, slot_pieces
 from .readers import PrepareError
 
 # Characters SentencePiece must give pieces of their own. For alphabetic languages all of them (1.0), so that
@@ -26,6 +28,51 @@ SPECIAL_PIECES = len(SPECIAL_IDS) + 1  # <pad> <unk> <s> </s> and the placeholde
 BYTE_PIECES = 256
 MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's default (4192) would silently skip whole patent abstracts
 
+# Word bounds for the pieces of languages written without spaces (`--pretokenize auto`). On raw Japanese,
+# SentencePiece (BPE or unigram) learns pieces that span several words -- "の端部を評価する工程をさらに含む" is
+# one piece of an 8k BPE model of patent claims -- because kana and kanji count as one script: such pieces are
+# rare, and the model has to learn each as a unit. Here the SentencePiece *training sample* is split into words
+# by MeCab (IPAdic) and joined by PRETOKENIZE_DELIMITER, SentencePiece's `pretokenization_delimiter`: no
+# piece crosses a word boundary. Only the training sample is touched: the corpus, the encoded data and the
+# translation input stay raw text, encoding needs no MeCab, and decoding gives raw text back (nothing to
+# "despace"). A tab never survives normalisation (data_prep.normalize), so it cannot be part of the text.
+PRETOKENIZE_DELIMITER = "\t"
+PRETOKENIZERS = {"ja": "mecab-ipadic"}  # language -> segmenter (the manifest records the name per side)
+_USER_SYMBOL = re.compile(f"({re.escape(PLACEHOLDER)}|{SLOT_RE.pattern.replace('(', '(?:')})")  # kept whole
+
+
+def pretokenizer_name(lang: Optional[str], mode: str) -> Optional[str]:
+    """The word segmenter for a side's language under `--pretokenize` ("auto" | "none"), or None."""
+    return PRETOKENIZERS.get((lang or "").split("-")[0].split("_")[0].lower()) if mode == "auto" else None
+
+
+def word_segmenter(name: Optional[str]) -> Optional[Callable[[str], str]]:
+    """A function that puts PRETOKENIZE_DELIMITER between the words of a normalised line (spaces and the
+    formula placeholder stay as they are), or None for no segmenter. Raises PrepareError naming the
+    packages when they are missing."""
+    if name is None:
+        return None
+    if name != "mecab-ipadic":
+        raise ValueError(f"unknown word segmenter {name!r}")
+    try:
+        import ipadic
+        import MeCab
+    except ImportError:
+        raise PrepareError("--pretokenize auto needs MeCab for Japanese: pip install mecab-python3 ipadic "
+                           "(in requirements.txt), or give --pretokenize none") from None
+    tagger = MeCab.Tagger(ipadic.MECAB_ARGS + " -Owakati")
+
+    def words(chunk: str) -> str:
+        out = tagger.parse(chunk).split()
+        return PRETOKENIZE_DELIMITER.join(out) if "".join(out) == chunk else chunk  # never change the text
+
+    def line_words(line: str) -> str:
+        parts = _USER_SYMBOL.split(line)  # text, symbol, text, ...: placeholders stay whole
+        return PRETOKENIZE_DELIMITER.join(p if i % 2 else " ".join(words(c) if c else c for c in p.split(" "))
+                                          for i, p in enumerate(parts) if p)
+
+    return line_words
+
 
 @dataclass(frozen=True)
 class VocabResult:
@@ -33,6 +80,7 @@ class VocabResult:
     tgt_size: int
     requested: int
     coverage: dict  # side -> character_coverage used
+    pretokenize: dict  # side -> the word segmenter of its training sample (None: raw)
 
 
 def character_coverage(*langs: Optional[str]) -> float:
@@ -41,13 +89,13 @@ def character_coverage(*langs: Optional[str]) -> float:
         else ALPHABETIC_COVERAGE
 
 
-def required_size(lines: Iterable[str], coverage: float) -> int:
+def required_size(lines: Iterable[str], coverage: float, number_slots: int = 0) -> int:
     """The smallest vocabulary SentencePiece accepts for these sentences: the characters that make up
     `coverage` of all character occurrences (SentencePiece's `required_chars`, spaces counted as its "▁"
     and one before each sentence) plus the special, placeholder and byte pieces."""
     counts: Counter = Counter()
     for line in lines:
-        text = " ".join(line.split()).replace(PLACEHOLDER, "")
+        text = _USER_SYMBOL.sub("", " ".join(line.replace(PRETOKENIZE_DELIMITER, "").split()))
         if text:
             counts.update("\u2581" + text.replace(" ", "\u2581"))
     threshold, covered, chars = sum(counts.values()) * coverage, 0, 0
@@ -55,7 +103,7 @@ def required_size(lines: Iterable[str], coverage: float) -> int:
         if covered > threshold:
             break
         covered, chars = covered + n, chars + 1
-    return chars + SPECIAL_PIECES + BYTE_PIECES
+    return chars + SPECIAL_PIECES + number_slots + BYTE_PIECES
 
 
 def sample_flags(n: int, k: int, seed: int | str) -> Iterator[bool]:
@@ -77,14 +125,15 @@ def _read_sample(input_file: str) -> Iterator[str]:
 
 
 def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_type: str, seed: int,
-                coverage: float = ALPHABETIC_COVERAGE) -> int:
+                coverage: float = ALPHABETIC_COVERAGE, pretokenized: bool = False, number_slots: int = 0) -> int:
     """Train one model and return its size.
 
     The size is a soft limit (`hard_vocab_limit=false`): a corpus too small to fill it gets the largest
     vocabulary it supports. Byte fallback (no <unk> for unseen characters) and split digits (numbers are
     spelt digit by digit, so every number can be copied) are on. A size below what the characters to cover
     need (`required_size`) is raised to that, with a warning; the manifest records requested and actual
-    sizes.
+    sizes. `pretokenized`: the sample's words are joined by PRETOKENIZE_DELIMITER (`word_segmenter`), and
+    pieces stay within words. `number_slots`: the number placeholders (data_prep.numbers) are user symbols too.
     """
     args = dict(model_type=model_type, character_coverage=coverage, num_threads=2, byte_fallback=True,
                 split_digits=True, hard_vocab_limit=False,
@@ -92,7 +141,9 @@ def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_ty
                 max_sentence_length=MAX_SENTENCE_BYTES, normalization_rule_name="identity",
                 pad_id=SPECIAL_IDS["pad"], unk_id=SPECIAL_IDS["unk"], bos_id=SPECIAL_IDS["bos"],
                 eos_id=SPECIAL_IDS["eos"], minloglevel=2,
-                user_defined_symbols=[PLACEHOLDER])  # always one piece, never <unk> (data_prep.normalize)
+                user_defined_symbols=[PLACEHOLDER, *slot_pieces(number_slots)])  # always one piece, never <unk>
+    if pretokenized:
+        args["pretokenization_delimiter"] = PRETOKENIZE_DELIMITER
 
     def train(size: int) -> bytes:
         spm.set_random_generator_seed(seed)
@@ -107,7 +158,7 @@ def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_ty
     try:
         proto = train(vocab_size)
     except PrepareError:  # counting the characters costs a pass over the sample: only when it failed
-        needed = required_size(_read_sample(input_file), coverage)
+        needed = required_size(_read_sample(input_file), coverage, number_slots)
         if needed <= vocab_size:
             raise
         print(f"prepare: warning: {os.path.basename(model_prefix)}: vocabulary size {vocab_size} -> {needed} "
@@ -132,21 +183,25 @@ def write_model(proto: bytes, model_prefix: str) -> int:
 
 
 def train_vocab(sample_dir: str, out_dir: str, *, joint: bool, vocab_size: int, model_type: str,
-                seed: int, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None) -> VocabResult:
+                seed: int, src_lang: Optional[str] = None, tgt_lang: Optional[str] = None,
+                pretokenize: Optional[dict] = None, number_slots: int = 0) -> VocabResult:
     """Models from `sample_dir/sample.{src,tgt}.txt` (or `sample.joint.txt`) -> `out_dir/spm.{src,tgt}.{model,vocab}`;
-    the languages choose the character coverage (`character_coverage`)."""
-    kw = dict(vocab_size=vocab_size, model_type=model_type, seed=seed)
+    the languages choose the character coverage (`character_coverage`). `pretokenize`: side -> the word
+    segmenter its sample lines went through (`word_segmenter`; None or absent: raw)."""
+    pretokenize = {side: (pretokenize or {}).get(side) for side in ("src", "tgt")}
+    kw = dict(vocab_size=vocab_size, model_type=model_type, seed=seed, number_slots=number_slots)
     if joint:
         coverage = character_coverage(src_lang, tgt_lang)
         size = train_model(os.path.join(sample_dir, "sample.joint.txt"), os.path.join(out_dir, "spm.src"),
-                           coverage=coverage, **kw)
+                           coverage=coverage, pretokenized=any(pretokenize.values()), **kw)
         for ext in ("model", "vocab"):
             shutil.copyfile(os.path.join(out_dir, f"spm.src.{ext}"), os.path.join(out_dir, f"spm.tgt.{ext}"))
-        return VocabResult(size, size, vocab_size, {"src": coverage, "tgt": coverage})
+        return VocabResult(size, size, vocab_size, {"src": coverage, "tgt": coverage}, pretokenize)
     coverage = {"src": character_coverage(src_lang), "tgt": character_coverage(tgt_lang)}
     sizes = [train_model(os.path.join(sample_dir, f"sample.{side}.txt"), os.path.join(out_dir, f"spm.{side}"),
-                         coverage=coverage[side], **kw) for side in ("src", "tgt")]
-    return VocabResult(sizes[0], sizes[1], vocab_size, coverage)
+                         coverage=coverage[side], pretokenized=pretokenize[side] is not None, **kw)
+             for side in ("src", "tgt")]
+    return VocabResult(sizes[0], sizes[1], vocab_size, coverage, pretokenize)
 
 
 def sample_files(sample_dir: str, joint: bool) -> tuple[str, str]:

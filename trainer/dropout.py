@@ -31,7 +31,16 @@ def _key(*parts: int) -> int:
 
 def keep_mask(shape: tuple, keep: float, seed: int, device=None) -> torch.Tensor:
     """A bool tensor, True with probability `keep` (to 1/65536), from a generator seeded by `seed`:
-    16-bit uniform lanes of 48-bit random integers, the same for any thread count."""
+    16-bit uniform lanes of 48-bit random integers, the same for any thread count.
+
+    On an accelerator the mask is drawn there, from that device's generator seeded the same way (the
+    same mask for the same seed on every rank, so layouts still agree with each other; not the bits of
+    the host draw): drawing on the host and copying costs more than the rest of a GPU step (the planner's
+    H200 profile: ~48 of 55 ms, docs/BENCHMARKS.md 11)."""
+    device = torch.device(device or "cpu")
+    if device.type != "cpu":
+        g = torch.Generator(device=device).manual_seed(seed)
+        return torch.rand(shape, generator=g, device=device) < keep
     n = 1
     for d in shape:
         n *= d
@@ -39,7 +48,7 @@ def keep_mask(shape: tuple, keep: float, seed: int, device=None) -> torch.Tensor
     g = torch.Generator().manual_seed(seed)
     lanes = torch.randint(0, 2 ** 48, (words,), dtype=torch.int64, generator=g).view(torch.int16).view(words, 4)
     bits = lanes[:, :3].reshape(-1)[:n]
-    return (bits < (round(keep * 65536) - 32768)).view(shape).to(device or "cpu")
+    return (bits < (round(keep * 65536) - 32768)).view(shape)
 
 
 class DropoutKeys:

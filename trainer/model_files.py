@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS
+from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, numbers
 from trainer.config import Config, ConfigError, validate
 from trainer.model import Seq2Seq, build_model
 
@@ -75,6 +75,15 @@ def normalize_flags(data, where: str) -> dict:
         raise ModelFileError(f"{where}: normalisation flag cjk_spaces={data['cjk_spaces']!r}: must be one of "
                              f"{', '.join(CJK_SPACES)}")
     return dict(data)
+
+
+def number_slots(data, where: str) -> dict | None:
+    """`manifest["numbers"]` (number placeholders, data_prep.numbers): None (off, and for manifests written
+    before it existed) or {"slots": N, "fullwidth": bool}."""
+    try:
+        return numbers.check_config(data, where)
+    except ValueError as e:
+        raise ModelFileError(str(e)) from None
 
 
 def _describe(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str:

@@ -9,7 +9,9 @@ What happens to one input line (`Translator.translate_nbest`):
    is cut at sentence, then clause boundaries; segments are translated independently and rejoined;
 4. each segment is decoded in length-sorted batches (at most `decode.batch_size` sentences and
    `decode.max_tokens` padded source pieces);
-5. the placeholders of the translation get the source's formulas back, in order.
+5. the placeholders of the translation get the source's formulas back, in order; with number
+   placeholders (`manifest["numbers"]`, data_prep.numbers) the input's numbers were masked after step 1
+   and each `⟨nK⟩` of the translation becomes the K-th number of the input.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 from omegaconf import OmegaConf
 
 from data_prep.dataformat import (EOS_ID, PAD_ID, PLACEHOLDER, SPM_MODELS, TrainingLimits, join_segments, normalize,
-                                  repair, restore_formulas, segment)
+                                  numbers, repair, restore_formulas, segment)
 from trainer import checkpoint, model_files
 from trainer.config import load_config
 from trainer.metrics import manifest_lang
@@ -68,12 +70,14 @@ class Translated:
 
 class Translator:
     def __init__(self, model: Seq2Seq | list[Seq2Seq], src_sp, tgt_sp, norm: dict, decode_cfg, device=None, *,
-                 tgt_lang: str | None = None, limits: TrainingLimits | None = None, norm_tgt: dict | None = None):
+                 tgt_lang: str | None = None, limits: TrainingLimits | None = None, norm_tgt: dict | None = None,
+                 number_slots: dict | None = None):
         self.device = torch.device(device or default_device())
         self.models = [m.to(self.device).eval() for m in (model if isinstance(model, list) else [model])]
         self.src_sp, self.tgt_sp, self.norm, self.decode_cfg = src_sp, tgt_sp, norm, decode_cfg
         self.norm_tgt = norm_tgt if norm_tgt is not None else {}
         self.tgt_lang, self.limits = tgt_lang, limits or TrainingLimits()
+        self.numbers = number_slots  # manifest["numbers"]: None, or {"slots": N, "fullwidth": bool}
         self.origin: dict = {}
 
     @property
@@ -93,6 +97,7 @@ class Translator:
         if not isinstance(manifest, dict):
             raise model_files.ModelFileError(f"{manifest_path}: not a prepare manifest (a JSON object)")
         norm = model_files.normalize_flags(manifest.get("normalize", {}), manifest_path)
+        number_slots = model_files.number_slots(manifest.get("numbers"), manifest_path)
         src_sp, tgt_sp = (model_files.sentencepiece(os.path.join(run_dir, n), path=os.path.join(run_dir, n))
                           for n in RUN_FILES)
         ckpt = checkpoint.resolve(run_dir, which)
@@ -111,7 +116,8 @@ class Translator:
         meta = meta if isinstance(meta, dict) else {}
         translator = cls(model, src_sp, tgt_sp, norm, cfg.decode, device,
                          tgt_lang=manifest_lang(manifest), limits=TrainingLimits.from_manifest(manifest),
-                         norm_tgt=model_files.normalize_flags(manifest.get("normalize_tgt", {}), manifest_path))
+                         norm_tgt=model_files.normalize_flags(manifest.get("normalize_tgt", {}), manifest_path),
+                         number_slots=number_slots)
         translator.origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt),
                              "step": meta.get("step"), "dev_bleu": meta.get("dev_bleu"),
                              "data_checksum": manifest.get("checksum"), "config": OmegaConf.to_container(cfg)}
@@ -145,7 +151,7 @@ class Translator:
                 "spm_src": _bytes_tensor(self.src_sp.serialized_model_proto()),
                 "spm_tgt": _bytes_tensor(self.tgt_sp.serialized_model_proto()),
                 "normalize": dict(self.norm), "normalize_tgt": dict(self.norm_tgt), "tgt_lang": self.tgt_lang,
-                "limits": self.limits.as_dict(),
+                "limits": self.limits.as_dict(), "numbers": self.numbers,
                 "origin": {k: v for k, v in self.origin.items() if k != "config"}}
         tmp = path + ".tmp"
         torch.save(blob, tmp)
@@ -176,6 +182,7 @@ class Translator:
                           for k in ("spm_src", "spm_tgt"))
         norm = model_files.normalize_flags(blob["normalize"], f"{where}: normalize")
         norm_tgt = model_files.normalize_flags(blob.get("normalize_tgt", {}), f"{where}: normalize_tgt")
+        number_slots = model_files.number_slots(blob.get("numbers"), where)
         model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
                                           [(where, blob["model"])], whole=True)
         limits = blob.get("limits") or {}
@@ -185,7 +192,8 @@ class Translator:
         if tgt_lang is not None and not isinstance(tgt_lang, str):
             raise model_files.ModelFileError(f"{where}: tgt_lang: expected a language code")
         translator = cls(model, src_sp, tgt_sp, norm, cfg.decode, device, tgt_lang=tgt_lang,
-                         limits=TrainingLimits.from_manifest({"filters": limits}), norm_tgt=norm_tgt)
+                         limits=TrainingLimits.from_manifest({"filters": limits}), norm_tgt=norm_tgt,
+                         number_slots=number_slots)
         origin = blob["origin"] if isinstance(blob["origin"], dict) else {}
         translator.origin = dict(origin, config=OmegaConf.to_container(cfg))
         return translator
@@ -201,29 +209,35 @@ class Translator:
                 if a.serialized_model_proto() != b.serialized_model_proto():
                     raise ValueError(f"ensemble: {name} has another {what} than {names[0]}: members must come "
                                      f"from the same data (DATA_DIR)")
-            if m.norm != first.norm:
+            if m.norm != first.norm or m.numbers != first.numbers:
                 raise ValueError(f"ensemble: {name} normalises its input differently from {names[0]}")
         first.models = [model.to(first.device) for m in members for model in m.models]
         first.origin = dict(first.origin, ensemble=names)
         return first
 
     # ---- text ----
-    def source(self, line: str) -> tuple[list[list[int]], list[str]]:
-        """A line's segments as piece ids (none for an empty line) and what its placeholders stand for."""
+    def source(self, line: str) -> tuple[list[list[int]], tuple[list[str], list[str]]]:
+        """A line's segments as piece ids (none for an empty line) and what its placeholders stand for:
+        (formulas, numbers)."""
         formulas: list[str] = []
         text = repair(line, **self.norm, formulas=formulas)[0]
         if not self.norm.get("markup"):  # placeholders typed into the input stand for themselves
             formulas = [PLACEHOLDER] * text.count(PLACEHOLDER)
+        text, nums = self.mask(text)
         if not text:
-            return [], formulas
+            return [], (formulas, nums)
         ids = self.src_sp.encode(text)
         if self.limits.fits(text, len(ids)):
-            return [ids], formulas
+            return [ids], (formulas, nums)
         parts = segment(text, lambda t: len(self.src_sp.encode(t)), self.limits)
-        return [self.src_sp.encode(p) for p in parts], formulas
+        return [self.src_sp.encode(p) for p in parts], (formulas, nums)
+
+    def mask(self, text: str) -> tuple[str, list[str]]:
+        """Normalised input text with its numbers as placeholders, if the data had them, and the numbers."""
+        return numbers.mask_source(text, self.numbers["slots"]) if self.numbers else (text, [])
 
     def encode(self, line: str) -> list[int]:
-        return self.src_sp.encode(normalize(line, **self.norm))
+        return self.src_sp.encode(self.mask(normalize(line, **self.norm))[0])
 
     def _settings(self, beam, max_len_ratio, length_penalty, batch_size, max_tokens) -> dict:
         d = self.decode_cfg
@@ -279,15 +293,15 @@ class Translator:
         flat = [ids for segments, _ in sources for ids in segments]
         hyps = iter(self.translate_ids(flat, n_best=n_best, **opts))
         out = []
-        for segments, formulas in sources:
+        for segments, held in sources:
             seg_hyps = [next(hyps) for _ in segments]
             out.append([self._join(segments, [h[min(k, len(h) - 1)] if h else Hypothesis([], 0.0, 0.0)
-                                              for h in seg_hyps], formulas, opts["length_penalty"], alignments)
+                                              for h in seg_hyps], held, opts["length_penalty"], alignments)
                         for k in range(n_best)])
         return out
 
-    def _join(self, segments: list[list[int]], hyps: list[Hypothesis], formulas: list[str], alpha: float,
-              alignments: bool) -> Translated:
+    def _join(self, segments: list[list[int]], hyps: list[Hypothesis], held: tuple[list[str], list[str]],
+              alpha: float, alignments: bool) -> Translated:
         text = join_segments([self.tgt_sp.decode(h.tokens) for h in hyps], self.tgt_lang)
         logprob, pieces = sum(h.logprob for h in hyps), sum(len(h.tokens) for h in hyps)
         score = logprob / max(pieces + len(hyps), 1) ** alpha if hyps else 0.0
@@ -296,6 +310,9 @@ class Translator:
             for ids, h in zip(segments, hyps):
                 links += [(src_off + min(s, len(ids) - 1), tgt_off + t) for t, s in enumerate(h.alignment)]
                 src_off, tgt_off = src_off + len(ids), tgt_off + len(h.tokens)
+        formulas, nums = held
+        if self.numbers:
+            text = numbers.restore(text, nums, self.numbers["fullwidth"])
         return Translated(one_line(restore_formulas(text, formulas)), score, logprob, pieces, links)
 
     def translate(self, lines: list[str], *, beam: int | None = None, max_len_ratio: float | None = None,
@@ -316,8 +333,10 @@ class Translator:
         import numpy as np
 
         opts = self._settings(None, None, None, batch_size, max_tokens)
-        src = [self.encode(s) for s in src_lines]
-        tgt = [self.tgt_sp.encode(normalize(t, **self.norm_tgt)) for t in tgt_lines]
+        masked = [self.mask(normalize(s, **self.norm)) for s in src_lines]
+        src = [self.src_sp.encode(text) for text, _ in masked]
+        tgt = [self.tgt_sp.encode(numbers.mask_target(normalize(t, **self.norm_tgt), nums)[0])
+               for t, (_, nums) in zip(tgt_lines, masked)]
         keep = [i for i in range(len(src)) if src[i] and tgt[i]]
         out: list[tuple[float, int]] = [(0.0, 0)] * len(src)
         scorer = Ensemble(self.models)
