@@ -27,20 +27,25 @@ def cpu_model() -> str:
     return f"{name} ({len(os.sched_getaffinity(0))} cores)"
 
 
-def prepare_enja(work: Path, raw_ja: bool = False, model_type: str = "bpe") -> Path:
+def prepare_enja(work: Path, raw_ja: bool = False, model_type: str = "bpe", pretokenize: str = "none") -> Path:
     """small_parallel_enja -> DATA_DIR with an 8k BPE SentencePiece vocabulary per side (a unigram
     model of this pre-tokenized corpus tops out at ~3.9k pieces), once per work directory. `raw_ja`:
     the Japanese side with its word-separating spaces removed first (as real patent text is), in
-    WORK/enja_raw_text/, prepared into WORK/enja_raw (WORK/enja_raw_unigram with a unigram model)."""
+    WORK/enja_raw_text/, prepared into WORK/enja_raw (WORK/enja_raw_unigram with a unigram model).
+    `pretokenize`: prepare's --pretokenize; "none" (pieces from the text as it is: what every benchmark
+    measured before the option existed) or "auto" (Japanese pieces within MeCab's words; WORK/*_words)."""
     data = work / ("enja_raw" if raw_ja else "enja_small")
     if model_type != "bpe":
         data = data.with_name(f"{data.name}_{model_type}")
+    if pretokenize != "none":
+        data = data.with_name(f"{data.name}_words")
     manifest = data / "manifest.json"
     if manifest.exists() and json.loads(manifest.read_text()).get("vocab", {}).get("byte_fallback"):
         return data  # (a DATA_DIR from before byte fallback is prepared again)
     if not ENJA.exists():
         sys.exit(f"{ENJA}: not found (the shared data folder beside the checkout)")
-    args = ["--format", "moses", "--out", data, "--vocab-size", str(VOCAB_SIZE), "--model-type", model_type]
+    args = ["--format", "moses", "--out", data, "--vocab-size", str(VOCAB_SIZE), "--model-type", model_type,
+            "--pretokenize", pretokenize]
     for split in ("train", "dev", "test"):
         args += [f"--{split}-src", ENJA / f"{split}.en", f"--{split}-tgt", raw_enja(work, split) if raw_ja else
                  ENJA / f"{split}.ja"]

@@ -36,6 +36,8 @@ ROWS = [
     ("20 words, 8k BPE within MeCab words", 20, 8000, "bpe", WORDS, True, ()),
     ("20 words, 8k BPE within MeCab words, number placeholders", 20, 8000, "bpe", NUMBERS, True, ()),
     ("20 words, 8k BPE, number placeholders", 20, 8000, "bpe", RAW + NUMBERS[2:], True, ()),
+    ("20 words, 8k BPE within MeCab words, number placeholders, bidirectional bottom layer", 20, 8000, "bpe",
+     NUMBERS, True, ("model.bidirectional_bottom=true",)),
 ]
 
 
@@ -58,23 +60,27 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/hybrid-nmt-bench"))
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--only", nargs="*", default=None, help="row names to run (default: all)")
+    p.add_argument("--seeds", nargs="*", type=int, default=[1], help="train.seed of each run of a row (default: 1)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     single = {"mode": "single", "num_pp": 1, "num_dp": 1, "micro_batches": 1, "time_chunks": 1}
-    print("| corpus / recipe | dev BLEU | dev chrF | dev loss |\n|---|---:|---:|---:|")
+    print("| corpus / recipe | seed | dev BLEU | dev chrF | dev loss |\n|---|---:|---:|---:|---:|")
     results = {}
     for name, words, size, model_type, extra, bf16, overrides in ROWS:
         if args.only and name not in args.only:
             continue
         data = prepare_demo(args.work, words, size, model_type, extra)
-        key = "demo_recipe_" + "".join(c if c.isalnum() else "_" for c in name)
-        ds = ds_variant(args.work, "demo_hybrid_2", key, bf16={"enabled": bf16}, layout=single)
-        train(args.work, key, ds, 1, 2, args.steps, data, config="trainer/configs/demo.yaml",
-              extra=(f"train.eval_every={args.steps}", "decode.dev_max_sentences=200", *overrides))
-        rows = [json.loads(line) for line in (args.work / "runs" / key / "metrics.jsonl").read_text().splitlines()]
-        dev = [r for r in rows if "dev_bleu" in r][-1]
-        results[name] = dev
-        print(f"| {name} | {dev['dev_bleu']:.2f} | {dev['dev_chrf']:.2f} | {dev['dev_loss']:.3f} |", flush=True)
+        for seed in args.seeds:
+            key = "demo_recipe_" + "".join(c if c.isalnum() else "_" for c in name) + (f"_seed{seed}" if seed != 1 else "")
+            ds = ds_variant(args.work, "demo_hybrid_2", key, bf16={"enabled": bf16}, layout=single)
+            train(args.work, key, ds, 1, 2, args.steps, data, config="trainer/configs/demo.yaml",
+                  extra=(f"train.eval_every={args.steps}", "decode.dev_max_sentences=200", f"train.seed={seed}",
+                         *overrides))
+            rows = [json.loads(x) for x in (args.work / "runs" / key / "metrics.jsonl").read_text().splitlines()]
+            dev = [r for r in rows if "dev_bleu" in r][-1]
+            results[f"{name} (seed {seed})"] = dev
+            print(f"| {name} | {seed} | {dev['dev_bleu']:.2f} | {dev['dev_chrf']:.2f} | {dev['dev_loss']:.3f} |",
+                  flush=True)
     (args.work / "demo_recipes.json").write_text(json.dumps(results, indent=1))
 
 

@@ -1,6 +1,7 @@
 """Optimizer recipe comparison on enja-small, and the raw-Japanese BLEU row, in a fixed STEP budget.
 
     python benchmarks/recipes.py [--work /tmp/hybrid-nmt-bench] [--steps 3000] [--eval-every 500] [--jobs 3]
+                                 [--only NAME ...]
 
 Three single-rank runs of trainer/configs/enja_small.yaml (bf16, 1 thread each, the same seed, batches
 and number of optimizer steps; a step budget, not a time budget, so other jobs on the machine cannot
@@ -14,6 +15,8 @@ bias the comparison):
                     Japanese side (benchmarks/common.py::raw_enja), as real patent text comes
   raw_unigram       the same with a unigram SentencePiece model (8k) instead of BPE (8k): on text
                     without spaces BPE merges across word boundaries
+  raw_words         raw_transformer with the Japanese pieces bounded by MeCab's words
+                    (`prepare --pretokenize auto`; the other rows: none)
 
 Dev BLEU (greedy, all 500 dev sentences, every --eval-every steps) is scored with the tokenizer the
 trainer picks for Japanese (ja-mecab). Each run's best checkpoint is then evaluated on the 500 test
@@ -97,14 +100,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--jobs", type=int, default=3, help="runs trained at the same time (1 thread each)")
+    p.add_argument("--only", nargs="*", default=None, help="run names to train and evaluate (default: all)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    spaced, raw = prepare_enja(args.work), prepare_enja(args.work, raw_ja=True)
-    raw_unigram = prepare_enja(args.work, raw_ja=True, model_type="unigram")
+    data = {"spaced": lambda: prepare_enja(args.work), "raw": lambda: prepare_enja(args.work, raw_ja=True),
+            "raw_unigram": lambda: prepare_enja(args.work, raw_ja=True, model_type="unigram"),
+            "raw_words": lambda: prepare_enja(args.work, raw_ja=True, pretokenize="auto")}
     ds = _variants(args.work, args.steps)
     runs_dir = args.work / "runs"
-    plan = {"transformer_adam": (ds["transformer"], spaced), "lstm_adam": (ds["lstm"], spaced),
-            "raw_transformer": (ds["transformer"], raw), "raw_unigram": (ds["transformer"], raw_unigram)}
+    wanted = {"transformer_adam": ("transformer", "spaced"), "lstm_adam": ("lstm", "spaced"),
+              "raw_transformer": ("transformer", "raw"), "raw_unigram": ("transformer", "raw_unigram"),
+              "raw_words": ("transformer", "raw_words")}
+    plan = {name: (ds[recipe], data[corpus]()) for name, (recipe, corpus) in wanted.items()
+            if not args.only or name in args.only}
     runs = {name: (_command(cfg, data, runs_dir / f"recipe_{name}", args.steps, args.eval_every),
                    runs_dir / f"recipe_{name}") for name, (cfg, data) in plan.items()}
     _train_all(runs, args.steps, args.eval_every, args.jobs)

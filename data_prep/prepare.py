@@ -22,8 +22,10 @@ duplicate tables (data_prep.dedup: 8-byte hashes, two per kept training pair, ~1
   1. read, repair and normalise (data_prep.normalize), reject malformed pairs and those that fail the text
      rules of data_prep.clean (empty, too long, copies, wrong script, duplicates); kept training pairs go
      to a temporary TSV, kept dev/test pairs straight to their .txt files;
-  2. train SentencePiece on a seeded sample (--spm-sample, chosen in one streaming read), encode, reject
-     training pairs by length / ratio, binarize.
+  2. train SentencePiece on a seeded sample (--spm-sample, chosen in one streaming read; a Japanese side's
+     sample split into MeCab's words with --pretokenize auto, data_prep.vocab), encode (with number
+     placeholders on both sides with --number-placeholders, data_prep.numbers), reject training pairs by
+     length / ratio, binarize.
 A pair is counted under the first reason that rejects it, in the order of `filters.REASONS` (which also
 explains the ratio rule); rejects.tsv holds the raw text for malformed / invalid_utf8 and the normalised
 text otherwise. Dev/test pairs are repaired like training pairs but only checked for malformed and empty

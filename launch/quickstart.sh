@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: generate the demo patent-claim corpus (English -> raw Japanese,
-# without spaces, as patents are), prepare it (SentencePiece + binarized), train with the paper's hybrid
+# without spaces, as patents are), prepare it (SentencePiece pieces within MeCab's words on the Japanese
+# side, number placeholders, binarized), train with the paper's hybrid
 # parallelism on 2 local ranks, then translate the test set on one process and print sacreBLEU BLEU/chrF
 # (BLEU tokenized by MeCab, ja-mecab, as for any Japanese target).
 # Prints test BLEU/chrF beside the word-by-word baseline, then three test sentences; writes the training plot.

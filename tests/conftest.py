@@ -40,7 +40,8 @@ def deepspeed_cmd(num_ranks: int, *args) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
-    """A 600-pair demo corpus, prepared (SentencePiece + binarized) into a DATA_DIR."""
+    """A 600-pair demo corpus, prepared (SentencePiece + binarized) into a DATA_DIR the way the quickstart
+    prepares its corpus (Japanese pieces within MeCab's words, number placeholders)."""
     root = tmp_path_factory.mktemp("tiny")
     run_cli([sys.executable, "-m", "data_prep.demo_corpus", "--out", root / "text", "--pairs", "600",
              "--dev", "40", "--test", "40", "--seed", "3"])
@@ -48,7 +49,8 @@ def tiny_data(tmp_path_factory) -> Path:
     run_cli([sys.executable, "-m", "data_prep.prepare", "--format", "moses", "--train-src", t / "train.en",
              "--train-tgt", t / "train.ja", "--dev-src", t / "dev.en", "--dev-tgt", t / "dev.ja",
              "--test-src", t / "test.en", "--test-tgt", t / "test.ja", "--out", root / "data",
-             "--vocab-size", "600"])  # byte fallback takes 256 pieces of it
+             "--vocab-size", "600", "--number-placeholders", "8"])  # byte fallback takes 256 pieces of it
+    # (number placeholders as in the quickstart: every CLI test also runs the masking and the restoring)
     return root / "data"
 
 
