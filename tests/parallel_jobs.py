@@ -4,6 +4,10 @@ from __future__ import annotations
 import json
 import os
 
+# The tests' model is the demo's (trainer/configs/demo.yaml) with a unidirectional bottom layer, which every
+# layout can cut along time; a test that wants the bidirectional one says so in its overrides.
+BASE = ("model.bidirectional_bottom=false",)
+
 
 def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     """Build the run exactly as launch/train.py does (config, plan, runtime, session, Trainer), take
@@ -15,7 +19,7 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     from trainer.trainer import Trainer
 
     path = _ds_file(ds, work)
-    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
+    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
                              "logging.progress=false"])
     ds_loaded, spec = plan(cfg, path)
     runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
@@ -75,7 +79,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     from trainer.parallel.runtime import ParallelRuntime
     from trainer.session import build_session
 
-    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     world = int(os.environ["WORLD_SIZE"])
     spec = LayoutSpec.from_ds_config(ds, world)
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
@@ -180,7 +184,7 @@ def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     from trainer.trainer import Trainer
 
     path = _ds_file(ds, work)
-    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
+    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
                              "logging.progress=false", "train.timeline_every=1"])
     ds_loaded, spec = plan(cfg, path)
     runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
@@ -209,7 +213,7 @@ def lean_bf16_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) 
     from trainer.parallel.runtime import ParallelRuntime
     from trainer.session import build_session
 
-    cfg = load_config(None, [*overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
     session = build_session(cfg, ds, rt)

@@ -30,8 +30,8 @@ def _ds(micro: int, layout: dict, bf16: bool = False) -> dict:
     return ds
 
 
-def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0):
-    out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL, f"model.dropout={dropout}"],
+def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0, extra=()):
+    out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL, f"model.dropout={dropout}", *extra],
                       _ds(micro, layout, bf16), str(tmp_path / name), 2)
     params = {}
     for rank_out in out:
@@ -91,6 +91,17 @@ def test_bf16_hybrid_matches_bf16_single(workers, tiny_data, tmp_path):
     ref = _run(workers, tiny_data, tmp_path, "single_bf16", 1, 13, {"mode": "single"}, bf16=True)
     _compare(ref, _run(workers, tiny_data, tmp_path, "hybrid_bf16", 2, 13, layout, bf16=True), "hybrid_2 bf16",
              tol=2e-2)
+
+
+def test_bidirectional_bottom_layer_in_the_quickstart_layout_matches_single(workers, tiny_data, tmp_path):
+    """The quickstart's model (a bidirectional bottom encoder layer, dropout) in its layout (hybrid_2, one
+    pipeline unit) and in a pipelined one (3 units), against single."""
+    bi = ("model.bidirectional_bottom=true",)
+    ref = _run(workers, tiny_data, tmp_path, "single_bi", 1, 13, {"mode": "single"}, dropout=0.3, extra=bi)
+    for units in (1, 3):
+        layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": units, "time_chunks": 1}
+        _compare(ref, _run(workers, tiny_data, tmp_path, f"hybrid_bi_{units}", 2, 13, layout, dropout=0.3, extra=bi),
+                 f"hybrid_2 bidirectional, {units} units")
 
 
 LAYOUTS = {
