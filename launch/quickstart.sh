@@ -6,7 +6,7 @@
 # (BLEU tokenized by MeCab, ja-mecab, as for any Japanese target).
 # Prints test BLEU/chrF beside the word-by-word baseline, then three test sentences; writes the training plot.
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
-# learning rate, 5e-3), STEPS (from the YAML: 3300), MAX_WORDS (20: the longest English claim; the
+# learning rate, 5e-3), STEPS (from the YAML: 3000), MAX_WORDS (20: the longest English claim; the
 # generator's default is 50), WORK (data and runs go under here; default: the repo's data/ and runs/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
