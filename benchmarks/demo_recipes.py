@@ -18,7 +18,8 @@ from pathlib import Path
 
 from common import REPO, ds_variant, train
 
-# name, max words, vocabulary size, model type, prepare's extra flags, bf16, config overrides. The first rows
+# name, max words, vocabulary size, model type, prepare's extra flags, bf16, config overrides[, DeepSpeed JSON
+# changes]. The first rows
 # predate `--pretokenize` and learn pieces from the raw Japanese (none); "auto" bounds them by MeCab's words.
 RAW = ("--pretokenize", "none")
 WORDS = ("--pretokenize", "auto")
@@ -38,6 +39,8 @@ ROWS = [
     ("20 words, 8k BPE, number placeholders", 20, 8000, "bpe", RAW + NUMBERS[2:], True, ()),
     ("20 words, 8k BPE within MeCab words, number placeholders, bidirectional bottom layer", 20, 8000, "bpe",
      NUMBERS, True, ("model.bidirectional_bottom=true",)),
+    ("the same, 128 pairs per step", 20, 8000, "bpe", NUMBERS, True, ("model.bidirectional_bottom=true",),
+     {"train_micro_batch_size_per_gpu": 128}),
 ]
 
 
@@ -66,13 +69,14 @@ def main() -> None:
     single = {"mode": "single", "num_pp": 1, "num_dp": 1, "micro_batches": 1, "time_chunks": 1}
     print("| corpus / recipe | seed | dev BLEU | dev chrF | dev loss |\n|---|---:|---:|---:|---:|")
     results = {}
-    for name, words, size, model_type, extra, bf16, overrides in ROWS:
+    for name, words, size, model_type, extra, bf16, overrides, *ds_changes in ROWS:
         if args.only and name not in args.only:
             continue
         data = prepare_demo(args.work, words, size, model_type, extra)
         for seed in args.seeds:
             key = "demo_recipe_" + "".join(c if c.isalnum() else "_" for c in name) + (f"_seed{seed}" if seed != 1 else "")
-            ds = ds_variant(args.work, "demo_hybrid_2", key, bf16={"enabled": bf16}, layout=single)
+            ds = ds_variant(args.work, "demo_hybrid_2", key, bf16={"enabled": bf16}, layout=single,
+                            **(ds_changes[0] if ds_changes else {}))
             train(args.work, key, ds, 1, 2, args.steps, data, config="trainer/configs/demo.yaml",
                   extra=(f"train.eval_every={args.steps}", "decode.dev_max_sentences=200", f"train.seed={seed}",
                          *overrides))
