@@ -1,10 +1,11 @@
-"""Are numbers copied into the translation? (Whether number placeholders would help.)
+"""Are numbers copied into the translation? (What number placeholders, `prepare --number-placeholders`, buy.)
 
     python benchmarks/number_copy.py --run RUN_DIR --src test.en --ref test.ja [--beam 5] [--seed 1]
 
 Patents are full of numbers: claim references ("according to claim 3"), reference numerals ("the housing
-12"), values. SentencePiece here splits digits (data_prep/vocab.py), so a number is spelt digit by digit
-and the model has to copy it. This measures how often it does, on the given test set as it is and on a
+12"), values. SentencePiece here splits digits (data_prep/vocab.py), so without placeholders a number is spelt
+digit by digit and the model has to copy it; with them (data_prep/numbers.py) the translator puts the
+source's numbers back. This measures how often it does, on the given test set as it is and on a
 copy whose claim numbers ("claim N" / "請求項N") are replaced, in source and reference alike, by seeded
 random numbers of 2-4 digits that the demo corpus never has (its claims refer to 1-20):
 
