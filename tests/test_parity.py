@@ -34,7 +34,8 @@ def _train(tmp_path, data, name: str, ranks: int, micro: int, layout: dict, bf16
     cfg = _ds_config(tmp_path / f"{name}.json", micro, layout, bf16)
     run_dir = tmp_path / name
     args = ["launch/train.py", "--deepspeed_config", cfg, f"data.dir={data}", f"run.dir={run_dir}",
-            "model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "train.max_steps=2",
+            "model.layers=4", "model.bidirectional_bottom=false", "model.emb_dim=16", "model.hidden=16",
+            "model.dropout=0", "train.max_steps=2",  # (unidirectional: time chunks cut every layer along time)
             "train.eval_every=2", "train.log_every=1", "train.seed=7", "data.min_batch_sentences=8",
             "decode.dev_max_sentences=8", "logging.wandb_mode=disabled", "logging.progress=false"]
     cmd = [sys.executable, *args] if ranks == 1 else deepspeed_cmd(ranks, *args)
