@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 
 MAX_SLOTS = 8
+SLOT = "⟨n[1-9][0-9]*⟩"  # a placeholder, as a pattern without groups (data_prep.vocab keeps them whole)
 SLOT_RE = re.compile(r"⟨n([1-9][0-9]*)⟩")
 DIGIT_RUN = re.compile(r"[0-9]+|[０-９]+")  # one width per run: "1２" is two runs (never seen in real text)
 _TO_ASCII = str.maketrans("０１２３４５６７８９", "0123456789")

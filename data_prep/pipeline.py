@@ -324,8 +324,7 @@ class EncodeTask:
     def __call__(self, rows: list) -> EncodedChunk:
         pairs = [parse_tsv_line(r) for r in rows] if self.tsv else rows
         models = self.models()
-        texts = [numbers.mask_pair(p[1], p[2], self.number_slots) for p in pairs] if self.number_slots \
-            else [p[1:] for p in pairs]
+        texts = [numbers.mask_pair(p[1], p[2], self.number_slots) for p in pairs]  # (0 slots: as they are)
         ids = {side: models[side].encode([t[k] for t in texts]) for k, side in enumerate(SIDES)}
         rejected = []
         if self.lengths:

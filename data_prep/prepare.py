@@ -308,7 +308,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
         "vocab": {"joint": args.joint_vocab, "src_size": sizes.src_size, "tgt_size": sizes.tgt_size,
                   "requested_size": sizes.requested, "src_model": "spm.src.model", "tgt_model": "spm.tgt.model",
                   "model_type": args.model_type, "character_coverage": sizes.coverage, "byte_fallback": True,
-                  "split_digits": True, "pretokenize": sizes.pretokenize,
+                  "split_digits": True, "pretokenize": pretokenize,
                   "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
                   "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
         "languages": {"src": base_lang(args.src_lang), "tgt": base_lang(args.tgt_lang)},  # scoring, joining

@@ -15,7 +15,7 @@ import sentencepiece as spm
 
 from .binary import SPECIAL_IDS
 from .normalize import PLACEHOLDER
-from .numbers import SLOT_RE, slot_pieces
+from .numbers import SLOT, slot_pieces
 from .readers import PrepareError
 
 # Characters SentencePiece must give pieces of their own. For alphabetic languages all of them (1.0), so that
@@ -38,7 +38,7 @@ MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's default (4192) would silently sk
 # "despace"). A tab never survives normalisation (data_prep.normalize), so it cannot be part of the text.
 PRETOKENIZE_DELIMITER = "\t"
 PRETOKENIZERS = {"ja": "mecab-ipadic"}  # language -> segmenter (the manifest records the name per side)
-_USER_SYMBOL = re.compile(f"({re.escape(PLACEHOLDER)}|{SLOT_RE.pattern.replace('(', '(?:')})")  # kept whole
+_USER_SYMBOL = re.compile(f"({re.escape(PLACEHOLDER)}|{SLOT})")  # user symbols: never cut by a segmenter
 
 
 def pretokenizer_name(lang: Optional[str], mode: str) -> Optional[str]:
@@ -48,7 +48,7 @@ def pretokenizer_name(lang: Optional[str], mode: str) -> Optional[str]:
 
 def word_segmenter(name: Optional[str]) -> Optional[Callable[[str], str]]:
     """A function that puts PRETOKENIZE_DELIMITER between the words of a normalised line (spaces and the
-    formula placeholder stay as they are), or None for no segmenter. Raises PrepareError naming the
+    formula and number placeholders stay as they are), or None for no segmenter. Raises PrepareError naming the
     packages when they are missing."""
     if name is None:
         return None
@@ -80,7 +80,6 @@ class VocabResult:
     tgt_size: int
     requested: int
     coverage: dict  # side -> character_coverage used
-    pretokenize: dict  # side -> the word segmenter of its training sample (None: raw)
 
 
 def character_coverage(*langs: Optional[str]) -> float:
@@ -196,12 +195,12 @@ def train_vocab(sample_dir: str, out_dir: str, *, joint: bool, vocab_size: int, 
                            coverage=coverage, pretokenized=any(pretokenize.values()), **kw)
         for ext in ("model", "vocab"):
             shutil.copyfile(os.path.join(out_dir, f"spm.src.{ext}"), os.path.join(out_dir, f"spm.tgt.{ext}"))
-        return VocabResult(size, size, vocab_size, {"src": coverage, "tgt": coverage}, pretokenize)
+        return VocabResult(size, size, vocab_size, {"src": coverage, "tgt": coverage})
     coverage = {"src": character_coverage(src_lang), "tgt": character_coverage(tgt_lang)}
     sizes = [train_model(os.path.join(sample_dir, f"sample.{side}.txt"), os.path.join(out_dir, f"spm.{side}"),
                          coverage=coverage[side], pretokenized=pretokenize[side] is not None, **kw)
              for side in ("src", "tgt")]
-    return VocabResult(sizes[0], sizes[1], vocab_size, coverage, pretokenize)
+    return VocabResult(sizes[0], sizes[1], vocab_size, coverage)
 
 
 def sample_files(sample_dir: str, joint: bool) -> tuple[str, str]:

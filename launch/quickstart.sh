@@ -27,7 +27,7 @@ python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1 --max-words
     --baseline-out "$TEXT/test.baseline.ja"
 python -m data_prep.prepare --format moses --src-lang en --tgt-lang ja --train-src "$TEXT/train.en" --train-tgt "$TEXT/train.ja" \
     --dev-src "$TEXT/dev.en" --dev-tgt "$TEXT/dev.ja" --test-src "$TEXT/test.en" --test-tgt "$TEXT/test.ja" \
-    --out "$DATA" --vocab-size 8000 --model-type bpe
+    --out "$DATA" --vocab-size 8000 --model-type bpe --number-placeholders 8
 rm -rf "$RUN"
 deepspeed --log_level error --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
     data.dir="$DATA" run.dir="$RUN" "${EXTRA[@]}"

@@ -38,7 +38,8 @@ def fake_run(run_dir: Path, **model) -> Path:
     """A run directory as the trainer leaves it (config, data manifest, SentencePiece models, one verified
     checkpoint of a tiny untrained model), written directly: no training needed."""
     run_dir.mkdir(parents=True)
-    overrides = [f"model.{k}={v}" for k, v in {"emb_dim": 8, "hidden": 8, "layers": 1, **model}.items()]
+    overrides = [f"model.{k}={v}" for k, v in {"emb_dim": 8, "hidden": 8, "layers": 1, "bidirectional_bottom": False,
+                                               **model}.items()]
     cfg = load_config(None, overrides)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     (run_dir / "data_manifest.json").write_text(json.dumps({"normalize": {"nfkc": False}, "checksum": "c"}))
@@ -217,7 +218,7 @@ def set_config(key: str, value):
 
 
 @pytest.mark.parametrize("change,expected", [
-    (set_config("model.hidden", 60000), r"model.hidden=60000.*needs \([0-9]+, 8\)"),
+    (set_config("model.hidden", 60000), r"model.hidden=60000.*needs \(240000, 8\)"),
     (set_config("model.layers", -3), "config model.layers=-3: must be > 0"),
     (set_config("model.layers", 4), "missing pairs.1"),
     (set_config("model.attention", "magic"), "model.attention='magic': must be one of"),
