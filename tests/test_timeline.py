@@ -1,4 +1,4 @@
-"""The timeline: every instruction of every rank as a span, merged into one Chrome trace, a Gantt PNG,
+"""The timeline and the step profiler: every instruction of every rank as a span, merged into one Chrome trace, a Gantt PNG,
 and per-rank busy / waiting / communicating / idle fractions with memory in the metrics."""
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 from tests.parallel_jobs import timeline_job
+from trainer.profiling import StepProfiler
 from trainer.timeline import CATEGORIES, fractions, gantt
 
 
@@ -47,3 +49,28 @@ def test_hybrid_timeline_has_every_instruction_of_every_rank(workers, tiny_data,
         assert sum(stats[f"rank{rank}/{c}"] for c in CATEGORIES) == pytest.approx(1.0, abs=2e-4)
         assert stats[f"rank{rank}/busy"] > 0.05 and stats[f"rank{rank}/peak_rss_mb"] > 50
     assert stats["rank0/waiting"] + stats["rank1/waiting"] > 0  # a 2-stage pipeline always waits somewhere
+
+
+def test_step_profiler_writes_the_window_per_operator(tmp_path):
+    prof = StepProfiler(str(tmp_path), rank=3, start=1, steps=2)  # steps 2 and 3
+    a = torch.randn(64, 64)
+    for step in range(1, 5):
+        prof.before(step)
+        for _ in range(step):  # step k runs k matmuls
+            a = torch.tanh(a @ a)
+        written = prof.after(step)
+        assert (written is not None) == (step == 3)
+    out = json.loads((tmp_path / "profile" / "rank3.json").read_text())
+    assert out["steps"] == [2, 3] and out["rank"] == 3
+    assert out["ops"]["aten::mm"]["calls"] == pytest.approx(2.5)  # (2 + 3) matmuls over 2 steps
+    assert out["ops"]["aten::mm"]["self_ms"] > 0 and out["self_cpu_ms_per_step"] >= out["ops"]["aten::mm"]["self_ms"]
+    assert out["wall_ms_per_step"] > 0 and out["minor_faults_per_step"] >= 0
+    assert "aten::mm" in (tmp_path / "profile" / "rank3.txt").read_text()
+
+
+def test_profile_steps_off_writes_nothing(tmp_path):
+    prof = StepProfiler(str(tmp_path), rank=0, start=0, steps=0)
+    for step in range(1, 3):
+        prof.before(step)
+        assert prof.after(step) is None
+    assert not (tmp_path / "profile").exists()

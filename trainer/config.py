@@ -65,6 +65,8 @@ class TrainConfig:
     comm_timeout_s: int = 300  # give up on a peer that does not answer for this long (gloo's default: 30 min)
     max_bad_steps: int = 10  # stop after this many optimizer steps in a row skipped for non-finite loss/grads
     timeline_every: int = 0  # every N steps: every rank's instruction spans to RUN_DIR/timeline/ (0 = off)
+    profile_steps: int = 0  # torch.profiler over this many steps, per rank, to RUN_DIR/profile/ (0 = off)
+    profile_from: int = 10  # ... starting after this step (past the warm-up)
 
 
 @dataclass
@@ -117,7 +119,8 @@ _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps",
              "data.bucket_batches",
              "data.min_batch_sentences", "train.comm_timeout_s", "train.max_bad_steps")
 _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
-                 "train.threads", "train.timeline_every", "decode.dev_max_sentences", "decode.max_len_add",
+                 "train.threads", "train.timeline_every", "train.profile_steps", "train.profile_from",
+                 "decode.dev_max_sentences", "decode.max_len_add",
                  "decode.max_tokens")
 
 

@@ -16,7 +16,7 @@ from trainer.state import TrainState, reseed
 # marks a directory as an earlier run's.
 RUN_DIR_NAMES = ("config.yaml", "ds_config.json", "data_manifest.json", "data_manifest.json.tmp", "spm.src.model",
                  "spm.tgt.model", "metrics.jsonl", "metrics.jsonl.tmp", checkpoint.CKPT_DIR, "timing", "timeline",
-                 "wandb", "training.png", "test.hyp")
+                 "profile", "wandb", "training.png", "test.hyp")
 RUN_DIR_MARKER = "data_manifest.json"
 
 

@@ -14,6 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from trainer import checkpoint, evaluation, faults, resume, timeline
+from trainer.profiling import StepProfiler
 from trainer.flops import batch_flops
 from trainer.config import to_yaml
 from trainer.logger import NullLogger, RunLogger
@@ -54,6 +55,8 @@ class Trainer:
         for line in notes:
             self.log.message(line)
         self.timeline = timeline.TimelineWriter(self.run_dir) if self.rt.is_rank0 else None
+        self.profiler = StepProfiler(self.run_dir, self.rt.rank, self.cfg.train.profile_from,
+                                     self.cfg.train.profile_steps)
         self.interval_wall = 0.0  # step seconds since the per-rank numbers were last gathered
         self.stop_signal = None
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,7 +153,11 @@ class Trainer:
         if st.step >= cfg.max_steps:
             self.log.message(f"nothing to do: the run is at step {st.step} and train.max_steps={cfg.max_steps}")
         while st.step < cfg.max_steps and not stop:
+            self.profiler.before(st.step + 1)
             row = self.train_step()
+            profile = self.profiler.after(st.step)
+            if profile:
+                self.log.message(f"step {st.step}: profile {profile}")
             if row.get("skipped"):
                 self.log.message(f"step {st.step}: non-finite loss or gradients; update skipped "
                                  f"({st.bad_steps} in a row, {st.skipped_steps} in total)")

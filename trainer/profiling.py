@@ -1,0 +1,63 @@
+"""Which kernels a rank's steps spend their CPU time in: `train.profile_steps=N` (with
+`train.profile_from=S`, default 10) runs torch.profiler over training steps S+1 .. S+N on every rank and
+writes RUN_DIR/profile/rank{R}.json and rank{R}.txt.
+
+The timeline (trainer.timeline) says *when* each instruction ran and who waited for whom; this says
+*what* the busy time was made of, per operator: self CPU milliseconds and calls per step, plus the
+minor page faults and the step wall time over the profiled steps. Two runs' files side by side
+(benchmarks/cpu_accounting.py) show where a parallel layout does more work than one process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+
+PROFILE_DIR = "profile"
+
+
+class StepProfiler:
+    """Wraps the profiled window of steps: `before(step)` / `after(step)` around every training step
+    (`step` = the number of the step about to run / just finished)."""
+
+    def __init__(self, run_dir: str, rank: int, start: int, steps: int):
+        self.dir = os.path.join(run_dir, PROFILE_DIR)
+        self.rank, self.first, self.last = rank, start + 1, start + steps
+        self.enabled = steps > 0
+        self._prof = None
+        self._faults = self._started = 0.0
+
+    def before(self, step: int) -> None:
+        if self.enabled and step == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU])
+            self._prof.__enter__()
+            self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            self._started = time.perf_counter()
+
+    def after(self, step: int) -> str | None:
+        """Writes the files after the window's last step; returns the JSON's path then."""
+        if self._prof is None or step != self.last:
+            return None
+        wall = time.perf_counter() - self._started
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        steps = self.last - self.first + 1
+        events = prof.key_averages()
+        ops = {e.key: {"self_ms": e.self_cpu_time_total / 1000 / steps, "calls": e.count / steps}
+               for e in events}
+        ops = dict(sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"]))
+        os.makedirs(self.dir, exist_ok=True)
+        path = os.path.join(self.dir, f"rank{self.rank}.json")
+        with open(path, "w") as f:
+            json.dump({"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
+                       "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()),
+                       "minor_faults_per_step": faults / steps, "ops": ops}, f, indent=1)
+        with open(os.path.join(self.dir, f"rank{self.rank}.txt"), "w") as f:
+            f.write(f"steps {self.first}-{self.last}: self CPU ms over {steps} steps (divide by {steps} "
+                    f"for per step)\n")
+            f.write(events.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
+        return path
