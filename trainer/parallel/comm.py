@@ -1,5 +1,5 @@
-"""Point-to-point transfers between pipeline stages as named verbs, and the flat-buffer async
-collective the runtime starts (`trainer.parallel.runtime` owns both).
+"""Point-to-point transfers between pipeline stages as named verbs, and the in-place async
+collectives the runtime starts (`trainer.parallel.runtime` owns both).
 
 Point-to-point sends are non-blocking (kept alive until `flush()`), receives block. Receive shapes
 are always known locally (every rank reads the same batch), so only the payload travels. gloo needs
@@ -68,23 +68,21 @@ class StageComm:
         self._pending.clear()
 
 
-class FlatCollective:
-    """One collective on a flat buffer holding `tensors`, started without blocking; `wait()` finishes
-    it and copies the result back into the tensors (if `copy_back`)."""
+class AsyncCollective:
+    """One collective per tensor, in place, all started without blocking; `wait()` finishes them.
 
-    def __init__(self, tensors: list[torch.Tensor], start, copy_back: bool = True):
-        self.tensors, self.copy_back = tensors, copy_back
-        self.flat = torch.cat([t.reshape(-1) for t in tensors]) if tensors else None
-        self.work = start(self.flat) if tensors else None
+    In place rather than on one flat copy: the head's tensors (what these carry) are 2.2M elements, and
+    flattening them before and copying the result back cost ~5 ms per step per rank in fp32, more than
+    the transfers (docs/BENCHMARKS.md 2, "Where the hybrid's milliseconds go"). A tensor being received
+    into must not be read before `wait()`, nor one being sent written."""
+
+    def __init__(self, tensors: list[torch.Tensor], start):
+        for t in tensors:
+            if not t.is_contiguous():
+                raise ValueError(f"a collective in place needs contiguous tensors, got strides {t.stride()}")
+        self.works = [start(t) for t in tensors]
 
     def wait(self) -> None:
-        if self.work is None:
-            return
-        self.work.wait()
-        if self.copy_back:
-            offset = 0
-            for t in self.tensors:
-                n = t.numel()
-                t.copy_(self.flat[offset:offset + n].view_as(t))
-                offset += n
-        self.work = None
+        for work in self.works:
+            work.wait()
+        self.works = []

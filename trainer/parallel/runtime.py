@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.parallel import deepspeed_adapter as dsa
-from trainer.parallel.comm import FlatCollective, StageComm
+from trainer.parallel.comm import AsyncCollective, StageComm
 from trainer.parallel.layout import LayoutSpec, ParallelLayout, group_members
 
 EVAL_WAIT_S = 2 * 3600  # how long other ranks wait for rank 0's dev BLEU decode
@@ -185,17 +185,17 @@ class ParallelRuntime:
                             group=self.groups[group])
         return tensor
 
-    def reduce_async(self, tensors: list[torch.Tensor], dst: int, group: str) -> FlatCollective:
-        """Start the SUM of `tensors` over `group` into global rank `dst`; `wait()` writes it there."""
-        return FlatCollective(tensors, lambda flat: dist.reduce(flat, dst=dst, op=dist.ReduceOp.SUM,
-                                                                 group=self.groups[group], async_op=True),
-                              copy_back=self.rank == dst)
+    def reduce_async(self, tensors: list[torch.Tensor], dst: int, group: str) -> AsyncCollective:
+        """Start the SUM of `tensors` over `group` into global rank `dst`; after `wait()` it is in `dst`'s
+        tensors (the others' are scratch)."""
+        return AsyncCollective(tensors, lambda t: dist.reduce(t, dst=dst, op=dist.ReduceOp.SUM,
+                                                              group=self.groups[group], async_op=True))
 
-    def broadcast_async(self, tensors: list[torch.Tensor], src: int, group: str) -> FlatCollective:
-        """Start sending `src`'s values of `tensors` to every rank of `group`; `wait()` writes them."""
-        return FlatCollective(tensors, lambda flat: dist.broadcast(flat, src=src, group=self.groups[group],
-                                                                    async_op=True),
-                              copy_back=self.rank != src)
+    def broadcast_async(self, tensors: list[torch.Tensor], src: int, group: str) -> AsyncCollective:
+        """Start sending `src`'s values of `tensors` to every rank of `group`; after `wait()` every rank
+        has them."""
+        return AsyncCollective(tensors, lambda t: dist.broadcast(t, src=src, group=self.groups[group],
+                                                                 async_op=True))
 
     def broadcast_object(self, obj, src: int = 0, group: str = "world"):
         """`src`'s `obj` on every rank of `group`."""
