@@ -11,6 +11,9 @@ random numbers of 2-4 digits that the demo corpus never has (its claims refer to
 
   numbers kept   share of the source's numbers (digit runs, NFKC) found in the hypothesis, as a multiset
   lines all kept share of lines with a number whose hypothesis has all of them
+  ordinals right share of the reference's ordinals (第N: "the first ..." is 第1の) found in the hypothesis,
+                 as a multiset; wrong ordinals: the hypothesis' ordinals the reference does not have (a
+                 claim number written as an ordinal shows here)
   BLEU           with the target language's tokenizer (trainer.metrics)
 
 Prints one JSON object.
@@ -31,6 +34,7 @@ from trainer.metrics import resolve_tokenize, score  # noqa: E402
 from trainer.translator import Translator, read_lines  # noqa: E402
 
 DIGITS = re.compile(r"\d+")
+ORDINAL = re.compile(r"第\s*(\d+)")
 CLAIM_EN, CLAIM_JA = re.compile(r"(?<=claim )\d+"), re.compile(r"(?<=請求項)\d+|(?<=請求 項 )\d+")
 
 
@@ -49,6 +53,17 @@ def kept(src: list[str], hyps: list[str]) -> dict:
             lines_ok += not (want - got)
     return {"numbers": total, "numbers_kept": round(found / max(total, 1), 4), "lines_with_numbers": lines,
             "lines_all_kept": round(lines_ok / max(lines, 1), 4)}
+
+
+def ordinals(ref: list[str], hyps: list[str]) -> dict:
+    total = found = wrong = 0
+    for r, h in zip(ref, hyps):
+        want = Counter(ORDINAL.findall(unicodedata.normalize("NFKC", r)))
+        got = Counter(ORDINAL.findall(unicodedata.normalize("NFKC", h)))
+        total += sum(want.values())
+        found += sum((want & got).values())
+        wrong += sum((got - want).values())
+    return {"ordinals": total, "ordinals_right": round(found / max(total, 1), 4), "wrong_ordinals": wrong}
 
 
 def unseen_numbers(src: list[str], ref: list[str], seed: int) -> tuple[list[str], list[str]]:
@@ -77,7 +92,7 @@ def main() -> None:
     result = {}
     for name, (s, r) in {"as_is": (src, ref), "unseen_claim_numbers": unseen_numbers(src, ref, args.seed)}.items():
         hyps = translator.translate(s, beam=args.beam)
-        result[name] = {**kept(s, hyps), "bleu": round(score(hyps, r, tokenize).bleu, 2),
+        result[name] = {**kept(s, hyps), **ordinals(r, hyps), "bleu": round(score(hyps, r, tokenize).bleu, 2),
                         "changed_lines": sum(a != b for a, b in zip(s, src))}
     print(json.dumps(result, indent=1))
 

@@ -10,8 +10,12 @@ With placeholders (`prepare --number-placeholders N`, recorded as `manifest["num
 - source side: each distinct digit run (ASCII or full-width, compared by value, "１２" == "12") of a
   normalised line, in order of first appearance, becomes `⟨n1⟩` ... `⟨nN⟩`; runs after the N-th distinct
   value stay digits;
-- target side (training data only): a digit run whose value is one of the source's becomes that value's
-  placeholder; any other number stays digits (the model still learns to write numbers it must not copy);
+- target side (training data, and references scored by forced decoding): a digit run whose value is one
+  of the source's becomes that value's placeholder, as many times as the source has that value (the
+  first ones in the target); the rest stay digits. So "claim 1 ... the first electrode" /
+  "請求項１に記載の…第１の電極" masks 請求項１ only: the ordinal 第１ is a word to translate, not the
+  claim number, and masking it too taught the model to write 第⟨n1⟩ for "first" (docs/BENCHMARKS.md
+  6.5). Any other number stays digits (the model still learns to write numbers it must not copy);
 - the placeholders are SentencePiece user symbols: always one piece each;
 - translation (trainer.translator) masks the input the same way and puts each placeholder of the output
   back as its source number, in the target's digit width (`fullwidth`: the width most matched target
@@ -55,16 +59,30 @@ def mask_source(text: str, slots: int) -> tuple[str, list[str]]:
     return (DIGIT_RUN.sub(sub, text) if slots else text), numbers
 
 
-def mask_target(text: str, numbers: list[str]) -> tuple[str, int, int]:
-    """`text` with each number of `numbers` replaced by its placeholder; also how many runs were replaced
-    and how many of those were full-width (the manifest's `fullwidth` comes from these counts)."""
+def slot_counts(masked: str, slots: int) -> list[int]:
+    """How often each placeholder ⟨n1⟩ .. ⟨n{slots}⟩ occurs in a masked source: how many target runs of its
+    value `mask_target` may replace."""
+    found = [0] * slots
+    for m in SLOT_RE.finditer(masked):
+        i = int(m.group(1)) - 1
+        if i < slots:
+            found[i] += 1
+    return found
+
+
+def mask_target(text: str, numbers: list[str], counts: list[int]) -> tuple[str, int, int]:
+    """`text` with the first `counts[i]` runs of each number `numbers[i]` replaced by its placeholder; also
+    how many runs were replaced and how many of those were full-width (the manifest's `fullwidth` comes
+    from these counts)."""
     replaced = full = 0
+    left = dict(zip(numbers, counts))
 
     def sub(m: re.Match) -> str:
         nonlocal replaced, full
         v = value(m.group(0))
-        if v not in numbers:
+        if not left.get(v):
             return m.group(0)
+        left[v] -= 1
         replaced += 1
         full += m.group(0) != v
         return f"⟨n{numbers.index(v) + 1}⟩"
@@ -74,7 +92,7 @@ def mask_target(text: str, numbers: list[str]) -> tuple[str, int, int]:
 
 def mask_pair(src: str, tgt: str, slots: int) -> tuple[str, str]:
     masked_src, numbers = mask_source(src, slots)
-    return masked_src, mask_target(tgt, numbers)[0]
+    return masked_src, mask_target(tgt, numbers, slot_counts(masked_src, len(numbers)))[0]
 
 
 def restore(text: str, numbers: list[str], fullwidth: bool = False) -> str:

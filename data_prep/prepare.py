@@ -338,7 +338,8 @@ def number_config(sample: list[tuple[str, str]], slots: int) -> Optional[dict]:
         return None
     matched = full = 0
     for src, tgt in sample:
-        _, m, f = numbers.mask_target(tgt, numbers.mask_source(src, slots)[1])
+        masked, nums = numbers.mask_source(src, slots)
+        _, m, f = numbers.mask_target(tgt, nums, numbers.slot_counts(masked, len(nums)))
         matched, full = matched + m, full + f
     return {"slots": slots, "fullwidth": 2 * full > matched}
 

@@ -23,12 +23,27 @@ torch.set_num_threads(1)
 def test_masking_matches_values_across_widths_and_restores_in_the_target_width():
     src, nums = numbers.mask_source("the housing 12 of claim 3 holds 12 and 7 .", 2)
     assert src == "the housing ⟨n1⟩ of claim ⟨n2⟩ holds ⟨n1⟩ and 7 ." and nums == ["12", "3"]  # 7: no slot left
-    tgt, replaced, full = numbers.mask_target("請求項３のハウジング１２は7を保持する", nums)
+    assert numbers.slot_counts(src, len(nums)) == [2, 1]
+    tgt, replaced, full = numbers.mask_target("請求項３のハウジング１２は7を保持する", nums, [2, 1])
     assert tgt == "請求項⟨n2⟩のハウジング⟨n1⟩は7を保持する" and (replaced, full) == (2, 2)
     assert numbers.restore("請求項⟨n2⟩の⟨n1⟩と⟨n5⟩", nums, fullwidth=True) == "請求項３の１２と"  # ⟨n5⟩: none
     assert numbers.restore("claim ⟨n2⟩", nums) == "claim 3"
     assert numbers.mask_source("no digits", 8) == ("no digits", []) and numbers.mask_source("1 2", 0) == ("1 2", [])
     assert numbers.mask_pair("claim 05", "請求項5", 8) == ("claim ⟨n1⟩", "請求項5")  # compared as written
+
+
+def test_target_numbers_are_matched_as_a_multiset():
+    """A target run is masked only as often as the source has its value: the claim number, not an ordinal
+    or a count that happens to equal it."""
+    src = "The battery of claim 1 , wherein the first electrode has 2 layers ."
+    tgt = "請求項１に記載の電池であって、第１の電極は２つの層と第１の層を有する"
+    assert numbers.mask_pair(src, tgt, 8) == (
+        "The battery of claim ⟨n1⟩ , wherein the first electrode has ⟨n2⟩ layers .",
+        "請求項⟨n1⟩に記載の電池であって、第１の電極は⟨n2⟩つの層と第１の層を有する")
+    # twice in the source: twice in the target; a third one stays
+    assert numbers.mask_pair("claim 3 or claim 3", "請求項3または請求項3、第3", 8)[1] == "請求項⟨n1⟩または請求項⟨n1⟩、第3"
+    # a hostile source spelling a placeholder does not break the counts
+    assert numbers.slot_counts("⟨n1⟩ ⟨n9⟩ ⟨n2⟩", 1) == [1]
 
 
 def test_number_config_is_checked_like_any_user_file():

@@ -335,8 +335,9 @@ class Translator:
         opts = self._settings(None, None, None, batch_size, max_tokens)
         masked = [self.mask(normalize(s, **self.norm)) for s in src_lines]
         src = [self.src_sp.encode(text) for text, _ in masked]
-        tgt = [self.tgt_sp.encode(numbers.mask_target(normalize(t, **self.norm_tgt), nums)[0])
-               for t, (_, nums) in zip(tgt_lines, masked)]
+        tgt = [self.tgt_sp.encode(numbers.mask_target(normalize(t, **self.norm_tgt), nums,
+                                                      numbers.slot_counts(text, len(nums)))[0])
+               for t, (text, nums) in zip(tgt_lines, masked)]
         keep = [i for i in range(len(src)) if src[i] and tgt[i]]
         out: list[tuple[float, int]] = [(0.0, 0)] * len(src)
         scorer = Ensemble(self.models)
