@@ -21,9 +21,14 @@ def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
     train = run_cli(deepspeed_cmd(2, "launch/train.py", "--deepspeed_config", tmp_path / "ds.json",
                           f"data.dir={tiny_data}", f"run.dir={run_dir}", "model.emb_dim=32", "model.hidden=64",
                           "train.max_steps=40", "train.eval_every=20", "train.log_every=5",
-                          "decode.dev_max_sentences=20", "logging.wandb_mode=offline", "logging.progress=false"),
+                          "decode.dev_max_sentences=20", "logging.wandb_mode=offline", "logging.progress=false",
+                          "train.profile_from=30", "train.profile_steps=3"),
             timeout=400)
     rows = read_metrics(run_dir)
+    for rank in (0, 1):  # what the steps 31-33 of each rank were made of
+        prof = json.loads((run_dir / "profile" / f"rank{rank}.json").read_text())
+        assert prof["steps"] == [31, 33] and prof["ops"]["aten::mkldnn_rnn_layer"]["calls"] > 0
+        assert ("c10d::send" in prof["ops"] or "c10d::isend" in prof["ops"]) and prof["self_cpu_ms_per_step"] > 0
     losses = [r["loss"] for r in rows]
     assert rows[0]["step"] == 1 and rows[-1]["step"] == 40
     assert losses[-1] < losses[0] - 1.0, losses
