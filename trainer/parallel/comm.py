@@ -72,8 +72,8 @@ class AsyncCollective:
     """One collective per tensor, in place, all started without blocking; `wait()` finishes them.
 
     In place rather than on one flat copy: the head's tensors (what these carry) are 2.2M elements, and
-    flattening them before and copying the result back cost ~5 ms per step per rank in fp32, more than
-    the transfers (docs/BENCHMARKS.md 2, "Where the hybrid's milliseconds go"). A tensor being received
+    flattening them before and copying the result back cost ~3.5 ms per step per rank in fp32, about as
+    much as the transfers themselves (docs/BENCHMARKS.md 2.1). A tensor being received
     into must not be read before `wait()`, nor one being sent written."""
 
     def __init__(self, tensors: list[torch.Tensor], start):
