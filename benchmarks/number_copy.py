@@ -1,6 +1,7 @@
 """Are numbers copied into the translation? (What number placeholders, `prepare --number-placeholders`, buy.)
 
     python benchmarks/number_copy.py --run RUN_DIR --src test.en --ref test.ja [--beam 5] [--seed 1]
+    python benchmarks/number_copy.py --masking --src train.en --ref train.ja [--slots 8]
 
 Patents are full of numbers: claim references ("according to claim 3"), reference numerals ("the housing
 12"), values. SentencePiece here splits digits (data_prep/vocab.py), so without placeholders a number is spelt
@@ -13,8 +14,14 @@ random numbers of 2-4 digits that the demo corpus never has (its claims refer to
   lines all kept share of lines with a number whose hypothesis has all of them
   ordinals right share of the reference's ordinals (第N: "the first ..." is 第1の) found in the hypothesis,
                  as a multiset; wrong ordinals: the hypothesis' ordinals the reference does not have (a
-                 claim number written as an ordinal shows here)
+                 claim number written as an ordinal shows here); source numbers as ordinals: wrong
+                 ordinals whose value is one of the source's numbers (with unseen claim numbers, almost
+                 only a claim number copied into an ordinal can be that)
   BLEU           with the target language's tokenizer (trainer.metrics)
+
+With --masking, no model: what data_prep/numbers.py does to training pairs, with the target matched as a
+multiset (as prepare does) and by value alone (every run of a source value, the rule before): target runs
+masked, and ordinals among them (第⟨nK⟩, an ordinal taken for a source number).
 
 Prints one JSON object.
 """
@@ -55,15 +62,18 @@ def kept(src: list[str], hyps: list[str]) -> dict:
             "lines_all_kept": round(lines_ok / max(lines, 1), 4)}
 
 
-def ordinals(ref: list[str], hyps: list[str]) -> dict:
-    total = found = wrong = 0
-    for r, h in zip(ref, hyps):
+def ordinals(src: list[str], ref: list[str], hyps: list[str]) -> dict:
+    total = found = wrong = copied = 0
+    for s, r, h in zip(src, ref, hyps):
         want = Counter(ORDINAL.findall(unicodedata.normalize("NFKC", r)))
         got = Counter(ORDINAL.findall(unicodedata.normalize("NFKC", h)))
         total += sum(want.values())
         found += sum((want & got).values())
-        wrong += sum((got - want).values())
-    return {"ordinals": total, "ordinals_right": round(found / max(total, 1), 4), "wrong_ordinals": wrong}
+        extra = got - want
+        wrong += sum(extra.values())
+        copied += sum(n for v, n in extra.items() if v in numbers(s) and v not in want)
+    return {"ordinals": total, "ordinals_right": round(found / max(total, 1), 4), "wrong_ordinals": wrong,
+            "source_numbers_as_ordinals": copied}
 
 
 def unseen_numbers(src: list[str], ref: list[str], seed: int) -> tuple[list[str], list[str]]:
@@ -78,21 +88,43 @@ def unseen_numbers(src: list[str], ref: list[str], seed: int) -> tuple[list[str]
     return out_src, out_ref
 
 
+def masking(src: list[str], tgt: list[str], slots: int) -> dict:
+    from data_prep import numbers as placeholders
+
+    out = {rule: {"target_runs_masked": 0, "ordinals_masked": 0, "pairs": len(src)}
+           for rule in ("multiset", "by_value")}
+    for s, t in zip(src, tgt):
+        masked, nums = placeholders.mask_source(s, slots)
+        budgets = {"multiset": placeholders.slot_counts(masked, len(nums)), "by_value": [len(t)] * len(nums)}
+        for rule, counts in budgets.items():
+            text, runs, _ = placeholders.mask_target(t, nums, counts)
+            out[rule]["target_runs_masked"] += runs
+            out[rule]["ordinals_masked"] += len(re.findall(r"第\s*⟨n", text))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True)
+    p.add_argument("--run", help="a trained run (its best checkpoint translates); not with --masking")
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--masking", action="store_true", help="count what masking does to --src/--ref; no model")
+    p.add_argument("--slots", type=int, default=8, help="with --masking: placeholders per sentence")
     args = p.parse_args()
+    if args.masking:
+        print(json.dumps(masking(read_lines(args.src), read_lines(args.ref), args.slots), indent=1))
+        return
+    if not args.run:
+        p.error("--run is required (or --masking)")
     translator = Translator.from_run(args.run, "best")
     src, ref = read_lines(args.src), read_lines(args.ref)
     tokenize = resolve_tokenize("auto", translator.tgt_lang, ref)
     result = {}
     for name, (s, r) in {"as_is": (src, ref), "unseen_claim_numbers": unseen_numbers(src, ref, args.seed)}.items():
         hyps = translator.translate(s, beam=args.beam)
-        result[name] = {**kept(s, hyps), **ordinals(r, hyps), "bleu": round(score(hyps, r, tokenize).bleu, 2),
+        result[name] = {**kept(s, hyps), **ordinals(s, r, hyps), "bleu": round(score(hyps, r, tokenize).bleu, 2),
                         "changed_lines": sum(a != b for a, b in zip(s, src))}
     print(json.dumps(result, indent=1))
 

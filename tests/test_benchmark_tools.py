@@ -171,3 +171,18 @@ def test_head_rows_times_the_reference_head_forward_and_backward():
     finally:
         torch.set_num_threads(threads)
     assert 0 < ms < 10_000
+
+
+def test_number_copy_counts_masking_and_ordinals():
+    import number_copy
+
+    src = ["the battery of claim 1 , wherein the first electrode has 2 layers .", "a motor ."]
+    tgt = ["請求項１に記載の電池であって、第１の電極は２つの層を有する", "モータ"]
+    out = number_copy.masking(src, tgt, 8)
+    assert out["multiset"] == {"target_runs_masked": 2, "ordinals_masked": 0, "pairs": 2}
+    assert out["by_value"] == {"target_runs_masked": 3, "ordinals_masked": 1, "pairs": 2}
+    # a wrong ordinal that is none of the source's numbers; then one that is the claim number
+    got = number_copy.ordinals(src[:1], ["請求項1に記載の第1の電極"], ["請求項1に記載の第3の電極"])
+    assert got == {"ordinals": 1, "ordinals_right": 0.0, "wrong_ordinals": 1, "source_numbers_as_ordinals": 0}
+    got = number_copy.ordinals(["claim 2 , the first electrode"], ["請求項2の第1の電極"], ["請求項2の第2の電極"])
+    assert got == {"ordinals": 1, "ordinals_right": 0.0, "wrong_ordinals": 1, "source_numbers_as_ordinals": 1}

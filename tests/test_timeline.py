@@ -1,5 +1,5 @@
-"""The timeline and the step profiler: every instruction of every rank as a span, merged into one Chrome trace, a Gantt PNG,
-and per-rank busy / waiting / communicating / idle fractions with memory in the metrics."""
+"""The timeline and the step profiler: every instruction of every rank as a span, merged into one Chrome
+trace, a Gantt PNG, and per-rank busy / waiting / communicating / idle fractions with memory in the metrics."""
 from __future__ import annotations
 
 import json
