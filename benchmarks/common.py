@@ -109,6 +109,23 @@ def train(work: Path, name: str, ds_config: Path, ranks: int, threads: int, step
     return summarise(run_dir)
 
 
+def start_train(work: Path, name: str, ds_config: Path, ranks: int, threads: int, steps: int, data: Path,
+                extra: tuple = ()) -> tuple[subprocess.Popen, Path]:
+    """Start a training run like `train` without waiting (runs meant to share the machine); `wait_train`
+    finishes it."""
+    cmd, env, run = train_command(work, name, ds_config, ranks, threads, steps, data, extra=extra)
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True), run
+
+
+def wait_train(label: str, proc: subprocess.Popen, run_dir: Path, timeout: int = 3600) -> dict:
+    """Wait for a run of `start_train` and summarise it (exits with its stderr if it failed)."""
+    _, err = proc.communicate(timeout=timeout)
+    if proc.returncode:
+        sys.exit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
+    return summarise(run_dir)
+
+
 def summarise(run_dir: Path, warmup: int = 3) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if r["step"] > warmup]

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
+from statistics import mean, median
 import sys
 from pathlib import Path
 
-from common import REPO, ds_variant, prepare_enja, summarise, train_command
+from common import ds_variant, prepare_enja, start_train, wait_train
 from scaling import rank_fractions
 
 PROFILE = ("train.profile_from=14", "train.profile_steps=20")
@@ -38,17 +37,9 @@ def profiles(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((run_dir / "profile").glob("rank*.json"))]
 
 
-def launch(work: Path, name: str, ds: Path, ranks: int, steps: int, data: Path) -> tuple:
-    cmd, env, run = train_command(work, name, ds, ranks, 1, steps, data, extra=PROFILE)
-    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True), run
-
-
-def finish(label: str, proc, run: Path) -> dict:
-    _, err = proc.communicate(timeout=3600)
-    if proc.returncode:
-        sys.exit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
-    out = summarise(run)
+def finish(label: str, started: tuple) -> dict:
+    out = wait_train(label, *started)
+    run = started[1]
     out.update(profiles=profiles(run), fractions=rank_fractions(run)["ranks"])
     return out
 
@@ -58,10 +49,13 @@ def one_round(work: Path, precision: str, steps: int, data: Path) -> dict:
     single = ds_variant(work, "single", f"acct_{precision}_single", bf16=bf16)
     hybrid = ds_variant(work, "hybrid_2", f"acct_{precision}_hybrid_2", bf16=bf16,
                         layout={"micro_batches": 1, "time_chunks": 1})
-    res = {"single": finish("single", *launch(work, f"acct_{precision}_single", single, 1, steps, data))}
-    pair = [launch(work, f"acct_{precision}_pair{i}", single, 1, steps, data) for i in (0, 1)]
-    res["single x2"] = [finish(f"single x2 ({i})", *p) for i, p in enumerate(pair)]
-    res["hybrid_2"] = finish("hybrid_2", *launch(work, f"acct_{precision}_hybrid_2", hybrid, 2, steps, data))
+    def start(name, ds, ranks):
+        return start_train(work, f"acct_{precision}_{name}", ds, ranks, 1, steps, data, extra=PROFILE)
+
+    res = {"single": finish("single", start("single", single, 1))}
+    pair = [start(f"pair{i}", single, 1) for i in (0, 1)]
+    res["single x2"] = [finish(f"single x2 ({i})", p) for i, p in enumerate(pair)]
+    res["hybrid_2"] = finish("hybrid_2", start("hybrid_2", hybrid, 2))
     return res
 
 
@@ -70,14 +64,12 @@ def op_ms(profile: dict) -> dict:
 
 
 def report(precision: str, rounds: list[dict], top: int) -> dict:
-    def med(values):
-        return statistics.median(values)
-
-    single = med(r["single"]["profiles"][0]["self_cpu_ms_per_step"] for r in rounds)
-    shared = med(statistics.mean(p["profiles"][0]["self_cpu_ms_per_step"] for p in r["single x2"]) for r in rounds)
-    ranks = [med(r["hybrid_2"]["profiles"][k]["self_cpu_ms_per_step"] for r in rounds) for k in (0, 1)]
-    walls = {name: med((r[name] if name != "single x2" else r[name][0])["step_ms_median"] for r in rounds)
-             for name in ("single", "single x2", "hybrid_2")}
+    single = median(r["single"]["profiles"][0]["self_cpu_ms_per_step"] for r in rounds)
+    shared = median(mean(p["profiles"][0]["self_cpu_ms_per_step"] for p in r["single x2"]) for r in rounds)
+    ranks = [median(r["hybrid_2"]["profiles"][k]["self_cpu_ms_per_step"] for r in rounds) for k in (0, 1)]
+    walls = {"single": median(r["single"]["step_ms_median"] for r in rounds),
+             "single x2": median(r["single x2"][0]["step_ms_median"] for r in rounds),
+             "hybrid_2": median(r["hybrid_2"]["step_ms_median"] for r in rounds)}
     last = rounds[-1]
     print(f"\n| {precision}, 1 thread per process | median step (ms) | self CPU ms per step | vs single |")
     print("|---|---:|---:|---:|")
@@ -97,7 +89,7 @@ def report(precision: str, rounds: list[dict], top: int) -> dict:
     rows = []
     for n in names:
         hyb = h[0].get(n, 0.0) + h[1].get(n, 0.0)
-        sharing = statistics.mean(x.get(n, 0.0) for x in x2) - s.get(n, 0.0)
+        sharing = mean(x.get(n, 0.0) for x in x2) - s.get(n, 0.0)
         rows.append((hyb - s.get(n, 0.0), n, s.get(n, 0.0), h[0].get(n, 0.0), h[1].get(n, 0.0), sharing))
     rows.sort(reverse=True)
     print(f"\n| operator ({precision}, ms per step) | single | hybrid rank 0 | rank 1 | excess (r0 + r1 - single) "

@@ -74,7 +74,8 @@ def main() -> None:
             continue
         data = prepare_demo(args.work, words, size, model_type, extra)
         for seed in args.seeds:
-            key = "demo_recipe_" + "".join(c if c.isalnum() else "_" for c in name) + (f"_seed{seed}" if seed != 1 else "")
+            key = "demo_recipe_" + "".join(c if c.isalnum() else "_" for c in name)
+            key += f"_seed{seed}" if seed != 1 else ""
             ds = ds_variant(args.work, "demo_hybrid_2", key, bf16={"enabled": bf16}, layout=single,
                             **(ds_changes[0] if ds_changes else {}))
             train(args.work, key, ds, 1, 2, args.steps, data, config="trainer/configs/demo.yaml",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, ds_variant, prepare_enja, summarise, train_command  # noqa: E402
+from common import REPO, ds_variant, prepare_enja, start_train, wait_train  # noqa: E402
 
 
 def head_ms(pairs: int, dtype, reps: int = 20, src_len: int = 14, tgt_len: int = 16, real: int = 12) -> float:
@@ -56,26 +55,17 @@ def side_by_side(work: Path, precision: str) -> None:
         changes["bf16"] = {"enabled": False}
     ds = ds_variant(work, "single", f"head_rows_{precision}", **changes)
 
-    def start(name):
-        cmd, env, run = train_command(work, name, ds, 1, 1, 40, data)
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True), run
-
-    def show(label, proc, run):
-        _, err = proc.communicate()
-        if proc.returncode:
-            sys.exit(f"{label} failed:\n{err[-3000:]}")
-        s = summarise(run)
+    def show(label, started):
+        s = wait_train(label, *started)
         t = s["timing"][0]
         parts = "  ".join(f"{k} {1000 * t[k]:.1f}" for k in ("forward", "backward", "head", "optimizer_step"))
         print(f"| {label} | {s['step_ms_median']:.1f} | {parts} |")
 
     print(f"\n| {precision}, 32 pairs per step, 1 thread | median step (ms) | ms per step |\n|---|---:|---|")
-    proc, run = start("head_rows_alone")
-    show("alone", proc, run)
-    runs = [start(f"head_rows_pair{i}") for i in (0, 1)]
-    for i, (proc, run) in enumerate(runs):
-        show(f"two at once, run {i + 1}", proc, run)
+    show("alone", start_train(work, "head_rows_alone", ds, 1, 1, 40, data))
+    runs = [start_train(work, f"head_rows_pair{i}", ds, 1, 1, 40, data) for i in (0, 1)]
+    for i, started in enumerate(runs):
+        show(f"two at once, run {i + 1}", started)
 
 
 def main(argv=None) -> int:

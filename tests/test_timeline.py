@@ -68,6 +68,17 @@ def test_step_profiler_writes_the_window_per_operator(tmp_path):
     assert "aten::mm" in (tmp_path / "profile" / "rank3.txt").read_text()
 
 
+def test_step_profiler_writes_a_window_the_run_ends_inside(tmp_path):
+    prof = StepProfiler(str(tmp_path), rank=0, start=1, steps=10)  # steps 2-11 of a 3-step run
+    for step in range(1, 4):
+        prof.before(step)
+        torch.randn(32, 32) @ torch.randn(32, 32)
+        assert prof.after(step) is None
+    assert prof.after(3, end=True) is not None
+    out = json.loads((tmp_path / "profile" / "rank0.json").read_text())
+    assert out["steps"] == [2, 3] and out["ops"]["aten::mm"]["calls"] == pytest.approx(1.0)
+
+
 def test_profile_steps_off_writes_nothing(tmp_path):
     prof = StepProfiler(str(tmp_path), rank=0, start=0, steps=0)
     for step in range(1, 3):

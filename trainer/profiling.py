@@ -37,10 +37,12 @@ class StepProfiler:
             self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             self._started = time.perf_counter()
 
-    def after(self, step: int) -> str | None:
-        """Writes the files after the window's last step; returns the JSON's path then."""
-        if self._prof is None or step != self.last:
+    def after(self, step: int, end: bool = False) -> str | None:
+        """Writes the files after the window's last step, or at the run's `end` inside the window (the
+        steps done so far); returns the JSON's path then."""
+        if self._prof is None or (step != self.last and not end):
             return None
+        self.last = step
         wall = time.perf_counter() - self._started
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults
         prof, self._prof = self._prof, None

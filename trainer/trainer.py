@@ -186,6 +186,9 @@ class Trainer:
             self.log.progress(st.step, row)
             if st.step == TIMING_WARMUP_STEPS:
                 self.runner.op_seconds.clear()
+        profile = self.profiler.after(st.step, end=True)  # a window the run ended inside
+        if profile:
+            self.log.message(f"step {st.step}: profile {profile} (the run ended inside the profiled steps)")
         self.runner.sync_head()
         self._write_timing()
         self.log.message(f"done: step {st.step}, best dev BLEU {st.best_bleu:.2f}; pairs left out of the last "
