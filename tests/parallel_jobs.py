@@ -200,9 +200,10 @@ def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     return {"stats": stats, "program": program, "run_dir": f"{work}/run"}
 
 
-def lean_bf16_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> dict:
-    """The same gradients stepped by DeepSpeed's FP16_UnfusedOptimizer.step and by the adapter's
-    lean_bf16_step: the parameters, masters, Adam state and global norm after each."""
+def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> dict:
+    """The same gradients stepped by DeepSpeed's own step (bf16: FP16_UnfusedOptimizer.step; fp32: its
+    clip_grad_norm_ hook and the torch optimizer's step) and by the adapter's lean_step: the
+    parameters, masters, Adam state and global norm after each."""
     import copy
 
     import torch
@@ -217,16 +218,20 @@ def lean_bf16_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) 
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
     session = build_session(cfg, ds, rt)
-    opt = session.engine.ds.optimizer
+    engine = session.engine.ds
+    opt = engine.optimizer
+    bf16 = hasattr(opt, "fp32_groups")
+    torch_opt = opt.optimizer if bf16 else opt
     stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=session.global_micro, max_tokens=0,
                          seed=1, bucket_batches=10, min_batch=cfg.data.min_batch_sentences)
     batch = stream.next()
     outcome = {}
-    lows = [p for g in opt.fp16_groups for p in g]
-    highs = [p for g in opt.fp32_groups for p in g]
+    lows = [p for g in opt.fp16_groups for p in g] if bf16 else []
+    highs = [p for g in opt.fp32_groups for p in g] if bf16 else [p for g in opt.param_groups for p in g["params"]]
     every = list(session.module.parameters())  # the head replica too (the owner broadcasts into it)
     saved = ([p.detach().clone() for p in every], [p.detach().clone() for p in highs],
-             copy.deepcopy(opt.optimizer.state_dict()))
+             copy.deepcopy(torch_opt.state_dict()))
+    lean = opt.step  # the adapter's, bound to this instance
     for name in ("deepspeed", "lean"):
         session.runner.sync_head()
         with torch.no_grad():
@@ -234,23 +239,52 @@ def lean_bf16_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) 
                 p.copy_(v)
             for p, v in zip(highs, saved[1]):
                 p.copy_(v)
-        opt.optimizer.load_state_dict(copy.deepcopy(saved[2]))
-        if name == "deepspeed":  # DeepSpeed's own method, not the instance's replacement
+        torch_opt.load_state_dict(copy.deepcopy(saved[2]))
+        if name == "deepspeed":  # DeepSpeed's own methods, not the instance's replacements
             opt.step = type(opt).step.__get__(opt)
+            engine.clip_fp32_gradients = type(engine).clip_fp32_gradients.__get__(engine)
         else:
-            del opt.step  # the class method again ...
-            from trainer.parallel.deepspeed_adapter import lean_bf16_step
-            import types
-
-            opt.step = types.MethodType(lean_bf16_step, opt)
+            opt.step = lean
+            del engine.clip_fp32_gradients
+            engine.clip_fp32_gradients = lambda: None
         session.runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(1, 1, 0))
-        outcome[name] = {"norm": float(opt._global_grad_norm),
+        norm = opt._global_grad_norm if bf16 else session.engine.last_grad_norm
+        if name == "deepspeed" and not bf16:  # DeepSpeed's fp32 hook does not keep its norm: recompute it
+            norm = None
+        outcome[name] = {"norm": None if norm is None else float(norm),
                          "lows": [p.detach().float().clone() for p in lows],
                          "highs": [p.detach().clone() for p in highs],
-                         "exp_avg_sq": [opt.optimizer.state[p]["exp_avg_sq"].clone() for p in highs]}
+                         "exp_avg_sq": [torch_opt.state[p]["exp_avg_sq"].clone() for p in highs]}
     session.runner.sync_head()
     rt.close()
     a, b = outcome["deepspeed"], outcome["lean"]
-    diff = max(max(float((x - y).abs().max()) for x, y in zip(a[k], b[k])) for k in ("lows", "highs", "exp_avg_sq"))
-    return {"norm": (a["norm"], b["norm"]), "max_diff": diff, "moved": max(float((x - y).abs().max())
-                                                                          for x, y in zip(a["highs"], saved[1]))}
+    diff = max(max((float((x - y).abs().max()) for x, y in zip(a[k], b[k])), default=0.0)
+               for k in ("lows", "highs", "exp_avg_sq"))
+    return {"norm": (a["norm"], b["norm"]), "max_diff": diff, "bf16": bf16,
+            "moved": max(float((x - y).abs().max()) for x, y in zip(a["highs"], saved[1]))}
+
+
+def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1) -> dict:
+    """`warmup` optimizer steps, then one more under trainer.op_counter.OpCounter: the would-be device
+    syncs (op, place) and the operator launches of that step on this rank."""
+    from trainer.config import load_config
+    from trainer.op_counter import OpCounter
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.session import build_session, plan
+    from trainer.trainer import Trainer
+
+    path = _ds_file(ds, work)
+    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                             "logging.progress=false"])
+    ds_loaded, spec = plan(cfg, path)
+    runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
+    session = build_session(cfg, ds_loaded, runtime)
+    trainer = Trainer(session)
+    for _ in range(warmup):
+        trainer.train_step()
+    with OpCounter() as counter:
+        row = trainer.train_step()
+    trainer.runner.sync_head()
+    trainer.log.close()
+    runtime.close()
+    return {"syncs": counter.syncs, "launches": counter.launches, "by_op": dict(counter.by_op), "row": row}

@@ -9,8 +9,9 @@ import torch
 
 from data_prep.binary import BOS_ID, EOS_ID, PAD_ID
 from trainer.config import ModelConfig
+from trainer.data import collate
 from trainer.model import (AttentionSoftmaxHead, EncoderDecoderLayer, build_model, projected_cross_entropy,
-                           with_round_row_count)
+                           token_positions)
 
 torch.set_num_threads(1)
 
@@ -130,12 +131,18 @@ def test_head_loss_and_general_attention_match_hand_computation():
     assert abs(want_loss - want_nll) > 0.1  # smoothing changes the loss by far more than the tolerance
 
 
+def _kept(keep: torch.Tensor) -> torch.Tensor:
+    """token_positions of a target whose real tokens are `keep`, as a mask of keep's shape."""
+    target = torch.where(keep, torch.tensor(5), torch.tensor(PAD_ID))
+    return torch.zeros(keep.numel(), dtype=torch.bool).index_fill(0, token_positions(target), True).view_as(keep)
+
+
 def test_head_row_count_is_rounded_with_padded_positions_only():
     gen = torch.Generator().manual_seed(4)
     for n in (1, 7, 8, 9, 17, 100, 333, 1000, 1500):
         keep = torch.zeros(64, 40, dtype=torch.bool)
         keep.view(-1)[torch.randperm(keep.numel(), generator=gen)[:n]] = True
-        got = with_round_row_count(keep)
+        got = _kept(keep)
         count = int(got.sum())
         assert bool((got | ~keep).all())  # every real token kept
         assert n <= count <= n * 9 / 8  # at most 1/8 more rows
@@ -143,10 +150,23 @@ def test_head_row_count_is_rounded_with_padded_positions_only():
     # fewer padded positions than needed: all of them are added, nothing else
     keep = torch.ones(5, 7, dtype=torch.bool)
     keep[0, 5:] = False  # 33 tokens round to 36, but only 2 positions are free
-    assert bool(with_round_row_count(keep).all())
+    assert bool(_kept(keep).all())
     # 1000 distinct counts become a few dozen shapes
-    shapes = {int(with_round_row_count(torch.arange(2000) < n).sum()) for n in range(200, 1200)}
+    shapes = {int(_kept((torch.arange(2000) < n).view(1, -1)).sum()) for n in range(200, 1200)}
     assert len(shapes) <= 8 * 3
+
+
+def test_host_token_positions_equal_the_device_ones():
+    """The batcher's positions (host lengths, no device read) are the ones found from the target."""
+    gen = torch.Generator().manual_seed(5)
+    for n in (1, 3, 17, 64):
+        lengths = torch.randint(0, 30, (n,), generator=gen)
+        batch = collate([torch.randint(4, 50, (int(k) + 1,), generator=gen).numpy() for k in lengths],
+                        [torch.randint(4, 50, (int(k),), generator=gen).numpy() for k in lengths])
+        want = token_positions(batch.tgt_out)
+        assert torch.equal(torch.from_numpy(batch.token_positions()), want)
+        piece = batch.rows(n // 3, n)  # trimmed rows: positions in the piece's own width
+        assert torch.equal(torch.from_numpy(piece.token_positions()), token_positions(piece.tgt_out))
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])

@@ -19,25 +19,41 @@ class Batch:
     """A padded batch, rows sorted by source length (longest first).
 
     src (batch, src_len) ids + EOS, src_lengths (batch,), tgt_in (batch, tgt_len) = BOS + y,
-    tgt_out (batch, tgt_len) = y + EOS, PAD elsewhere.
+    tgt_out (batch, tgt_len) = y + EOS, PAD elsewhere: tensors, on the host or on the device.
+    src_len, tgt_len: the same lengths as host numpy arrays (tgt_len counts y + EOS). Everything a step
+    decides from lengths (trimming, token counts, packed sequences, the head's token positions) reads
+    these, so nothing waits for the device to hand a length back (trainer.op_counter).
     """
 
     src: torch.Tensor
     src_lengths: torch.Tensor
     tgt_in: torch.Tensor
     tgt_out: torch.Tensor
+    src_len: np.ndarray | None = None
+    tgt_len: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.src_len is None:  # built from tensors alone (tests, tools): read the lengths once
+            self.src_len = np.asarray(self.src_lengths.cpu(), dtype=np.int64)
+        if self.tgt_len is None:
+            self.tgt_len = np.asarray((self.tgt_out != PAD_ID).sum(1).cpu(), dtype=np.int64)
 
     @property
     def size(self) -> int:
-        return self.src.shape[0]
+        return len(self.src_len)
 
     @property
     def tgt_tokens(self) -> int:
-        return int((self.tgt_out != PAD_ID).sum())
+        return int(self.tgt_len.sum())
 
     @property
     def src_tokens(self) -> int:
-        return int(self.src_lengths.sum())
+        return int(self.src_len.sum())
+
+    @property
+    def attn_pairs(self) -> int:
+        """Sum over sentences of target tokens x source tokens (the attention's work)."""
+        return int((self.src_len * self.tgt_len).sum())
 
     @property
     def src_mask(self) -> torch.Tensor:
@@ -46,36 +62,91 @@ class Batch:
     def rows(self, start: int, stop: int, trim: bool = True) -> "Batch":
         """Rows [start, stop); with trim, padding columns no row of the slice uses are dropped."""
         src, tgt_in, tgt_out = self.src[start:stop], self.tgt_in[start:stop], self.tgt_out[start:stop]
-        lengths = self.src_lengths[start:stop]
+        src_len, tgt_len = self.src_len[start:stop], self.tgt_len[start:stop]
         if trim and stop > start:
-            s = int(lengths.max())
-            t = int((tgt_out != PAD_ID).sum(1).max())
+            s, t = int(src_len.max()), int(tgt_len.max())
             src, tgt_in, tgt_out = src[:, :s], tgt_in[:, :t], tgt_out[:, :t]
-        return Batch(src.contiguous(), lengths.contiguous(), tgt_in.contiguous(), tgt_out.contiguous())
+        return Batch(src.contiguous(), self.src_lengths[start:stop].contiguous(), tgt_in.contiguous(),
+                     tgt_out.contiguous(), src_len, tgt_len)
 
     def to(self, device) -> "Batch":
-        return Batch(*(t.to(device) for t in (self.src, self.src_lengths, self.tgt_in, self.tgt_out)))
+        """On `device`; from the host to an accelerator through pinned memory, without blocking the host
+        (the lengths stay on the host)."""
+        device = torch.device(device)
+        tensors = (self.src, self.src_lengths, self.tgt_in, self.tgt_out)
+        if device.type != "cpu" and all(t.device.type == "cpu" for t in tensors):
+            tensors = tuple(to_device(t, device) for t in tensors)
+        else:
+            tensors = tuple(t.to(device) for t in tensors)
+        return Batch(*tensors, self.src_len, self.tgt_len)
+
+    def token_positions(self, width: int | None = None, round_bits: int = 4) -> np.ndarray:
+        """Flat positions (row * width + t) of the real target tokens in a (batch, width) layout
+        (width: the padded target length, tgt_out's by default), row-major, plus the first padded
+        positions needed to round the count up (`round_count`): the rows the head runs on. Host-side:
+        computing it from `tgt_out != PAD` on the device would need the count back on the host."""
+        width = width or self.tgt_out.shape[1]
+        real = np.arange(width)[None, :] < self.tgt_len[:, None]  # (batch, width)
+        n = int(self.tgt_len.sum())
+        extra = round_count(n, round_bits) - n
+        flat = real.reshape(-1)
+        if extra:
+            flat = flat.copy()
+            flat[np.flatnonzero(~flat)[:extra]] = True
+        return np.flatnonzero(flat)
+
+
+def round_count(n: int, bits: int = 4) -> int:
+    """n rounded up to a number whose binary digits below the top `bits` are zero: at most
+    2 ** (bits - 1) distinct counts per power of two, at most 1 / 2 ** (bits - 1) more. The head's GEMMs
+    then see a few dozen distinct shapes instead of a new one every batch: oneDNN creates (JIT-compiles)
+    and caches a primitive per shape, ~4 ms and ~0.4 MB each, which was 15% of a step and most of the
+    resident memory's growth."""
+    return n + (-n % (1 << max(0, n.bit_length() - bits)))
+
+
+def to_device(t, device, dtype=None) -> torch.Tensor:
+    """A host tensor or array on `device` without a device sync: through pinned memory and a
+    non-blocking copy on an accelerator (a pageable copy makes the host wait), as is on the CPU."""
+    t = torch.as_tensor(t, dtype=dtype)
+    device = torch.device(device)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
-    order = sorted(range(len(src_seqs)), key=lambda i: -len(src_seqs[i]))
-    n = len(order)
-    s = max(len(x) for x in src_seqs) + 1
-    t = max(len(y) for y in tgt_seqs) + 1
-    src = torch.full((n, s), PAD_ID, dtype=torch.long)
-    tgt_in = torch.full((n, t), PAD_ID, dtype=torch.long)
-    tgt_out = torch.full((n, t), PAD_ID, dtype=torch.long)
-    lengths = torch.zeros(n, dtype=torch.long)
-    for row, i in enumerate(order):
-        x, y = torch.from_numpy(src_seqs[i].astype(np.int64)), torch.from_numpy(tgt_seqs[i].astype(np.int64))
-        src[row, :len(x)] = x
-        src[row, len(x)] = EOS_ID
-        lengths[row] = len(x) + 1
-        tgt_in[row, 0] = BOS_ID
-        tgt_in[row, 1:len(y) + 1] = y
-        tgt_out[row, :len(y)] = y
-        tgt_out[row, len(y)] = EOS_ID
-    return Batch(src, lengths, tgt_in, tgt_out)
+    """Padded tensors of the pairs, rows sorted by source length (longest first, stable), built with
+    whole-array numpy operations (no per-row tensor work)."""
+    src_all = [np.asarray(x, dtype=np.int64) for x in src_seqs]
+    tgt_all = [np.asarray(y, dtype=np.int64) for y in tgt_seqs]
+    order = np.argsort([-len(x) for x in src_all], kind="stable")
+    src_len = np.array([len(src_all[i]) for i in order], dtype=np.int64)
+    tgt_len = np.array([len(tgt_all[i]) for i in order], dtype=np.int64)
+    n, rows = len(order), np.arange(len(order))
+    src = np.full((n, int(src_len.max()) + 1), PAD_ID, dtype=np.int64)
+    tgt_in = np.full((n, int(tgt_len.max()) + 1), PAD_ID, dtype=np.int64)
+    tgt_out = np.full_like(tgt_in, PAD_ID)
+    r, c = _positions(src_len)
+    if len(r):
+        src[r, c] = np.concatenate([src_all[i] for i in order])
+    src[rows, src_len] = EOS_ID
+    r, c = _positions(tgt_len)
+    if len(r):
+        y = np.concatenate([tgt_all[i] for i in order])
+        tgt_in[r, c + 1] = y
+        tgt_out[r, c] = y
+    tgt_in[:, 0] = BOS_ID
+    tgt_out[rows, tgt_len] = EOS_ID
+    return Batch(torch.from_numpy(src), torch.from_numpy(src_len + 1), torch.from_numpy(tgt_in),
+                 torch.from_numpy(tgt_out), src_len + 1, tgt_len + 1)
+
+
+def _positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of every token of rows with these lengths, row-major."""
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return rows, np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
 
 
 def make_batches(src_len: np.ndarray, tgt_len: np.ndarray, *, max_sentences: int, max_tokens: int,

@@ -64,15 +64,20 @@ class DropoutKeys:
         self._masks: dict = {}
 
     def mask(self, site: int, side: str, p: float, n: int, width: int, feat: int, dtype,
-             keep_at=None) -> torch.Tensor:
-        """This slice's mask, already scaled: 0 or 1 / (1 - p) in `dtype`."""
+             positions: torch.Tensor | None = None) -> torch.Tensor:
+        """This slice's mask, already scaled: 0 or 1 / (1 - p) in `dtype`; (n, width, feat), or
+        (tokens, feat) for the flat `positions` (row * width + t) of an (n, width) slice."""
         full = self._masks.get((site, dtype))
         if full is None:
             bits = keep_mask((self.rows, self.widths[side], feat), 1.0 - p, _key(*self.key, site), self.device)
             full = bits.to(dtype).mul_(1.0 / (1.0 - p))
             self._masks[(site, dtype)] = full
-        m = full[self.row0:self.row0 + n, self.t0:self.t0 + width]
-        return m[keep_at] if keep_at is not None else m
+        if positions is None:
+            return full[self.row0:self.row0 + n, self.t0:self.t0 + width]
+        # the same tokens' rows of the whole micro-batch's mask, gathered on the device
+        rows = torch.div(positions, width, rounding_mode="floor")
+        at = (rows + self.row0) * full.shape[1] + (positions - rows * width + self.t0)
+        return full.view(-1, feat).index_select(0, at)
 
 
 @contextlib.contextmanager
@@ -88,21 +93,21 @@ def keyed(keys: DropoutKeys):
 
 class KeyedDropout(nn.Module):
     """Dropout at `site` (a number unique in the model, the same in every layout) on tensors of `side`
-    ('src' or 'tgt'): x is (rows, positions, features), or (tokens, features) with `keep_at` the
-    (rows, positions) bool mask that selected the tokens."""
+    ('src' or 'tgt'): x is (rows, positions, features), or (tokens, features) with `positions` the
+    flat indices (row * width + t) of the tokens in their (rows, width) layout."""
 
     def __init__(self, p: float, site: int, side: str):
         super().__init__()
         self.p, self.site, self.side = p, site, side
 
-    def forward(self, x: torch.Tensor, keep_at: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, width: int = 0) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
         keys = _ACTIVE
         if keys is None:
             return F.dropout(x, self.p, True)
-        n, width = (keep_at.shape if keep_at is not None else x.shape[:2])
-        return x * keys.mask(self.site, self.side, self.p, n, width, x.shape[-1], x.dtype, keep_at)
+        n, w = (0, width) if positions is not None else x.shape[:2]
+        return x * keys.mask(self.site, self.side, self.p, n, w, x.shape[-1], x.dtype, positions)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, site={self.site}, side={self.side}"

@@ -34,9 +34,5 @@ def forward_flops(cfg, tgt_vocab: int, src_tokens: int, tgt_tokens: int, attn_pa
 
 
 def batch_flops(cfg, tgt_vocab: int, batch) -> float:
-    """Forward + backward model FLOPs of a `trainer.data.Batch`."""
-    from data_prep.dataformat import PAD_ID
-
-    tgt_len = (batch.tgt_out != PAD_ID).sum(1)
-    pairs = int((tgt_len * batch.src_lengths).sum())
-    return 3 * forward_flops(cfg, tgt_vocab, batch.src_tokens, int(tgt_len.sum()), pairs)
+    """Forward + backward model FLOPs of a `trainer.data.Batch` (from its host lengths)."""
+    return 3 * forward_flops(cfg, tgt_vocab, batch.src_tokens, batch.tgt_tokens, batch.attn_pairs)

@@ -14,11 +14,13 @@ about ranks; `trainer.parallel` places these modules and moves tensors between t
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from data_prep.dataformat import PAD_ID
+from trainer.data import round_count, to_device
 from trainer.dropout import KeyedDropout
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
@@ -45,8 +47,17 @@ class Embeddings(nn.Module):
         return self.tgt_dropout(self.tgt(tgt_in))
 
 
-def _run_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, state: State | None):
-    """Run `lstm` over the first `lengths[b]` steps of each row of x (batch, time, in).
+def host_lengths(lengths) -> np.ndarray:
+    """Lengths as a host int64 array. A device tensor is read back once (inference, tools); the trainer
+    passes the batcher's host lengths, so its step never waits for the device here."""
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.cpu()
+    return np.asarray(lengths, dtype=np.int64)
+
+
+def _run_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray, state: State | None):
+    """Run `lstm` over the first `lengths[b]` steps of each row of x (batch, time, in); `lengths` on
+    the host.
 
     Rows with length 0 (a sentence already finished before this time chunk) keep their incoming
     state and get zero outputs. Padded positions get zero outputs. Returns (out, (h, c)) with the
@@ -55,26 +66,30 @@ def _run_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, state: St
     batch, time, _ = x.shape
     hidden = lstm.hidden_size * (2 if lstm.bidirectional else 1)
     active = lengths > 0
-    if not bool(active.all()):
+    if not active.all():
         out = x.new_zeros(batch, time, hidden)
-        idx = active.nonzero(as_tuple=True)[0]
         if state is None:
             dirs = 2 if lstm.bidirectional else 1
             zeros = x.new_zeros(dirs, batch, lstm.hidden_size)
             state = (zeros, zeros)
-        if idx.numel() == 0:
+        if not active.any():
             return out, state
+        rows = np.flatnonzero(active)
+        idx = to_device(rows, x.device)
         sub_state = (state[0][:, idx], state[1][:, idx])
-        sub_out, (h, c) = _run_packed(lstm, x[idx], lengths[idx], sub_state)
+        sub_out, (h, c) = _run_packed(lstm, x[idx], lengths[rows], sub_state)
         out = out.index_copy(0, idx, sub_out)
         return out, (state[0].index_copy(1, idx, h), state[1].index_copy(1, idx, c))
-    packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    # rows sorted longest first (the batcher's order) need no permutation, which torch would copy to
+    # the device and wait for
+    ordered = bool((lengths[:-1] >= lengths[1:]).all())
+    packed = pack_padded_sequence(x, torch.from_numpy(lengths), batch_first=True, enforce_sorted=ordered)
     out, (h, c) = lstm(packed, state)
     out, _ = pad_packed_sequence(out, batch_first=True, total_length=time)
     return out, (h, c)
 
 
-def _run_bulk_then_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: torch.Tensor, state: State | None):
+def _run_bulk_then_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray, state: State | None):
     """`_run_packed` for a unidirectional LSTM, faster: the first min(lengths) steps, where every row
     is real, run as one padded call (oneDNN's fused LSTM on CPU: 2-3x faster forward+backward than
     the packed path, which falls back to a per-step loop), and only the ragged tail is packed. The
@@ -113,15 +128,16 @@ class EncoderDecoderLayer(nn.Module):
             for name, p in lstm.named_parameters():
                 nn.init.uniform_(p, -0.1, 0.1)
 
-    def encode(self, x: torch.Tensor, lengths: torch.Tensor, state: State | None = None):
-        """x (batch, src_len, in), lengths (batch,) of the valid prefix of each row (0 allowed),
-        state: carried from the previous time chunk (None at the start).
+    def encode(self, x: torch.Tensor, lengths, state: State | None = None):
+        """x (batch, src_len, in), lengths (batch,) of the valid prefix of each row (0 allowed; a host
+        array, or a tensor read back to the host), state: carried from the previous time chunk (None at
+        the start).
 
         Returns out (batch, src_len, hidden), zero at padded positions, and the state at each row's
         true end, shaped for the decoder: (1, batch, hidden) x 2 (both directions concatenated), or,
         for a bidirectional encoder, the raw per-direction state.
         """
-        out, state = _run_bulk_then_packed(self.encoder, x, lengths, state)
+        out, state = _run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
         return self.enc_dropout(out), state
 
     def decoder_init(self, enc_state: State) -> State:
@@ -188,11 +204,12 @@ class AttentionSoftmaxHead(nn.Module):
         """-> attention context (batch, tgt_len, hidden), arguments as `attention_weights`."""
         return self.attention_weights(enc, src_mask, dec) @ enc
 
-    def attentional(self, context: torch.Tensor, dec: torch.Tensor, keep_at: torch.Tensor | None = None
-                    ) -> torch.Tensor:
+    def attentional(self, context: torch.Tensor, dec: torch.Tensor, positions: torch.Tensor | None = None,
+                    width: int = 0) -> torch.Tensor:
         """tanh(W_c [c; h]) with dropout: (batch, tgt_len, hidden) x 2 -> (batch, tgt_len, out_dim), or
-        (tokens, hidden) x 2 -> (tokens, out_dim) for the tokens `keep_at` (batch, tgt_len) selected."""
-        return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))), keep_at)
+        (tokens, hidden) x 2 -> (tokens, out_dim) for the tokens at flat `positions` of a (batch, width)
+        layout."""
+        return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))), positions, width)
 
     def logits(self, enc, src_mask, dec) -> torch.Tensor:
         """-> (batch, tgt_len, vocab)."""
@@ -203,34 +220,38 @@ class AttentionSoftmaxHead(nn.Module):
         attn = self.attention_weights(enc, src_mask, dec)
         return self.proj(self.attentional(attn @ enc, dec)), attn
 
-    def forward(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor):
-        """target (batch, tgt_len) with PAD at padded positions.
+    def forward(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor,
+                positions: torch.Tensor | None = None):
+        """target (batch, tgt_len) with PAD at padded positions. positions: flat indices (row * tgt_len +
+        t) of the real target tokens plus a few padded ones that round their count (what
+        `trainer.data.Batch.token_positions` gives, on the device); found from `target` when None,
+        which reads the count back to the host.
 
         Returns (loss_sum, nll_sum): label-smoothed and plain cross-entropy summed over real target
         tokens. The caller divides by the token count of the whole (global) batch. The attentional
-        layer, the projection and the softmax (most of the model's work) run on real tokens only.
+        layer, the projection and the softmax (most of the model's work) run on the selected tokens
+        only.
         """
-        keep = with_round_row_count(target != PAD_ID)
-        context = self.context(enc, src_mask, dec)[keep]
-        hidden = self.attentional(context, dec[keep], keep_at=keep)  # (tokens, out_dim)
-        return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias, target[keep], self.label_smoothing)
+        width = target.shape[1]
+        if positions is None:
+            positions = token_positions(target)
+        context = self.context(enc, src_mask, dec).flatten(0, 1).index_select(0, positions)
+        hidden = self.attentional(context, dec.flatten(0, 1).index_select(0, positions), positions, width)
+        return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias,
+                                       target.flatten().index_select(0, positions), self.label_smoothing)
 
 
-def with_round_row_count(keep: torch.Tensor, bits: int = 4) -> torch.Tensor:
-    """`keep` (batch, tgt_len), True at real target tokens, plus the first padded positions needed to
-    round the count up to a number whose binary digits below the top `bits` are zero (as many as
-    there are): at most 2 ** (bits - 1) row counts per power of two, at most 1 / 2 ** (bits - 1) more
-    rows. The head's GEMMs then see a few dozen distinct shapes instead of a new one every batch:
-    oneDNN creates (JIT-compiles) and caches a primitive per shape, ~4 ms and ~0.4 MB each, which was
-    15% of a step and most of the resident memory's growth. The loss ignores the added rows (their
-    target is PAD)."""
+def token_positions(target: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """Flat positions of the real tokens of `target` (batch, tgt_len), plus the first padded ones
+    that round their count (trainer.data.round_count), on target's device. Reads the count back:
+    for ad-hoc use; the trainer takes the positions from the batcher's host lengths."""
+    keep = (target != PAD_ID).flatten()
     n = int(keep.sum())
-    extra = -n % (1 << max(0, n.bit_length() - bits))
-    if extra == 0:
-        return keep
-    padded = keep.flatten()
-    free = (~padded).nonzero().squeeze(1)[:extra]
-    return padded.index_fill(0, free, True).view_as(keep)
+    extra = round_count(n, bits) - n
+    if extra:
+        free = (~keep).nonzero().squeeze(1)[:extra]
+        keep = keep.index_fill(0, free, True)
+    return keep.nonzero().squeeze(1)
 
 
 def projected_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,

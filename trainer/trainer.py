@@ -100,11 +100,10 @@ class Trainer:
         sampled = bool(every) and (st.step + 1) % every == 0
         start = time.perf_counter()
         self.runner.spans, self.runner.span_origin = ([] if sampled else None), start
-        loss = nll = 0.0
         for micro, b in enumerate(batches):
             out = self.runner.run(b, window_tokens=window_tokens, boundary=engine.is_boundary(),
                                   key=(self.cfg.train.seed, st.step + 1, micro))
-            loss, nll = loss + out["loss_sum"], nll + out["nll_sum"]
+        loss, nll = out["loss_sum"], out["nll_sum"]  # the window's, from its boundary micro-step
         elapsed = time.perf_counter() - start
         self.interval_wall += elapsed
         st.step += 1

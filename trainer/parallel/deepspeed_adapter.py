@@ -10,15 +10,17 @@ Touch points, each wrapped by one function or `Engine` method below:
                  `dp_group`)
     stages       PipelineModule + LayerSpec: `_local_start`, `forward_funcs`, `parts`, `stage_id`
     engine       deepspeed.initialize with the grid as mpu, `enable_backward_allreduce`, the fp32
-                 clipping hook `clip_fp32_gradients` and a guarded `optimizer.step`, the counters
+                 clipping hook `clip_fp32_gradients` (a no-op) and `optimizer.step` (`lean_step`), the counters
                  `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`
     optimizer    the bf16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
-                 `_hp_mapping` (flat-partitioned optimizers we refuse), `loss_scale_config`; its `step`
-                 replaced by `lean_bf16_step` (same arithmetic, a third of the passes)
+                 `_hp_mapping` (flat-partitioned optimizers we refuse), `loss_scale_config`, `_skip_invalid_grad_norm`,
+                 `_update_scale`; its `step` replaced by `lean_step` (same arithmetic, a third of the
+                 passes, one device sync)
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -208,43 +210,68 @@ def local_layers(stages) -> list[nn.Module]:
 
 
 # ---- engine ----
-def lean_bf16_step(opt, closure=None) -> bool:
-    """FP16_UnfusedOptimizer.step for bf16 (bound to the optimizer instance), with the same arithmetic
-    and fewer passes over the weights. DeepSpeed's step checks every gradient for inf/nan (amax and
-    amin of each, plus an all-reduce), converts the gradients into newly allocated fp32 tensors,
-    takes the global norm of those, multiplies every gradient by 1 / (loss scale x clip factor) even
-    when that is 1, steps, and frees the fp32 gradients. Here: the gradients are copied into fp32
-    buffers kept from step to step, the norm (DeepSpeed's get_weight_norm, on the fp32 copies: the
-    same values) also catches inf/nan (a non-finite norm skips the step exactly as an overflow does),
-    and the multiply runs only when it changes something. Returns `overflow`, as DeepSpeed's."""
-    from deepspeed.runtime.utils import get_global_norm, get_weight_norm, is_invalid_grad_norm
+def lean_step(opt, closure=None, *, bf16: bool, clip: float, group, engine: "Engine | None" = None) -> bool:
+    """The optimizer step DeepSpeed's engine calls at an accumulation boundary (bound to the optimizer
+    instance, replacing its `step`), with the same arithmetic as DeepSpeed's and one device sync.
 
-    lows = [p for group in opt.fp16_groups for p in group]
-    highs = [p for group in opt.fp32_groups for p in group]
-    for hp, lp in zip(highs, lows):
-        if hp.grad is None:
-            hp.grad = torch.empty_like(hp)
-        if lp.grad is None:
-            hp.grad.zero_()
-        else:
-            hp.grad.copy_(lp.grad)
-    grads = [hp.grad for hp in highs]
-    norms = []
-    for group in opt.fp32_groups:
-        group_grads = [p.grad for p in group]
-        norms.append(get_weight_norm(group_grads, mpu=opt.mpu) if group_grads else 0.0)
-    opt._global_grad_norm = get_global_norm(norm_list=norms)
-    if is_invalid_grad_norm(opt._global_grad_norm):
-        return opt._skip_invalid_grad_norm()
+    DeepSpeed's steps read the gradient norm back to the host several times (its bf16 step also checks
+    every gradient for inf/nan with amax/amin and an all-reduce, converts the gradients into newly
+    allocated fp32 tensors, multiplies every one by 1 / (loss scale x clip factor) even when that is 1,
+    and frees them). Here the global norm is computed on the device (one fused norm per tensor list,
+    one all-reduce over the pipeline's stages: DeepSpeed's get_weight_norm / clip_grad_norm_ with the
+    grid as mpu), and read back once, in the same copy as `engine.step`'s `along` values (the step's
+    loss sums): that read decides the skip (a non-finite norm skips the update, as an overflow does)
+    and the clip factor, and gives the logged norm. bf16: the gradients go into fp32 buffers kept from
+    step to step (the masters' `.grad`), and the masters are copied back into the bf16 weights.
+    Returns `overflow`, as DeepSpeed's."""
+    if bf16:
+        lows = [p for g in opt.fp16_groups for p in g]
+        highs = [p for g in opt.fp32_groups for p in g]
+        for hp, lp in zip(highs, lows):
+            if hp.grad is None:
+                hp.grad = torch.empty_like(hp)
+            if lp.grad is None:
+                hp.grad.zero_()
+            else:
+                hp.grad.copy_(lp.grad)
+        grads = [hp.grad for hp in highs]
+        scale = opt.loss_scale_config.cur_scale
+    else:
+        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        scale = 1.0
+    if grads:
+        norm_sq = torch.stack(torch._foreach_norm(grads)).float().square().sum()
+    else:
+        norm_sq = torch.zeros((), dtype=torch.float32, device=accelerator().current_device_name())
+    if group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(norm_sq, group=group)
+    along = engine.along if engine is not None else None
+    values = torch.cat([norm_sq.double().sqrt().view(1), along.double().view(-1)] if along is not None
+                       else [norm_sq.double().sqrt().view(1)]).tolist()  # the step's one device sync
+    norm = values[0]
+    if engine is not None:
+        engine.read, engine.last_grad_norm = values[1:], norm
+    if not math.isfinite(norm):
+        if bf16:
+            return opt._skip_invalid_grad_norm()
+        opt.overflow = True
+        return True
     opt.overflow = False
-    opt._update_scale(False)
-    combined = opt.loss_scale_config.cur_scale
-    if opt.clip_grad > 0.0:
-        clip = ((opt._global_grad_norm / combined) + 1e-6) / opt.clip_grad
-        if clip > 1:
-            combined = clip * combined
+    combined = scale
+    if bf16:
+        opt._global_grad_norm = norm
+        opt._update_scale(False)
+    if clip > 0.0:
+        factor = ((norm / scale) + 1e-6) / clip
+        if factor > 1:
+            combined = factor * scale
     if combined != 1.0:
         torch._foreach_mul_(grads, 1.0 / combined)
+    if not bf16:
+        type(opt).step(opt)  # the torch optimizer's own step (the instance's is this function)
+        return False
     opt.optimizer.step()
     with torch.no_grad():
         torch._foreach_copy_([p.data for p in lows], highs)
@@ -272,49 +299,41 @@ class Engine:
         self.ds = ds_engine
         self.module = ds_engine.module
         self.last_grad_norm = None
-        self._record_grad_norm()
+        self.along = None  # a device tensor read back with the gradient norm at the next optimizer step
+        self.read = None  # its values, once read
+        self._install_step()
 
-    def _record_grad_norm(self) -> None:
-        """DeepSpeed's fp32 clipping path computes the global norm but does not keep it (bf16 keeps
-        its own): run the same call and remember its result. In fp32 the optimizer step is also
-        guarded: a non-finite global norm skips the update, as DeepSpeed's bf16 optimizer does (it
-        sets `overflow`, so the engine counts the skip and holds the LR schedule)."""
-        from deepspeed.runtime.utils import clip_grad_norm_
+    def _install_step(self) -> None:
+        """The optimizer's `step` becomes `lean_step` (DeepSpeed's fp32 clipping hook a no-op: the step
+        clips), so a step reads the device back once; DeepSpeed's engine still counts a skipped step
+        and holds the LR schedule on `overflow`."""
+        from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
         ds = self.ds
-
-        def global_norm(max_norm: float) -> float:
-            return float(clip_grad_norm_(parameters=ds.module.parameters(), max_norm=max_norm, mpu=ds.mpu))
-
-        def clip_and_record():
-            self.last_grad_norm = global_norm(ds.gradient_clipping())
-
-        ds.clip_fp32_gradients = clip_and_record
-        if ds.bfloat16_enabled():
-            from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
-
-            if isinstance(ds.optimizer, FP16_UnfusedOptimizer):
-                ds.optimizer.step = types.MethodType(lean_bf16_step, ds.optimizer)
-            return
-        optimizer, step = ds.optimizer, ds.optimizer.step
-
-        def guarded_step(*args, **kwargs):
-            if self.last_grad_norm is None:
-                self.last_grad_norm = global_norm(float("inf"))
-            optimizer.overflow = not math.isfinite(self.last_grad_norm)
-            if not optimizer.overflow:
-                return step(*args, **kwargs)
-
-        optimizer.step = guarded_step
+        bf16 = ds.bfloat16_enabled()
+        opt = ds.optimizer
+        if bf16 and not isinstance(opt, FP16_UnfusedOptimizer):
+            return  # a flat-partitioned optimizer: refused by check_per_parameter_state
+        grid = ds.mpu
+        group = grid.get_model_parallel_group() if grid is not None and grid.get_model_parallel_world_size() > 1 \
+            else None
+        ds.clip_fp32_gradients = lambda: None
+        opt.step = types.MethodType(functools.partial(lean_step, bf16=bf16, clip=ds.gradient_clipping(), group=group,
+                                                      engine=self), opt)
 
     # the step
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a scalar whose scale we chose (no division by the accumulation steps)."""
         self.ds.backward(loss, scale_wrt_gas=False)
 
-    def step(self) -> None:
-        """Call after every micro-batch: DeepSpeed applies the update at the accumulation boundary."""
+    def step(self, along: torch.Tensor | None = None) -> list[float] | None:
+        """Call after every micro-batch: DeepSpeed applies the update at the accumulation boundary.
+        There, `along` (a small device tensor: the window's loss sums) is read back to the host in the
+        same copy as the gradient norm, and its values are returned; None between boundaries."""
+        self.along, self.read = along, None
         self.ds.step()
+        self.along = None
+        return self.read
 
     def allreduce_replica_grads(self) -> None:
         self.ds.allreduce_gradients()

@@ -15,11 +15,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainer.data import Batch
+from trainer.data import Batch, to_device
 from trainer.dropout import DropoutKeys, keyed
+from trainer.op_counter import host
 from trainer.model import Embeddings, EncoderDecoderLayer
 from trainer.parallel.layout import split_even
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
@@ -57,7 +59,8 @@ class MicroStep:
     shards: dict = field(default_factory=dict)  # head inputs received, by unit (-1: this stage's shard)
     shard_grads: dict = field(default_factory=dict)  # gradients w.r.t. them, by unit, until sent
     top_grads: dict | None = None  # last stage: gradients w.r.t. the top outputs, from every piece
-    metrics: torch.Tensor = field(default_factory=lambda: torch.zeros(2, dtype=torch.float64))
+    metrics: torch.Tensor | None = None  # on the device: (loss, nll) sums of the pieces this rank ran
+    reduced: torch.Tensor | None = None  # on the host: the sums over every rank, after reduce_metrics
     dropout: DropoutKeys | None = None  # where each forward sits in the global micro-batch (masks)
 
 
@@ -74,12 +77,14 @@ class StepRunner:
         self.embeddings = layers[0] if isinstance(layers[0], Embeddings) else None
         self.pairs = [m for m in layers if isinstance(m, EncoderDecoderLayer)]
         self.programs = rank_programs(self.layout.spec, self.layout.stage)
-        self.eval_program = eval_program(self.programs[False])
+        self.eval_program = eval_program(self.programs[True])
         self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
         self.kind_seconds: dict[str, float] = {}  # ... per timeline category (trainer.timeline)
         self.spans: list | None = None  # when a list: (op, start, end) of every instruction (the timeline)
         self.span_origin = 0.0
         self.pending_head_grads = self.pending_head_weights = None  # async head collectives in flight
+        self.window: torch.Tensor | None = None  # device (loss, nll) sums of the accumulation window so far
+        self.window_read: list | None = None  # ... read back with the optimizer step's gradient norm
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
         self.ms: MicroStep | None = None
 
@@ -88,9 +93,17 @@ class StepRunner:
         """One micro-step on the global micro-batch `batch` (identical on every rank). `key` (seed,
         step, micro-batch) names it for the dropout masks, the same in every layout.
 
-        Returns {'loss_sum', 'nll_sum'} summed over every rank (the whole global micro-batch).
+        Returns {'loss_sum', 'nll_sum'} summed over every rank: of the whole accumulation window at its
+        boundary (training), of this micro-batch (evaluation); None between boundaries. The sums stay on
+        the device until the optimizer step reads them with the gradient norm: the step's one sync.
         """
         self.ms = ms = self._micro_step(batch, window_tokens, train)
+        if train:
+            if self.window is None:
+                self.window = torch.zeros(2, dtype=torch.float64, device=self.device)
+            ms.metrics = self.window
+        else:
+            ms.metrics = torch.zeros(2, dtype=torch.float64, device=self.device)
         if train:
             ms.dropout = DropoutKeys(key, batch.size, {"src": batch.src.shape[1], "tgt": batch.tgt_in.shape[1]},
                                      self.device)
@@ -111,8 +124,11 @@ class StepRunner:
                 kinds[cat] = kinds.get(cat, 0.0) + end - start
                 if spans is not None:
                     spans.append((ins.op, start - self.span_origin, end - self.span_origin))
-        metrics, self.ms = self.ms.metrics, None
-        return {"loss_sum": float(metrics[0]), "nll_sum": float(metrics[1])}
+        reduced, self.ms = ms.reduced, None
+        if reduced is None:
+            return None
+        loss_sum, nll_sum = reduced.tolist()
+        return {"loss_sum": loss_sum, "nll_sum": nll_sum}
 
     def _comm_error(self, ins: Instr, err: RuntimeError) -> CommError:
         """Name the instruction and, for point-to-point ones, the peer's global rank."""
@@ -158,7 +174,7 @@ class StepRunner:
         state_in = self._state_in(kind, u, c)
         state_out = []
         if kind == "enc":
-            lengths = (unit.src_lengths - a).clamp(0, b - a)
+            lengths = np.clip(unit.src_len - a, 0, b - a)  # on the host: packing needs no device read
             for pair, st in zip(self.pairs, state_in):
                 x, st = pair.encode(x, lengths, st)
                 state_out.append(pair.decoder_init(st) if c == len(ms.chunks["enc"][u]) - 1 else st)
@@ -232,10 +248,11 @@ class StepRunner:
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)
         self.sync_head()
-        loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out)
+        positions = to_device(rows.token_positions(), self.device)
+        loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out, positions)
         if self.poison and ms.train:  # fault injection (trainer.faults): a non-finite loss
             loss_sum = loss_sum * float("nan")
-        ms.metrics += torch.tensor([loss_sum.item(), nll_sum.item()], dtype=torch.float64)
+        ms.metrics += torch.stack([loss_sum.detach(), nll_sum]).double()
         if not ms.train:
             return
         self.engine.backward(loss_sum * ms.loss_scale)
@@ -308,7 +325,16 @@ class StepRunner:
 
     # ---- collectives, the step ----
     def op_reduce_metrics(self, ins: Instr) -> None:
-        self.rt.all_reduce(self.ms.metrics, group=OPS[ins.op].group)
+        """The loss sums over every rank, on the host (a CPU collective: on CUDA, gloo beside NCCL).
+        Training: the window's, already read by the optimizer step (read here only if DeepSpeed took
+        none); evaluation: this micro-batch's."""
+        ms = self.ms
+        if ms.train:
+            values = self.window_read if self.window_read is not None else self.window.tolist()
+            self.window = self.window_read = None
+        else:
+            values = ms.metrics.tolist()
+        ms.reduced = self.rt.all_reduce(host(torch.tensor(values, dtype=torch.float64)), group=OPS[ins.op].group)
 
     def op_reduce_grads(self, ins: Instr) -> None:
         if self.layout.num_dp > 1:
@@ -345,7 +371,7 @@ class StepRunner:
             self.pending_head_weights = None
 
     def op_optimizer_step(self, ins: Instr) -> None:
-        self.engine.step()
+        self.window_read = self.engine.step(along=self.window)
 
     def op_flush_sends(self, ins: Instr) -> None:
         self.comm.flush()

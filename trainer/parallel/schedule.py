@@ -65,7 +65,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
        doc="started without blocking right after the head phase: head replicas' gradients summed into "
            "the owner (last stage); hybrid only"),
     Op("wait_head_grads", "wait", doc="finish reduce_head_grads before the optimizer step"),
-    Op("reduce_metrics", "collective", group="world", eval=True, doc="loss sums of the micro-step"),
+    Op("reduce_metrics", "collective", group="world", eval=True,
+       doc="loss sums of the accumulation window (training; at its boundary) or micro-batch (evaluation)"),
     Op("reduce_grads", "collective", group="data", doc="DeepSpeed's all-reduce over this stage's replicas"),
     Op("optimizer_step", "compute"),
     Op("broadcast_head", "collective", group="pipe",
@@ -176,15 +177,17 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
     prog.append(Instr("optimizer_step"))
     if boundary and head_parallel:
         prog.append(Instr("broadcast_head", peer=num_pp - 1))
-    # the loss sums are only read after the micro-step: summed last, so that no rank waits for the
-    # slowest one's backward before its own optimizer step
-    prog.append(Instr("reduce_metrics"))
+    # the window's loss sums, read back with the optimizer step's gradient norm, over every rank:
+    # summed last, so that no rank waits for the slowest one's backward before its own optimizer step
+    if boundary:
+        prog.append(Instr("reduce_metrics"))
     prog.append(Instr("flush_sends"))
     return prog
 
 
 def eval_program(program: list[Instr]) -> list[Instr]:
-    """The forward-only part of a training program (dev loss): no backward, no update."""
+    """The forward-only part of a training program at an accumulation boundary (dev loss): no
+    backward, no update; the loss sums of every micro-batch."""
     return [i for i in program if OPS[i.op].eval]
 
 
@@ -266,9 +269,7 @@ def global_programs(spec, boundary: bool = True, forward_only: bool = False) -> 
 
     out = {}
     for stage in range(spec.num_pp):
-        prog = rank_programs(spec, stage)[boundary]
-        if forward_only:
-            prog = eval_program(prog)
+        prog = eval_program(rank_programs(spec, stage)[True]) if forward_only else rank_programs(spec, stage)[boundary]
         for replica in range(spec.num_dp):
             out[rank_of(spec, stage, replica)] = [
                 Instr(i.op, i.unit, i.chunk, i.kind, rank_of(spec, i.peer, replica)) if i.peer >= 0 else i

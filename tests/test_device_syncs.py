@@ -1,0 +1,74 @@
+"""A training step never waits on the device but once: the gradient norm's read at the optimizer step
+(which also brings the window's loss sums back). Counted with trainer.op_counter.OpCounter on one
+optimizer step of every layout of the parity harness (2 accumulation micro-batches, dropout on, time
+chunks, several units), on the CPU: what would be a device sync on a GPU is the same operation here.
+The counter itself is tested first, so that a zero cannot come from a counter that sees nothing."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.parallel_jobs import count_step_ops
+from tests.test_parallel_parity import LAYOUTS, MODEL
+from trainer.op_counter import OpCounter, host
+
+LAYOUTS = {"single": (1, 14, {"mode": "single"}), **LAYOUTS,
+           "hybrid_2_shares": (2, 13, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
+                                       "head_shares": [3, 1]})}
+
+
+def test_the_counter_sees_every_kind_of_sync():
+    x = torch.arange(12.0).view(3, 4)
+    with OpCounter() as c:
+        float(x.sum())  # _local_scalar_dense
+        int(x[0, 0])
+        bool((x > 3).any())
+        x.nonzero()
+        x[x > 5]  # boolean-mask indexing
+        x.masked_select(x > 2)
+        x.cpu()
+        x.tolist()
+        x.numpy()
+        torch.unique_consecutive(x)
+    ops = [op for op, _ in c.syncs]
+    assert ops.count("_local_scalar_dense") == 3
+    for op in ("nonzero", "index", "masked_select", "Tensor.cpu", "Tensor.tolist", "Tensor.numpy"):
+        assert op in ops, (op, ops)
+    assert all(where.startswith("tests/") or where == "(outside the project)" or "test_device_syncs" in where
+               for _, where in c.syncs)
+
+
+def test_the_counter_ignores_host_tensors_and_device_work():
+    x = torch.randn(8, 8, requires_grad=True)
+    flags = host(torch.tensor([1.0, 0.0]))
+    with OpCounter() as c:
+        y = (x @ x).tanh().sum()
+        y.backward()  # the autograd engine's operators are seen too
+        idx = torch.as_tensor(np.array([0, 2]))
+        x.detach().index_select(0, idx)
+        flags.tolist()
+    assert c.syncs == [], c.syncs
+    assert c.launches >= 6 and c.by_op["mm"] >= 3  # forward mm + two in its backward
+
+
+def _ds(micro: int, layout: dict, bf16: bool) -> dict:
+    ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
+    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=2, gradient_clipping=0.05,
+              parallel_layout=layout, bf16={"enabled": bf16})
+    return ds
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_one_device_sync_per_optimizer_step_in_every_layout(workers, tiny_data, tmp_path, name):
+    world, micro, layout = LAYOUTS[name]
+    for bf16 in (True, False):
+        out = workers.run(world, count_step_ops, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3"],
+                          _ds(micro, layout, bf16), str(tmp_path / f"{name}_{bf16}"))
+        for rank, o in enumerate(out):
+            assert len(o["syncs"]) <= 1, f"{name} bf16={bf16} rank {rank}: {o['syncs']}"
+            assert o["syncs"] == [("Tensor.tolist", o["syncs"][0][1])] and "lean_step" in o["syncs"][0][1], o
+            assert o["launches"] > 100 and o["row"]["loss"] > 0  # a real step was counted
