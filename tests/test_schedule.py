@@ -22,18 +22,77 @@ def _programs(num_pp, num_dp, units, chunks, head_parallel, **kw):
     return global_programs(_spec(num_pp, num_dp, units, chunks, head_parallel), **kw)
 
 
+MODES = ("gloo", "nccl")
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_pp", range(2, 9))
 @pytest.mark.parametrize("units,chunks", [(1, 1), (2, 1), (4, 1), (8, 1), (3, 2), (1, 4)])
 @pytest.mark.parametrize("head_parallel", [True, False])
-def test_pipeline_schedules_never_deadlock(num_pp, units, chunks, head_parallel):
-    programs = _programs(num_pp, 1, units, chunks, head_parallel)
-    replay(programs, _groups(num_pp, 1))
+def test_pipeline_schedules_never_deadlock(num_pp, units, chunks, head_parallel, mode):
+    for boundary in (True, False):
+        programs = _programs(num_pp, 1, units, chunks, head_parallel, boundary=boundary)
+        replay(programs, _groups(num_pp, 1), mode=mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_pp,num_dp", [(1, 2), (1, 8), (2, 2), (2, 4), (4, 2), (3, 3)])
-def test_grid_schedules_never_deadlock(num_pp, num_dp):
+def test_grid_schedules_never_deadlock(num_pp, num_dp, mode):
     programs = _programs(num_pp, num_dp, 3, 2, head_parallel=num_pp > 1)
-    replay(programs, _groups(num_pp, num_dp))
+    replay(programs, _groups(num_pp, num_dp), mode=mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_shipped_config_never_deadlocks(mode):
+    """The layouts of ds_configs/*.json, training (at and between accumulation boundaries) and
+    forward-only, on the transport of each device."""
+    import json
+
+    from tests.conftest import REPO
+
+    for path in sorted((REPO / "ds_configs").glob("*.json")):
+        layout = json.loads(path.read_text())["parallel_layout"]
+        world = layout.get("num_pp", 1) * layout.get("num_dp", 1)
+        spec = LayoutSpec.from_ds_config({"parallel_layout": layout}, world)
+        for kw in ({"boundary": True}, {"boundary": False}, {"forward_only": True}):
+            replay(global_programs(spec, **kw), group_members(spec), mode=mode)
+
+
+def test_nccl_mode_catches_crossing_sends_that_gloo_buffers():
+    """Two ranks that send to each other at once: gloo copies both messages out and goes on; on NCCL
+    each send waits for a receive the other rank only posts after its own send: a hang."""
+    programs = {0: [Instr("send_forward", 0, 0, "enc", 1), Instr("recv_backward", 0, 0, "enc", 1)],
+                1: [Instr("send_backward", 0, 0, "enc", 0), Instr("recv_forward", 0, 0, "enc", 0)]}
+    groups = {"world": [[0, 1]], "pipe": [[0, 1]], "data": [[0], [1]]}
+    replay(programs, groups, mode="gloo")
+    with pytest.raises(RuntimeError, match=r"deadlock \(nccl\)"):
+        replay(programs, groups, mode="nccl")
+
+
+def test_nccl_mode_catches_the_old_per_unit_schedule():
+    """The per_unit head schedule as it was: the last stage sent unit 0's shard to stage 0 right after
+    its forward, while stage 0 was still sending its later units' activations the other way."""
+    spec = LayoutSpec(mode="hybrid", num_pp=2, num_dp=1, micro_batches=2, head_schedule="per_unit")
+    programs = global_programs(spec)
+    last = programs[1]
+    scatter = next(i for i in last if i.op == "scatter_shard")
+    last.remove(scatter)
+    last.insert(next(k for k, i in enumerate(last) if i.op == "forward" and i.unit == 0 and i.kind == "dec") + 1,
+                scatter)
+    replay(programs, group_members(spec), mode="gloo")  # buffered sends: fine on the CPU
+    with pytest.raises(RuntimeError, match=r"deadlock \(nccl\).*send_forward enc u1"):
+        replay(programs, group_members(spec), mode="nccl")
+
+
+def test_a_pair_keeps_one_order_for_every_kind_of_message():
+    """gloo and NCCL match a pair's messages in order, whatever our op names: a receive that would take
+    another op's message is caught in both modes."""
+    programs = {0: [Instr("send_forward", 0, 0, "enc", 1), Instr("scatter_shard", peer=1)],
+                1: [Instr("recv_shard", peer=0), Instr("recv_forward", 0, 0, "enc", 0)]}
+    groups = {"world": [[0, 1]], "pipe": [[0, 1]], "data": [[0], [1]]}
+    for mode in MODES:
+        with pytest.raises(RuntimeError, match="arrive in order"):
+            replay(programs, groups, mode=mode)
 
 
 def test_every_unit_and_chunk_runs_forward_and_backward_once():
@@ -95,7 +154,8 @@ def test_eval_programs_never_deadlock(num_pp, num_dp, units, chunks, head_parall
     programs = _programs(num_pp, num_dp, units, chunks, head_parallel, forward_only=True)
     assert all(OPS[i.op].eval for prog in programs.values() for i in prog)
     assert all(not any(i.op in ("backward", "optimizer_step", "reduce_grads") for i in p) for p in programs.values())
-    replay(programs, _groups(num_pp, num_dp))
+    for mode in MODES:
+        replay(programs, _groups(num_pp, num_dp), mode=mode)
 
 
 def test_replay_uses_each_ops_group():
@@ -123,13 +183,15 @@ def test_every_op_has_a_kind_and_collectives_a_group():
 @pytest.mark.parametrize("num_pp", [2, 3, 4])
 @pytest.mark.parametrize("units", [4, 5, 8])
 @pytest.mark.parametrize("chunks", [1, 2])
-def test_per_unit_head_schedules_never_deadlock(num_pp, units, chunks):
+@pytest.mark.parametrize("mode", MODES)
+def test_per_unit_head_schedules_never_deadlock(num_pp, units, chunks, mode):
     spec = LayoutSpec(mode="hybrid", num_pp=num_pp, num_dp=1, micro_batches=units, time_chunks=chunks,
                       head_schedule="per_unit")
-    replay(global_programs(spec), group_members(spec))
-    replay(global_programs(spec, forward_only=True), group_members(spec))
+    for boundary in (True, False):
+        replay(global_programs(spec, boundary=boundary), group_members(spec), mode=mode)
+    replay(global_programs(spec, forward_only=True), group_members(spec), mode=mode)
     grid = LayoutSpec(mode="hybrid", num_pp=num_pp, num_dp=2, micro_batches=units, head_schedule="per_unit")
-    replay(global_programs(grid), group_members(grid))
+    replay(global_programs(grid), group_members(grid), mode=mode)
 
 
 def test_per_unit_heads_run_where_they_should():
@@ -141,4 +203,6 @@ def test_per_unit_heads_run_where_they_should():
     last = [str(i) for i in progs[1]]
     assert last.index("head u1") < last.index("forward enc u2 c0")  # between forwards
     assert last.index("backward dec u3 c0") < min(i for i, s in enumerate(last) if s.startswith("gather_grad"))
-    assert [i.unit for i in progs[1] if i.op == "gather_grad"] == [0, 2]  # in the order stage 0 sends them
+    assert [i.unit for i in progs[1] if i.op == "gather_grad"] == [2, 0]  # each just before its unit's backward
+    # the other stages' shards leave once the last forward input is in (NCCL: no crossing sends)
+    assert last.index("recv_forward dec u3 c0 peer 0") < last.index("scatter_shard u0 peer 0")

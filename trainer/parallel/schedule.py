@@ -118,10 +118,13 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
     head_schedule (hybrid only):
         after_forward  after the forward of all units, every stage runs its shard of the whole replica
                        (a phase all stages enter together)
-        per_unit       the head of unit u runs on stage u % num_pp, on the whole unit, as soon as its
-                       top outputs exist: the last stage runs its own units' heads between its
-                       forwards and starts their backward without waiting for any other stage; the
-                       others run theirs after their forwards, while the last stage is still busy
+        per_unit       the head of unit u runs on stage u % num_pp, on the whole unit: the last stage
+                       runs its own units' heads between its forwards and starts their backward
+                       without waiting for any other stage; it sends the other units' top outputs to
+                       their stages once it has received its last forward input (not earlier: on
+                       NCCL a send blocks until received, and the previous stage, still sending its
+                       forwards, would be sending at the same time), and those run their heads
+                       while the last stage is still busy
     """
     prog: list[Instr] = []
     first, last = stage == 0, stage == num_pp - 1
@@ -135,13 +138,18 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
                 if not last:
                     prog.append(Instr("send_forward", u, c, kind, stage + 1))
         if per_unit and last:
-            owner = head_owner(u, num_pp)
-            prog.append(Instr("head", unit=u) if owner == stage else Instr("scatter_shard", unit=u, peer=owner))
+            if u == units - 1:  # every forward input is in: the other stages' units can go
+                prog += [Instr("scatter_shard", unit=v, peer=head_owner(v, num_pp)) for v in range(units)
+                         if head_owner(v, num_pp) != stage]
+            if head_owner(u, num_pp) == stage:
+                prog.append(Instr("head", unit=u))
     if per_unit:
         if not last:
-            for u in range(stage, units, num_pp):
-                prog += [Instr("recv_shard", unit=u, peer=num_pp - 1), Instr("head", unit=u),
-                         Instr("send_shard_grad", unit=u, peer=num_pp - 1)]
+            mine = range(stage, units, num_pp)
+            for u in mine:
+                prog += [Instr("recv_shard", unit=u, peer=num_pp - 1), Instr("head", unit=u)]
+            if boundary:  # before the gradients go back: the last stage receives them only after it
+                prog.append(Instr("reduce_head_grads", peer=num_pp - 1))
     elif head_parallel:
         if last:
             prog += [Instr("scatter_shard", peer=s) for s in range(num_pp - 1)]
@@ -151,22 +159,23 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
             prog += [Instr("recv_shard", peer=num_pp - 1), Instr("head"), Instr("send_shard_grad", peer=num_pp - 1)]
     elif last:
         prog.append(Instr("head"))
-    if boundary and head_parallel:  # the head's gradients are final: start their reduction now
-        prog.append(Instr("reduce_head_grads", peer=num_pp - 1))
-    gathered: set = set()
+    if boundary and head_parallel and not (per_unit and not last):
+        prog.append(Instr("reduce_head_grads", peer=num_pp - 1))  # the head's gradients are final: start now
+    # per_unit: unit u's head gradients go back to the last stage when it needs them, just before its
+    # backward of u, which comes right after it sent the backward of u + 1 on: its owner sends them
+    # right after receiving that (a pair's messages keep one order on both sides, as NCCL needs)
+    mine = per_unit and not last
+    if mine and head_owner(units - 1, num_pp) == stage:
+        prog.append(Instr("send_shard_grad", unit=units - 1, peer=num_pp - 1))
     for u in reversed(range(units)):
-        owner = head_owner(u, num_pp)
-        if per_unit and last and owner != stage and u not in gathered:
-            # a stage sends its units' gradients in forward order (p2p messages arrive in order): take
-            # every one it sent up to this unit
-            for v in range(owner, u + 1, num_pp):
-                if v not in gathered:
-                    prog.append(Instr("gather_grad", unit=v, peer=owner))
-                    gathered.add(v)
+        if per_unit and last and head_owner(u, num_pp) != stage:
+            prog.append(Instr("gather_grad", unit=u, peer=head_owner(u, num_pp)))
         for kind in ("dec", "enc"):
             for c in reversed(range(chunks)):
                 if not last:
                     prog.append(Instr("recv_backward", u, c, kind, stage + 1))
+                    if mine and (kind, c) == ("enc", 0) and u > 0 and head_owner(u - 1, num_pp) == stage:
+                        prog.append(Instr("send_shard_grad", unit=u - 1, peer=num_pp - 1))
                 prog.append(Instr("backward", u, c, kind))
                 if not first:
                     prog.append(Instr("send_backward", u, c, kind, stage - 1))
@@ -206,19 +215,33 @@ def format_schedule(programs: dict[int, list[Instr]]) -> str:
     return "\n".join(lines)
 
 
-def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]]) -> None:
-    """Run all ranks' programs abstractly: sends are buffered (non-blocking), receives block until the
-    matching message (the paired op, same unit, chunk, kind, in FIFO order per channel) is there, and
-    a collective blocks until every rank of its group (`OPS[op].group`) has reached it. Raises
-    RuntimeError naming the stuck ranks and their next instructions on deadlock, or on a message
-    nobody receives.
+REPLAY_MODES = ("gloo", "nccl")
+
+
+def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]], mode: str = "gloo") -> None:
+    """Run all ranks' programs abstractly and prove that the schedule cannot deadlock. Raises
+    RuntimeError naming the stuck ranks and their next instructions on deadlock, a message received
+    out of order, or a message nobody receives.
+
+    Point-to-point messages between two ranks travel on one ordered channel per direction, whatever
+    the instruction (gloo and NCCL both match a pair's messages in order): a receive takes the next
+    message of its channel, which must be the one it expects (the paired op, same unit, chunk, kind).
+    A collective blocks until every rank of its group (`OPS[op].group`) has reached it.
+
+    mode  gloo  sends are buffered: a send never blocks (gloo copies the message out)
+          nccl  sends block until received: an NCCL send of more than its buffer waits for the
+                receiver's kernel, and a pair's sends and receives run in order on one stream, so
+                two ranks that send to each other at once hang
 
     programs: global rank -> instruction list; `peer` fields are global ranks here.
     groups: `layout.group_members(spec)`: group name -> lists of global ranks.
     """
+    if mode not in REPLAY_MODES:
+        raise ValueError(f"replay mode {mode!r}: one of {REPLAY_MODES}")
     pc = {r: 0 for r in programs}
-    channels: dict[tuple, list] = {}
+    channels: dict[tuple, list] = {}  # (src, dst) -> [(send op, unit, chunk, kind)], oldest first
     waiting: dict[tuple, set] = {}
+    posted: dict[int, tuple] = {}  # nccl: rank -> the message its blocked send posted
     progress = True
     while progress:
         progress = False
@@ -227,14 +250,23 @@ def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]])
                 ins = prog[pc[r]]
                 op = OPS[ins.op]
                 if op.kind == "send":
-                    channels.setdefault((r, ins.peer, op.name), []).append((ins.unit, ins.chunk, ins.kind))
+                    queue = channels.setdefault((r, ins.peer), [])
+                    if r not in posted:
+                        message = (op.name, ins.unit, ins.chunk, ins.kind, r, pc[r])
+                        queue.append(message)
+                        posted[r] = message
+                    if mode == "nccl" and any(m is posted[r] for m in queue):
+                        break  # not received yet
+                    del posted[r]
                 elif op.kind == "recv":
-                    queue = channels.get((ins.peer, r, op.pairs), [])
+                    queue = channels.get((ins.peer, r), [])
                     if not queue:
                         break
-                    got = queue.pop(0)
-                    if got != (ins.unit, ins.chunk, ins.kind):
-                        raise RuntimeError(f"rank {r} {ins} received {got} from rank {ins.peer}: order mismatch")
+                    got = queue[0]
+                    if got[:4] != (op.pairs, ins.unit, ins.chunk, ins.kind):
+                        raise RuntimeError(f"rank {r} {ins} would receive {got[0]} u{got[1]} c{got[2]} {got[3]} "
+                                           f"from rank {ins.peer}: messages of a pair arrive in order")
+                    queue.pop(0)
                 elif op.kind == "collective":
                     group = next((g for g in groups[op.group] if r in g), None)
                     if group is None:
@@ -251,7 +283,7 @@ def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]])
                 progress = True
     stuck = {r: str(programs[r][pc[r]]) for r in programs if pc[r] < len(programs[r])}
     if stuck:
-        raise RuntimeError(f"deadlock: ranks stuck at {stuck}")
+        raise RuntimeError(f"deadlock ({mode}): ranks stuck at {stuck}")
     leftovers = {k: v for k, v in channels.items() if v}
     if leftovers:
         raise RuntimeError(f"messages never received: {leftovers}")

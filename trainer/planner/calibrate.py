@@ -15,6 +15,7 @@ import platform
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from trainer.data import BatchStream, ParallelData, read_manifest
@@ -70,7 +71,7 @@ def lstm_points(in_dim: int, hidden: int, dtype, sizes: Sizes) -> dict:
         for steps in sizes.steps:
             x = torch.randn(rows, steps, in_dim, dtype=dtype, requires_grad=True)
             state = tuple(torch.randn(1, rows, hidden, dtype=dtype, requires_grad=True) for _ in range(2))
-            lengths = torch.full((rows,), steps)
+            lengths = np.full(rows, steps, dtype=np.int64)
             for name, run in (("fused", lambda: lstm(x, state)), ("packed", lambda: _run_packed(lstm, x, lengths, state))):
                 out[f"{name}_fwd"].append([rows, steps, _ms(run, sizes.reps)])
 

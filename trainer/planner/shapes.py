@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from trainer.data import Batch
@@ -138,7 +139,7 @@ class Cut:
         a, b = split_even(width, self.spec.time_chunks)[c]
         if kind == "dec":
             return Chunk(unit.size, b - a, None)
-        lengths = (unit.src_lengths - a).clamp(0, b - a)
+        lengths = np.clip(unit.src_len - a, 0, b - a)
         return Chunk(unit.size, b - a, tuple(int(x) for x in lengths))
 
     def piece(self, d: int, stage: int, unit: int = -1) -> Batch:
