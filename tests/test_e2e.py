@@ -2,6 +2,7 @@
 (loss drops) -> translate on one process -> evaluate --json."""
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 
@@ -29,6 +30,8 @@ def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
         prof = json.loads((run_dir / "profile" / f"rank{rank}.json").read_text())
         assert prof["steps"] == [31, 33] and prof["ops"]["aten::mkldnn_rnn_layer"]["calls"] > 0
         assert ("c10d::send" in prof["ops"] or "c10d::isend" in prof["ops"]) and prof["self_cpu_ms_per_step"] > 0
+        trace = json.loads(gzip.decompress((run_dir / "profile" / f"rank{rank}.trace.json.gz").read_bytes()))
+        assert any(e.get("name") == "aten::mkldnn_rnn_layer" for e in trace["traceEvents"])
     losses = [r["loss"] for r in rows]
     assert rows[0]["step"] == 1 and rows[-1]["step"] == 40
     assert losses[-1] < losses[0] - 1.0, losses

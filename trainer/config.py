@@ -67,6 +67,10 @@ class TrainConfig:
     timeline_every: int = 0  # every N steps: every rank's instruction spans to RUN_DIR/timeline/ (0 = off)
     profile_steps: int = 0  # torch.profiler over this many steps, per rank, to RUN_DIR/profile/ (0 = off)
     profile_from: int = 10  # ... starting after this step (past the warm-up)
+    # per-instruction timing (timeline, per-rank fractions, timing files): auto = every step on a CPU; on an
+    # accelerator only logged, sampled and profiled steps, which synchronise the device at every instruction
+    # edge (the others never wait for it) | every = every step, synchronised
+    step_timing: str = "auto"
 
 
 @dataclass
@@ -112,6 +116,7 @@ class Config:
 _CHOICES = {
     "model.attention": ("dot", "general", "concat"),
     "logging.wandb_mode": ("online", "offline", "disabled"),
+    "train.step_timing": ("auto", "every"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
 }
 _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",

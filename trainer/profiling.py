@@ -1,6 +1,7 @@
 """Which kernels a rank's steps spend their CPU time in: `train.profile_steps=N` (with
 `train.profile_from=S`, default 10) runs torch.profiler over training steps S+1 .. S+N on every rank and
-writes RUN_DIR/profile/rank{R}.json and rank{R}.txt.
+writes RUN_DIR/profile/rank{R}.json and rank{R}.txt, and the window as a trace, rank{R}.trace.json.gz (host
+operators and, on CUDA, the kernels on their streams: open it in Perfetto or chrome://tracing).
 
 The timeline (trainer.timeline) says *when* each instruction ran and who waited for whom; this says
 *what* the busy time was made of, per operator: self CPU milliseconds and calls per step, plus the
@@ -27,12 +28,18 @@ class StepProfiler:
         self.enabled = steps > 0
         self._prof = None
         self._faults = self._started = 0.0
+        self.cuda = False
+
+    def covers(self, step: int) -> bool:
+        return self.enabled and self.first <= step <= self.last
 
     def before(self, step: int) -> None:
         if self.enabled and step == self.first:
+            import torch
             from torch.profiler import ProfilerActivity, profile
 
-            self._prof = profile(activities=[ProfilerActivity.CPU])
+            self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            self._prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
             self._prof.__enter__()
             self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             self._started = time.perf_counter()
@@ -62,4 +69,20 @@ class StepProfiler:
             f.write(f"steps {self.first}-{self.last}: self CPU ms over {steps} steps (divide by {steps} "
                     f"for per step)\n")
             f.write(events.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
+            if self.cuda:
+                f.write(f"\nself device ms over {steps} steps\n")
+                f.write(events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=60))
+        self._write_trace(prof)
         return path
+
+    def _write_trace(self, prof) -> None:
+        """The window as a Chrome / Perfetto trace (host ops and, on CUDA, kernels on their streams),
+        gzipped: rank{R}.trace.json.gz."""
+        import gzip
+        import shutil
+
+        raw = os.path.join(self.dir, f"rank{self.rank}.trace.json")
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(raw)

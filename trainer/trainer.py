@@ -57,7 +57,8 @@ class Trainer:
         self.timeline = timeline.TimelineWriter(self.run_dir) if self.rt.is_rank0 else None
         self.profiler = StepProfiler(self.run_dir, self.rt.rank, self.cfg.train.profile_from,
                                      self.cfg.train.profile_steps)
-        self.interval_wall = 0.0  # step seconds since the per-rank numbers were last gathered
+        self.interval_wall = 0.0  # seconds of timed steps since the per-rank numbers were last gathered
+        self.timed_steps = 0  # timed steps after the warm-up (their op_seconds go to RUN_DIR/timing/)
         self.stop_signal = None
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
@@ -98,14 +99,17 @@ class Trainer:
         skipped_before = engine.skipped_steps
         every = self.cfg.train.timeline_every
         sampled = bool(every) and (st.step + 1) % every == 0
+        timed = self._timed(st.step + 1, sampled)
         start = time.perf_counter()
         self.runner.spans, self.runner.span_origin = ([] if sampled else None), start
         for micro, b in enumerate(batches):
             out = self.runner.run(b, window_tokens=window_tokens, boundary=engine.is_boundary(),
-                                  key=(self.cfg.train.seed, st.step + 1, micro))
+                                  key=(self.cfg.train.seed, st.step + 1, micro), timed=timed)
         loss, nll = out["loss_sum"], out["nll_sum"]  # the window's, from its boundary micro-step
         elapsed = time.perf_counter() - start
-        self.interval_wall += elapsed
+        if timed:
+            self.interval_wall += elapsed
+            self.timed_steps += st.step + 1 > TIMING_WARMUP_STEPS
         st.step += 1
         skipped = engine.skipped_steps > skipped_before or not math.isfinite(loss)
         st.skipped_steps += skipped
@@ -124,6 +128,14 @@ class Trainer:
             self._write_timeline(st.step, self.runner.spans, elapsed)
         self.runner.spans = None
         return row
+
+    def _timed(self, step: int, sampled: bool) -> bool:
+        """Whether step `step` times every instruction (train.step_timing): on an accelerator that
+        synchronises the device at each instruction edge, so only the steps whose numbers are used."""
+        cfg = self.cfg.train
+        if cfg.step_timing == "every" or self.runner.sync is None:
+            return True
+        return sampled or step % cfg.log_every == 0 or step == 1 or self.profiler.covers(step)
 
     def _write_timeline(self, step: int, spans: list, elapsed: float) -> None:
         """Every rank's spans of this step to rank 0, which writes the trace and the Gantt chart."""
@@ -220,7 +232,7 @@ class Trainer:
     def _write_timing(self) -> None:
         """Per rank: mean seconds per optimizer step in each instruction type, after the warm-up steps
         (receives include the time spent waiting for the sender: pipeline bubbles show up there)."""
-        steps = self.state.step - TIMING_WARMUP_STEPS
+        steps = self.timed_steps
         if steps <= 0:
             return
         out = os.path.join(self.run_dir, "timing")

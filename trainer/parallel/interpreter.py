@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from trainer.data import Batch, to_device
 from trainer.dropout import DropoutKeys, keyed
-from trainer.op_counter import host
 from trainer.model import Embeddings, EncoderDecoderLayer
+from trainer.op_counter import host
+from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.layout import split_even
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
 from trainer.parallel.schedule import OPS, Instr, eval_program, rank_programs
@@ -78,6 +79,7 @@ class StepRunner:
         self.pairs = [m for m in layers if isinstance(m, EncoderDecoderLayer)]
         self.programs = rank_programs(self.layout.spec, self.layout.stage)
         self.eval_program = eval_program(self.programs[True])
+        self.sync = None if self.device.type == "cpu" else dsa.accelerator().synchronize  # timed steps only
         self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
         self.kind_seconds: dict[str, float] = {}  # ... per timeline category (trainer.timeline)
         self.spans: list | None = None  # when a list: (op, start, end) of every instruction (the timeline)
@@ -89,9 +91,11 @@ class StepRunner:
         self.ms: MicroStep | None = None
 
     def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True,
-            key: tuple = ()) -> dict:
+            key: tuple = (), timed: bool = True) -> dict | None:
         """One micro-step on the global micro-batch `batch` (identical on every rank). `key` (seed,
-        step, micro-batch) names it for the dropout masks, the same in every layout.
+        step, micro-batch) names it for the dropout masks, the same in every layout. `timed`: measure
+        every instruction (`op_seconds`, `kind_seconds`, `spans`); on an accelerator that synchronises
+        the device at each instruction edge, so untimed steps never wait for it.
 
         Returns {'loss_sum', 'nll_sum'} summed over every rank: of the whole accumulation window at its
         boundary (training), of this micro-batch (evaluation); None between boundaries. The sums stay on
@@ -108,27 +112,44 @@ class StepRunner:
             ms.dropout = DropoutKeys(key, batch.size, {"src": batch.src.shape[1], "tgt": batch.tgt_in.shape[1]},
                                      self.device)
         program = self.programs[boundary] if train else self.eval_program
-        clock = time.perf_counter
-        times, kinds = (self.op_seconds, self.kind_seconds) if train else ({}, {})
-        spans = self.spans if train else None
         with torch.set_grad_enabled(train), keyed(ms.dropout):
-            for ins in program:
-                start = clock()
-                try:
-                    HANDLERS[ins.op](self, ins)
-                except RuntimeError as e:
-                    raise self._comm_error(ins, e) if is_comm_failure(e) else e
-                end = clock()
-                times[ins.op] = times.get(ins.op, 0.0) + end - start
-                cat = CATEGORY[ins.op]
-                kinds[cat] = kinds.get(cat, 0.0) + end - start
-                if spans is not None:
-                    spans.append((ins.op, start - self.span_origin, end - self.span_origin))
+            if train and timed:
+                self._run_timed(program)
+            else:
+                for ins in program:
+                    self._execute(ins)
         reduced, self.ms = ms.reduced, None
         if reduced is None:
             return None
         loss_sum, nll_sum = reduced.tolist()
         return {"loss_sum": loss_sum, "nll_sum": nll_sum}
+
+    def _execute(self, ins: Instr) -> None:
+        try:
+            HANDLERS[ins.op](self, ins)
+        except RuntimeError as e:
+            raise self._comm_error(ins, e) if is_comm_failure(e) else e
+
+    def _run_timed(self, program: list[Instr]) -> None:
+        """The program with every instruction's wall time (per op, per timeline category, and its span
+        when the timeline samples this step). On an accelerator the device is synchronised at every
+        instruction edge: the host only queues kernels, and a NCCL receive does not block it, so host
+        clocks alone would put device time into whichever later op waits and read waits as ~0."""
+        clock, sync = time.perf_counter, self.sync
+        times, kinds, spans = self.op_seconds, self.kind_seconds, self.spans
+        if sync is not None:
+            sync()
+        for ins in program:
+            start = clock()
+            self._execute(ins)
+            if sync is not None:
+                sync()
+            end = clock()
+            times[ins.op] = times.get(ins.op, 0.0) + end - start
+            cat = CATEGORY[ins.op]
+            kinds[cat] = kinds.get(cat, 0.0) + end - start
+            if spans is not None:
+                spans.append((ins.op, start - self.span_origin, end - self.span_origin))
 
     def _comm_error(self, ins: Instr, err: RuntimeError) -> CommError:
         """Name the instruction and, for point-to-point ones, the peer's global rank."""
