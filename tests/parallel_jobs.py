@@ -264,9 +264,10 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
             "moved": max(float((x - y).abs().max()) for x, y in zip(a["highs"], saved[1]))}
 
 
-def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1) -> dict:
+def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1, config: str | None = None) -> dict:
     """`warmup` optimizer steps, then one more under trainer.op_counter.OpCounter: the would-be device
-    syncs (op, place) and the operator launches of that step on this rank."""
+    syncs (op, place) and the operator launches of that step on this rank (`config`: a YAML, else the
+    demo's defaults)."""
     from trainer.config import load_config
     from trainer.op_counter import OpCounter
     from trainer.parallel.runtime import ParallelRuntime
@@ -274,10 +275,10 @@ def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1) -
     from trainer.trainer import Trainer
 
     path = _ds_file(ds, work)
-    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
-                             "logging.progress=false"])
+    cfg = load_config(config, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                               "logging.progress=false"])
     ds_loaded, spec = plan(cfg, path)
-    runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
+    runtime = ParallelRuntime.start(spec, comm_timeout_s=300)
     session = build_session(cfg, ds_loaded, runtime)
     trainer = Trainer(session)
     for _ in range(warmup):

@@ -71,6 +71,8 @@ class TrainConfig:
     # accelerator only logged, sampled and profiled steps, which synchronise the device at every instruction
     # edge (the others never wait for it) | every = every step, synchronised
     step_timing: str = "auto"
+    loss_chunk_rows: int = 0  # rows of logits the loss computes at a time; 0 = by device (128 on a CPU, 8192 else)
+    compile_head: bool = False  # torch.compile the attention-softmax head (dynamic shapes)
 
 
 @dataclass
@@ -125,6 +127,7 @@ _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps",
              "data.min_batch_sentences", "train.comm_timeout_s", "train.max_bad_steps")
 _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
                  "train.threads", "train.timeline_every", "train.profile_steps", "train.profile_from",
+                 "train.loss_chunk_rows",
                  "decode.dev_max_sentences", "decode.max_len_add",
                  "decode.max_tokens")
 

@@ -180,6 +180,9 @@ class AttentionSoftmaxHead(nn.Module):
         self.w_c = nn.Linear(2 * hidden, out_dim, bias=False)
         self.proj = nn.Linear(out_dim, tgt_vocab)
         self.dropout = KeyedDropout(dropout, site=SITE_HEAD, side="tgt")
+        # rows of logits the loss works on at a time (_chunked_loss): a few, in cache, on a CPU; on an
+        # accelerator as many as possible (each chunk is ~15 launches); the caller sets it for its device
+        self.loss_chunk_rows = LOSS_CHUNK_ROWS["cpu"]
         for p in self.parameters():
             nn.init.uniform_(p, -0.1, 0.1)
 
@@ -238,7 +241,8 @@ class AttentionSoftmaxHead(nn.Module):
         context = self.context(enc, src_mask, dec).flatten(0, 1).index_select(0, positions)
         hidden = self.attentional(context, dec.flatten(0, 1).index_select(0, positions), positions, width)
         return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias,
-                                       target.flatten().index_select(0, positions), self.label_smoothing)
+                                       target.flatten().index_select(0, positions), self.label_smoothing,
+                                       self.loss_chunk_rows)
 
 
 def token_positions(target: torch.Tensor, bits: int = 4) -> torch.Tensor:
@@ -255,15 +259,15 @@ def token_positions(target: torch.Tensor, bits: int = 4) -> torch.Tensor:
 
 
 def projected_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,
-                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                            eps: float, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """(label-smoothed CE, NLL) of softmax(hidden @ weight^T + bias) against `target`, summed over tokens.
 
     hidden (tokens, out_dim), weight (vocab, out_dim), bias (vocab,), target (tokens,). Label smoothing
     as F.cross_entropy(label_smoothing=eps): (1 - eps) * nll + eps * (lse - mean(logits)).
     """
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad):
-        return _ProjectedCrossEntropy.apply(hidden, weight, bias, target, eps)
-    loss, nll, _ = _chunked_loss(hidden, weight, bias, target, eps, grads=False)
+        return _ProjectedCrossEntropy.apply(hidden, weight, bias, target, eps, chunk)
+    loss, nll, _ = _chunked_loss(hidden, weight, bias, target, eps, grads=False, chunk=chunk)
     return loss, nll
 
 
@@ -271,7 +275,7 @@ def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: 
     """The output projection and softmax over the vocabulary are most of the model's work, and with
     autograd most of that is elementwise passes over the (tokens, vocab) logits: the fp32 cast,
     log_softmax, its backward, the smoothing mean and its backward, the gather and its backward. Here
-    each chunk of logits (128 x vocab: 4 MB of fp32 at 8k, in cache) takes five passes: max,
+    each chunk of logits (on a CPU 128 x vocab: 4 MB of fp32 at 8k, in cache) takes five passes: max,
     shift (which also casts to fp32), exp, sum, and the gradient written in the parameters' dtype;
     the smoothing term's mean over the vocabulary is a matrix-vector product instead of a pass.
     Returns (loss, nll, d loss / d logits or None)."""
@@ -307,8 +311,8 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
     the backward only scales them by the incoming gradient of the loss."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, eps: float):
-        loss, nll_sum, dlogits = _chunked_loss(hidden, weight, bias, target, eps, grads=True)
+    def forward(ctx, hidden, weight, bias, target, eps: float, chunk: int):
+        loss, nll_sum, dlogits = _chunked_loss(hidden, weight, bias, target, eps, grads=True, chunk=chunk)
         ones = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
         d_weight_bias = dlogits.t() @ torch.cat([hidden, ones], 1)  # the bias gradient as a last column
         ctx.save_for_backward(dlogits @ weight, d_weight_bias[:, :-1], d_weight_bias[:, -1])
@@ -319,7 +323,7 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_nll):
         d_hidden, d_weight, d_bias = ctx.saved_tensors
         g = grad_loss.to(d_hidden.dtype)
-        return d_hidden * g, d_weight * g, d_bias * g, None, None
+        return d_hidden * g, d_weight * g, d_bias * g, None, None, None
 
 
 class Seq2Seq(nn.Module):
@@ -395,5 +399,6 @@ def build_model(cfg, src_vocab: int, tgt_vocab: int, seed: int = 0) -> Seq2Seq:
 
 
 HEAD_SEED_OFFSET = 10_000
+LOSS_CHUNK_ROWS = {"cpu": 128, "accelerator": 8192}  # AttentionSoftmaxHead.loss_chunk_rows by device
 # dropout sites (trainer.dropout): the same numbers in every layout
 SITE_EMB_SRC, SITE_EMB_TGT, SITE_PAIRS, SITE_HEAD = 0, 1, 2, 1_000

@@ -16,6 +16,7 @@ from trainer import faults
 from trainer.data import BatchStream, ParallelData, has_split, read_manifest
 from trainer.ds_config import check_batch, load_ds_config
 from trainer.metrics import dev_tokenize
+from trainer.model import LOSS_CHUNK_ROWS
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
@@ -64,6 +65,17 @@ class Session:
                 "seed": self.cfg.train.seed}
 
 
+def tune_head(head, train_cfg, device) -> None:
+    """The head's loss chunk for the device (train.loss_chunk_rows) and, with train.compile_head, its
+    forward compiled by torch.compile with dynamic shapes (batches change every shape but the hidden
+    width; the token count is already rounded to a few dozen values)."""
+    head.loss_chunk_rows = train_cfg.loss_chunk_rows or LOSS_CHUNK_ROWS["cpu" if device.type == "cpu" else "accelerator"]
+    if train_cfg.compile_head:
+        import torch
+
+        head.forward = torch.compile(head.forward, dynamic=True)
+
+
 def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
     """This rank's share of the run, on a started runtime."""
     spec = runtime.spec
@@ -75,6 +87,8 @@ def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
     dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
     module = build_rank_module(cfg.model, spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
                                cfg.train.seed)
+    if module.head is not None:
+        tune_head(module.head, cfg.train, runtime.device())
     engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid)
     runner = StepRunner(runtime, engine, module, cfg.model.hidden)
     global_micro = ds["train_micro_batch_size_per_gpu"] * spec.num_dp
