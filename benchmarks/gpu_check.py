@@ -1,30 +1,41 @@
-"""The GPU check (run it through benchmarks/gpu_check.sh, which installs carried wheels first).
+"""The GPU check (run it through benchmarks/gpu_check.sh, which installs carried wheels first): one
+prepared script for the one short try a lent GPU gives. It cannot waste that try: every stage has a
+timeout (training runs `--run-timeout-s`, 90 s), the whole check a deadline (`--deadline-s`, 480 s: later
+stages are skipped, and say so), OUT/gpu_check.json is rewritten after every stage, and the runs' logs,
+metrics, timing and profile files (no checkpoints) are packed into OUT/runs.tar.gz after every run. Data is
+prepared before the device (`--prepare-only`, run by benchmarks/gpu_wheels.sh into .gpudata/): nothing on
+the device needs MeCab; without it, dev BLEU is scored with sacreBLEU's `char` tokenizer (recorded).
 
-    python benchmarks/gpu_check.py [--device cuda|cpu] [--out DIR] [--work DIR] [--corpus DIR]
+    python benchmarks/gpu_check.py [--device cuda|cpu] [--out DIR] [--work DIR] [--data-root DIR]
+    python benchmarks/gpu_check.py --prepare-only --work .gpudata      # here, before the device
 
+Stages, in order:
+0. environment: versions, the GPU, whether MeCab imports;
 1. placement: DeepSpeed's accelerator and its current device (where the trainer puts everything) are
    the requested device; a model step there leaves every parameter and gradient on it, with the loss
    and gradient norm of the same step on the CPU in fp32 (TF32 off; relative difference < 1e-3);
 2. the device profile (benchmarks/gpu_profile.py): GEMM and LSTM TFLOP/s by precision at our shapes,
    copy rates, datasheet peaks with their source -> OUT/device_profile.json;
-3. training through the real CLI (`python launch/train.py --deepspeed_config single.json`, one process,
-   NCCL world of one on CUDA), bf16 and fp32, of
+3. training through the real CLI (`python launch/train.py`, one process, NCCL world of one on CUDA):
      enja-small: trainer/configs/enja_small.yaml (emb/hidden 256, 2+2 layers, batches of 64 pairs) on
-                 small_parallel_enja with an 8k BPE vocabulary per side;
+                 small_parallel_enja with an 8k BPE vocabulary per side, bf16 and fp32; the bf16 run
+                 profiles 3 steps (torch.profiler with CUDA kernels: a trace, and the device syncs per
+                 step by place from torch's sync debug mode);
      paper-size: 4+4 LSTM layers of 1024 (emb 1024), batches of 128 pairs, a 32k vocabulary per side:
-                 small_parallel_enja with one joint 32k BPE model (the corpus supports at most ~17k/21k
-                 pieces per side alone), so both embeddings and the softmax have 32000 rows; its
-                 sentences are short (~12 pieces), shorter than patent sentences;
+                 small_parallel_enja with one joint 32k BPE model, bf16 and fp32;
+     units:      enja-small bf16 as a world-of-one `hybrid` layout with 2 pipeline units and 2 time
+                 chunks: the chunked, packed and head-piece paths of the interpreter on the device;
    each: pairs/s, tokens/s, median step, peak memory of the process (nvidia-smi; RSS on CPU), model
    TFLOP/s and MFU against the datasheet peak of the precision (fp32 also against TF32: cuDNN runs fp32
    LSTMs on TF32 by default) and against the measured GEMM peak; a dev-BLEU decode on the device at the end;
 4. resume: the first run continued by 5 steps with train.resume=auto (fused Adam state, RNG states and
    the data position restored on the device), every step logged once;
-5. portability: `launch/translate.py` in a process that sees no GPU translates from that checkpoint.
-Everything measured is printed as it comes and written to OUT/gpu_check.json.
+5. portability: `launch/translate.py` in a process that sees no GPU translates from that checkpoint;
+6. compiled head: enja-small bf16 with train.compile_head=true (if the deadline leaves time).
 
-`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same steps at tiny sizes on the demo corpus, so the
-script itself is tested without a GPU (tests/test_gpu_check.py).
+`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus, so the
+script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable and with a
+run killed by its timeout).
 """
 from __future__ import annotations
 
@@ -33,6 +44,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -70,26 +82,46 @@ def log(msg: str) -> None:
 
 
 # ---- data ----
-def prepare(work: Path, device: str, corpus: Path | None) -> dict[str, Path]:
-    """Prepared DATA_DIRs by name: from small_parallel_enja on CUDA, from the demo corpus on CPU."""
+def mecab_importable() -> bool:
+    try:
+        import MeCab  # noqa: F401
+        import ipadic  # noqa: F401
+    except Exception:  # noqa: BLE001 - any failure means: not usable here
+        return False
+    return True
+
+
+def prepare(work: Path, device: str, corpus: Path | None, data_root: Path | None = None,
+            timeout: int = 600) -> dict[str, Path]:
+    """Prepared DATA_DIRs by name: from small_parallel_enja on CUDA, from the demo corpus on CPU. A DATA_DIR
+    already prepared under `data_root` (.gpudata/, made before the device) is used as it is; one prepared
+    here uses MeCab only where it imports (--pretokenize auto, else none)."""
     if device == "cpu":
-        corpus = work / "demo_text"
-        _run([sys.executable, "-m", "data_prep.demo_corpus", "--out", corpus, "--pairs", "600", "--dev", "40",
-              "--test", "40", "--seed", "3"], 300)
         plans = {"tiny": ["--vocab-size", "2000"], "tiny_joint": ["--vocab-size", "4000", "--joint-vocab"]}
     else:
         plans = {"enja8k": ["--vocab-size", "8000", "--model-type", "bpe"],
                  "enja32k_joint": ["--vocab-size", "32000", "--model-type", "bpe", "--joint-vocab"]}
     out = {}
     for name, extra in plans.items():
+        ready = [d / name for d in (data_root, work) if d is not None and (d / name / "manifest.json").exists()]
+        if ready:
+            out[name] = ready[0]
+            continue
+        if device == "cpu":
+            corpus = work / "demo_text"
+            if not (corpus / "train.en").exists():
+                _run([sys.executable, "-m", "data_prep.demo_corpus", "--out", corpus, "--pairs", "600", "--dev", "40",
+                      "--test", "40", "--seed", "3"], 300)
+        if corpus is None:
+            raise RuntimeError(f"{name}: not prepared in {data_root} and no raw corpus (--corpus)")
         data = work / name
-        if not (data / "manifest.json").exists():
-            args = ["--format", "moses", "--out", data, *extra]
-            for split in ("train", "dev", "test"):
-                args += [f"--{split}-src", corpus / f"{split}.en", f"--{split}-tgt", corpus / f"{split}.ja"]
-            t = time.time()
-            _run([sys.executable, "-m", "data_prep.prepare", *args], 600)
-            log(f"prepared {name} in {time.time() - t:.1f}s")
+        args = ["--format", "moses", "--out", data, *extra,
+                "--pretokenize", "auto" if mecab_importable() else "none"]
+        for split in ("train", "dev", "test"):
+            args += [f"--{split}-src", corpus / f"{split}.en", f"--{split}-tgt", corpus / f"{split}.ja"]
+        t = time.time()
+        _run([sys.executable, "-m", "data_prep.prepare", *args], timeout)
+        log(f"prepared {name} in {time.time() - t:.1f}s")
         out[name] = data
     return out
 
@@ -97,7 +129,7 @@ def prepare(work: Path, device: str, corpus: Path | None) -> dict[str, Path]:
 def _run(cmd, timeout: int) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        sys.exit(f"gpu_check: failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stderr[-3000:]}")
     return proc
 
 
@@ -124,7 +156,7 @@ def placement(device_name: str, data: Path, model_overrides: dict) -> dict:
     accel, dev = get_accelerator().device_name(), torch.device(get_accelerator().current_device_name())
     result = {"deepspeed_accelerator": accel, "trainer_device": str(dev)}
     if dev.type != device_name:
-        raise SystemExit(f"gpu_check: placement: asked for {device_name}, but DeepSpeed's accelerator is {accel!r} "
+        raise RuntimeError(f"placement: asked for {device_name}, but DeepSpeed's accelerator is {accel!r} "
                          f"and the trainer would run on {dev} (is CUDA visible? torch {torch.__version__}, "
                          f"cuda available: {torch.cuda.is_available()})")
     gpu_profile._tf32(dev, False)  # compare true fp32 with the CPU (cuDNN allows TF32 by default)
@@ -141,7 +173,7 @@ def placement(device_name: str, data: Path, model_overrides: dict) -> dict:
         off = [n for n, p in model.named_parameters() if p.device.type != torch.device(where).type
                or p.grad is None or p.grad.device.type != torch.device(where).type]
         if off:
-            raise SystemExit(f"gpu_check: placement: parameters or gradients not on {where}: {off[:5]}")
+            raise RuntimeError(f"placement: parameters or gradients not on {where}: {off[:5]}")
         losses[str(where)] = loss.item()
         norms[str(where)] = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()))
     ref, got = losses["cpu"], losses[str(dev)]
@@ -196,9 +228,13 @@ class MemoryWatch:
 
 
 def train_run(work: Path, device: str, name: str, precision: str, overrides: dict, micro: int, data: Path,
-              steps: int, dev_sentences: int, wandb: bool, resume: bool = False) -> dict:
-    """One run of the training CLI (with `resume`: continue the run of that name to `steps`)."""
-    ds = ds_variant(work, "single", name, train_micro_batch_size_per_gpu=micro, bf16={"enabled": precision == "bf16"})
+              steps: int, dev_sentences: int, wandb: bool, resume: bool = False, timeout: int = 90,
+              layout: dict | None = None, extra: tuple = ()) -> dict:
+    """One run of the training CLI (with `resume`: continue the run of that name to `steps`), killed after
+    `timeout` seconds; its output goes to WORK/NAME.log as it comes."""
+    changes = {"layout": layout} if layout else {}
+    ds = ds_variant(work, "single", name, train_micro_batch_size_per_gpu=micro, bf16={"enabled": precision == "bf16"},
+                    **changes)
     run_dir = work / "runs" / name
     if not resume:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -207,20 +243,29 @@ def train_run(work: Path, device: str, name: str, precision: str, overrides: dic
            "train.log_every=1", f"decode.dev_max_sentences={dev_sentences}", "logging.progress=false",
            f"logging.wandb_mode={'offline' if wandb else 'disabled'}",
            *[f"model.{k}={v}" for k, v in overrides.items()], *(["train.threads=1"] if device == "cpu" else []),
-           *(["train.resume=auto"] if resume else [])]
+           *([] if mecab_importable() else ["decode.bleu_tokenize=char"]),
+           *(["train.resume=auto"] if resume else []), *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **({} if wandb else {"WANDB_MODE": "disabled"}))
     log(f"{name}: {' '.join(cmd[1:])}")
     start = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    watch = MemoryWatch(proc.pid, device)
-    try:
-        out, _ = proc.communicate(timeout=420)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    peak = watch.stop()
-    (work / f"{name}{'_resume' if resume else ''}.log").write_text(out)
+    log_path = work / f"{name}{'_resume' if resume else ''}.log"
+    with open(log_path, "w") as sink:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        watch = MemoryWatch(proc.pid, device)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            timed_out = True
+        peak = watch.stop()
+    out = log_path.read_text(errors="replace")
     result = {"name": name, "exit": proc.returncode, "wall_s": round(time.time() - start, 1), "peak_memory_mib": peak}
+    if timed_out:
+        log(f"{name}: KILLED after its {timeout}s timeout; the end of its output:\n{out[-3000:]}")
+        return {**result, "error": f"timeout after {timeout}s", "timeout": True}
     if proc.returncode != 0:
         log(f"{name}: FAILED (exit {proc.returncode}); the end of its output:\n{out[-4000:]}")
         return {**result, "error": out[-4000:]}
@@ -233,11 +278,34 @@ def train_run(work: Path, device: str, name: str, precision: str, overrides: dic
     result.pop("timing", None)
     result.update(first_loss=rows[0]["loss"], dev_bleu=rows[-1].get("dev_bleu"),
                   finite=all(r["loss"] is not None and math.isfinite(r["loss"]) for r in rows))
+    for prof in sorted((run_dir / "profile").glob("rank*.json")):
+        p = json.loads(prof.read_text())
+        result["profile"] = {k: p[k] for k in ("steps", "wall_ms_per_step", "self_cpu_ms_per_step",
+                                               "device_syncs_per_step", "device_sync_sites") if k in p}
     if wandb:
         result["wandb_offline_run"] = any((run_dir / "wandb").glob("offline-run-*"))
     if resume:
         result.update(resumed="resume: from" in out, logged_steps=[r["step"] for r in rows])
     return result
+
+
+RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json", "timing", "profile", "timeline")
+
+
+def pack_runs(work: Path, out: Path) -> None:
+    """OUT/runs.tar.gz: every run's logs, metrics, timing and profile files, no checkpoints (rewritten
+    after every run, so a check killed later still brings back what ran)."""
+    import tarfile
+
+    tmp = out / "runs.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for log_file in sorted(work.glob("*.log")):
+            tar.add(log_file, arcname=f"logs/{log_file.name}")
+        for run_dir in sorted((work / "runs").glob("*")):
+            for name in RUN_FILES:
+                if (run_dir / name).exists():
+                    tar.add(run_dir / name, arcname=f"runs/{run_dir.name}/{name}")
+    os.replace(tmp, out / "runs.tar.gz")
 
 
 def portability(run_dir: Path, data: Path) -> dict:
@@ -272,90 +340,253 @@ def add_mfu(result: dict, model: dict, shape: dict, precision: str, profile: dic
     result["mfu_measured_gemm_peak"] = round(achieved / gemm_peak, 5)
 
 
+STAGES = ("environment", "data", "placement", "profile", "runs", "resume", "portability", "compile")
+
+
+class Check:
+    """The report and the clock: every stage runs under a timeout and the overall deadline, and the
+    report (OUT/gpu_check.json) is rewritten after each, so whatever kills the check later, what ran
+    is there."""
+
+    def __init__(self, out: Path, deadline_s: float, report: dict):
+        self.out, self.deadline, self.report = out, time.time() + deadline_s, report
+        self.report["stages"] = {}
+        self.save()
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def save(self) -> None:
+        self.report["elapsed_s"] = round(time.time() - self.started, 1) if hasattr(self, "started") else 0.0
+        tmp = self.out / "gpu_check.json.tmp"
+        tmp.write_text(json.dumps(self.report, indent=1, default=str))
+        os.replace(tmp, self.out / "gpu_check.json")
+
+    def stage(self, name: str, fn, timeout: float, need: float = 0.0):
+        """fn() under min(timeout, the time left); its result, or None when it failed, timed out or was
+        skipped for the deadline (each recorded in report["stages"])."""
+        left = self.left()
+        if left < max(need, 1.0):
+            self.report["stages"][name] = {"status": "skipped", "why": f"deadline: {left:.0f}s left, needs {need:.0f}s"}
+            log(f"{name}: skipped ({left:.0f}s left before the deadline)")
+            self.save()
+            return None
+        limit = max(1, int(min(timeout, left)))
+        start = time.time()
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(limit)
+        try:
+            result, status = fn(), "ok"
+        except StageTimeout:
+            result, status = None, "timeout"
+            log(f"{name}: stopped after its {limit}s limit")
+        except Exception as e:  # noqa: BLE001 - a failed stage is recorded and the check goes on
+            result, status = None, "failed"
+            self.report["stages"][name] = {"error": f"{type(e).__name__}: {str(e)[-2000:]}"}
+            log(f"{name}: FAILED: {type(e).__name__}: {str(e)[-2000:]}")
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        self.report["stages"][name] = {**self.report["stages"].get(name, {}), "status": status,
+                                       "seconds": round(time.time() - start, 1)}
+        self.save()
+        return result
+
+
+class StageTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise StageTimeout()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default=os.environ.get("GPU_CHECK_DEVICE", "cuda"))
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu_check")))
     p.add_argument("--work", type=Path, default=Path("/tmp/gpu_check_work"))
     p.add_argument("--corpus", type=Path, default=None, help="raw small_parallel_enja (default: .gpudata/ or ../shared/data/)")
+    p.add_argument("--data-root", type=Path, default=None, help="prepared DATA_DIRs (default: .gpudata/ on cuda)")
     p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--deadline-s", type=float, default=None, help="the whole check (default 480 on cuda, 900 on cpu)")
+    p.add_argument("--run-timeout-s", type=int, default=None, help="each training run (default 90 on cuda, 240 on cpu)")
+    p.add_argument("--stages", default=",".join(s for s in STAGES if s != "compile"),
+                   help=f"comma-separated, of {','.join(STAGES)} (compile is added on cuda)")
+    p.add_argument("--runs", default="", help="comma-separated run names to do (default: all)")
+    p.add_argument("--prepare-only", action="store_true", help="prepare the DATA_DIRs into --work and stop")
     args = p.parse_args()
     sizes = SIZES[args.device]
     steps = args.steps or sizes["steps"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.work.mkdir(parents=True, exist_ok=True)
-    started = time.time()
     corpus = args.corpus
     if args.device == "cuda" and corpus is None:
         corpus = next((c for c in (REPO / ".gpudata" / "small_parallel_enja",
                                    REPO.parent / "shared" / "data" / "small_parallel_enja") if (c / "train.en").exists()), None)
-        if corpus is None:
-            sys.exit("gpu_check: small_parallel_enja not found in .gpudata/ or ../shared/data/ "
-                     "(bash benchmarks/gpu_wheels.sh copies it into .gpudata/)")
+    if args.prepare_only:
+        args.work.mkdir(parents=True, exist_ok=True)
+        for name, path in prepare(args.work, args.device, corpus, timeout=1800).items():
+            log(f"prepared {name}: {path}")
+        return 0
+    stages = set(args.stages.split(","))
+    if args.device == "cuda" and args.stages == p.get_default("stages"):
+        stages.add("compile")
+    unknown = stages - set(STAGES)
+    if unknown:
+        p.error(f"--stages: unknown {sorted(unknown)} (of {', '.join(STAGES)})")
+    data_root = args.data_root or (REPO / ".gpudata" if args.device == "cuda" else None)
+    run_timeout = args.run_timeout_s or (90 if args.device == "cuda" else 240)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
     import torch
 
     if args.device == "cpu":
         torch.set_num_threads(1)  # as the training runs below (train.threads=1)
-    report = {"device_requested": args.device, "torch": torch.__version__, "steps": steps}
-    datas = prepare(args.work, args.device, corpus)
+    check = Check(args.out, args.deadline_s or (480 if args.device == "cuda" else 900),
+                  {"device_requested": args.device, "torch": torch.__version__, "steps": steps})
+    check.started = time.time()
+    report = check.report
+    signal.signal(signal.SIGTERM, lambda *_: (log("SIGTERM: stopping; the report holds what ran"), sys.exit(3)))
+
+    if "environment" in stages:
+        report["environment"] = check.stage("environment", lambda: environment(args.device), 60)
+    datas = check.stage("data", lambda: prepare(args.work, args.device, corpus, data_root), 900) if "data" in stages else None
+    if not datas:
+        log("no data: nothing more can run")
+        return 1
     shapes = {name: data_shape(path) for name, path in datas.items()}
     report["data"] = {name: {"dir": str(datas[name]), **s} for name, s in shapes.items()}
+    check.save()
     log(f"data: {json.dumps(report['data'])}")
     overrides0, _, data0 = sizes["models"]["enja-small"]
-    report["placement"] = placement(args.device, datas[data0], {**_yaml_model(), **overrides0})
+    if "placement" in stages:
+        report["placement"] = check.stage("placement", lambda: placement(args.device, datas[data0],
+                                                                         {**_yaml_model(), **overrides0}), 120)
+    profile = None
+    if "profile" in stages:
+        profile = check.stage("profile", lambda: device_profile(args.device, sizes, args.out), 120)
+        report["profile"] = profile
 
-    dev = torch.device("cuda:0" if args.device == "cuda" else "cpu")
-    measured = gpu_profile.measure(dev, sizes, sizes["reps"])
-    profile = gpu_profile.profile(dev, measured)
-    profile["measured_by"] = f"python benchmarks/gpu_check.py --device {args.device}"
-    (args.out / "device_profile.json").write_text(json.dumps(profile, indent=1))
-    log(f"profile written: {args.out / 'device_profile.json'} (datasheet: "
-        f"{profile['datasheet']['name'] if profile['datasheet'] else 'none'})")
-    report["profile"] = profile
+    runs = report["runs"] = []
+    if "runs" in stages:
+        for spec in run_specs(sizes, steps):
+            if args.runs and spec["name"] not in args.runs.split(","):
+                continue
+            model_name, precision = spec["model"], spec["precision"]
+            overrides, micro, data_name = sizes["models"][model_name]
 
-    try:
-        import wandb  # noqa: F401
-        wandb_ok = True
-    except Exception as e:  # noqa: BLE001 - any import failure means: log without wandb
-        wandb_ok = False
-        log(f"wandb is not importable ({type(e).__name__}: {e}); runs log with logging.wandb_mode=disabled")
-    runs = []
-    for model_name, (overrides, micro, data_name) in sizes["models"].items():
-        model = {**_yaml_model(), **overrides}
-        for precision in ("bf16", "fp32"):
-            name = f"{model_name}_{precision}"
-            r = train_run(args.work, args.device, name, precision, overrides, micro, datas[data_name], steps,
-                          sizes["dev_sentences"], wandb=wandb_ok and name == "enja-small_bf16")
+            def one(spec=spec, overrides=overrides, micro=micro, data_name=data_name, precision=precision):
+                return train_run(args.work, args.device, spec["name"], precision, overrides, micro, datas[data_name],
+                                 steps, sizes["dev_sentences"], wandb=spec["wandb"] and wandb_importable(),
+                                 timeout=run_timeout, layout=spec.get("layout"), extra=spec.get("extra", ()))
+
+            r = check.stage(f"run {spec['name']}", one, run_timeout + 30, need=min(run_timeout, 30)) or {
+                "name": spec["name"], "error": report["stages"][f"run {spec['name']}"].get("why", "no result")}
             r.update(model=model_name, precision=precision, micro_batch=micro, data=data_name)
-            if "pairs_per_s" in r:
-                add_mfu(r, model, shapes[data_name], precision, profile)
-            log(f"{name}: {json.dumps(r)}")
+            if "pairs_per_s" in r and profile:
+                add_mfu(r, {**_yaml_model(), **overrides}, shapes[data_name], precision, profile)
+            log(f"{spec['name']}: {json.dumps(r)}")
             runs.append(r)
-    report["runs"] = runs
-    first = runs[0]
-    if "pairs_per_s" in first:  # continue the first run by 5 steps: the resume path on this device
+            check.save()
+            pack_runs(args.work, args.out)
+    first = runs[0] if runs else {}
+    if "pairs_per_s" in first and "resume" in stages:
         overrides, micro, data_name = sizes["models"][first["model"]]
-        again = train_run(args.work, args.device, first["name"], first["precision"], overrides, micro,
-                          datas[data_name], steps + 5, sizes["dev_sentences"], wandb=False, resume=True)
-        again["ok"] = again.get("resumed", False) and again.get("logged_steps") == list(range(1, steps + 6))
-        report["resume"] = {k: again.get(k) for k in ("exit", "ok", "resumed", "logged_steps", "error")}
+
+        def resume():
+            again = train_run(args.work, args.device, first["name"], first["precision"], overrides, micro,
+                              datas[data_name], steps + 5, sizes["dev_sentences"], wandb=False, resume=True,
+                              timeout=run_timeout)
+            again["ok"] = again.get("resumed", False) and again.get("logged_steps") == list(range(1, steps + 6))
+            return {k: again.get(k) for k in ("exit", "ok", "resumed", "logged_steps", "error")}
+
+        report["resume"] = check.stage("resume", resume, run_timeout + 30, need=30)
         log(f"resume to step {steps + 5}: {json.dumps(report['resume'])}")
-        report["portability"] = portability(args.work / "runs" / first["name"], datas[data_name])
+        pack_runs(args.work, args.out)
+    if "pairs_per_s" in first and "portability" in stages:
+        report["portability"] = check.stage("portability", lambda: portability(args.work / "runs" / first["name"],
+                                                                                datas[first["data"]]), 120, need=20)
+    if "compile" in stages:
+        overrides, micro, data_name = sizes["models"]["enja-small"]
+        report["compiled_head"] = check.stage("compile", lambda: train_run(
+            args.work, args.device, "enja-small_bf16_compiled", "bf16", overrides, micro, datas[data_name], steps,
+            sizes["dev_sentences"], wandb=False, timeout=run_timeout * 2, extra=("train.compile_head=true",)),
+            run_timeout * 2 + 30, need=60)
+        pack_runs(args.work, args.out)
     for model_name in sizes["models"]:
-        pair = {r["precision"]: r for r in runs if r["model"] == model_name and "first_loss" in r}
+        pair = {r["precision"]: r for r in runs if r.get("model") == model_name and "first_loss" in r
+                and not r["name"].endswith("_units")}
         if len(pair) == 2:  # same seed, same first batch: bf16 and fp32 start from the same loss
             report.setdefault("bf16_vs_fp32_first_loss_rel_diff", {})[model_name] = (
                 abs(pair["bf16"]["first_loss"] - pair["fp32"]["first_loss"]) / pair["fp32"]["first_loss"])
-    report["wall_s"] = round(time.time() - started, 1)
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    report["wall_s"] = round(time.time() - check.started, 1)
+    check.save()
     print_table(report)
     failed = [r["name"] for r in runs if "error" in r or not r.get("finite", False)]
-    failed += [check for check in ("placement", "resume", "portability") if not report.get(check, {}).get("ok")]
+    failed += [name for name, st in report["stages"].items() if st["status"] != "ok"]
+    failed += [c for c in ("placement", "resume", "portability") if c in stages and not (report.get(c) or {}).get("ok")]
     if failed:
-        log(f"FAILED: {', '.join(failed)}")
+        log(f"FAILED: {', '.join(dict.fromkeys(failed))}")
         return 1
-    log(f"all checks passed in {report['wall_s']}s; {args.out}/gpu_check.json, {args.out}/device_profile.json")
+    log(f"all checks passed in {report['wall_s']}s; {args.out}/gpu_check.json, {args.out}/device_profile.json, "
+        f"{args.out}/runs.tar.gz")
     return 0
+
+
+def run_specs(sizes: dict, steps: int) -> list[dict]:
+    """The training runs, in order: both models in both precisions, the first one profiled (3 steps, CUDA
+    kernels and device syncs), then the world-of-one units-and-chunks layout."""
+    specs = []
+    for model_name in sizes["models"]:
+        for precision in ("bf16", "fp32"):
+            spec = {"name": f"{model_name}_{precision}", "model": model_name, "precision": precision,
+                    "wandb": not specs}
+            if not specs:
+                spec["extra"] = (f"train.profile_from={max(1, steps - 4)}", "train.profile_steps=3")
+            specs.append(spec)
+    specs.append({"name": "enja-small_bf16_units", "model": "enja-small", "precision": "bf16", "wandb": False,
+                  "layout": {"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}})
+    return specs
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    env = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cuda_available": torch.cuda.is_available(), "mecab": mecab_importable(),
+           "bleu_tokenize": None if mecab_importable() else "char (MeCab not importable)"}
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2 ** 30, 1),
+                   sm_count=props.multi_processor_count)
+    try:
+        import deepspeed
+
+        env["deepspeed"] = deepspeed.__version__
+    except Exception as e:  # noqa: BLE001
+        env["deepspeed"] = f"not importable: {e}"
+    log(f"environment: {json.dumps(env)}")
+    return env
+
+
+def device_profile(device: str, sizes: dict, out: Path) -> dict:
+    import torch
+
+    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    profile = gpu_profile.profile(dev, gpu_profile.measure(dev, sizes, sizes["reps"]))
+    profile["measured_by"] = f"python benchmarks/gpu_check.py --device {device}"
+    (out / "device_profile.json").write_text(json.dumps(profile, indent=1))
+    log(f"profile written: {out / 'device_profile.json'} (datasheet: "
+        f"{profile['datasheet']['name'] if profile['datasheet'] else 'none'})")
+    return profile
+
+
+def wandb_importable() -> bool:
+    try:
+        import wandb  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means: log without wandb
+        log(f"wandb is not importable ({type(e).__name__}: {e}); runs log with logging.wandb_mode=disabled")
+        return False
+    return True
 
 
 def _yaml_model() -> dict:
@@ -367,27 +598,36 @@ def _yaml_model() -> dict:
 
 
 def print_table(report: dict) -> None:
-    p = report["placement"]
-    print(f"\nplacement: {p['trainer_device']} (DeepSpeed accelerator {p['deepspeed_accelerator']}); loss vs CPU fp32 "
-          f"rel diff {p['loss_rel_diff']:.2e}, grad norm {p['grad_norm_rel_diff']:.2e}")
+    """What the check measured, as far as it got."""
+    for name, st in report["stages"].items():
+        print(f"stage {name}: {st['status']}" + (f" ({st['seconds']}s)" if "seconds" in st else f" ({st.get('why')})"))
+    p = report.get("placement")
+    if p:
+        print(f"\nplacement: {p['trainer_device']} (DeepSpeed accelerator {p['deepspeed_accelerator']}); loss vs CPU "
+              f"fp32 rel diff {p['loss_rel_diff']:.2e}, grad norm {p['grad_norm_rel_diff']:.2e}")
     print("| run | pairs/s | tokens/s | median step ms | peak MiB | model TFLOP/s | MFU (datasheet) | MFU (GEMM peak) "
-          "| first loss | dev BLEU |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in report["runs"]:
+          "| first loss | dev BLEU | device syncs/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in report["runs"] + ([report["compiled_head"]] if report.get("compiled_head") else []):
         if "pairs_per_s" not in r:
-            print(f"| {r['name']} | FAILED (exit {r['exit']}) |")
+            print(f"| {r['name']} | FAILED ({str(r.get('error', ''))[:60]!r}) |")
             continue
         mfu = r.get("mfu_datasheet")
         mfu = "n/a" if mfu is None else f"{100 * mfu:.2f}%" + (
             f" (TF32 {100 * r['mfu_datasheet_tf32']:.2f}%)" if "mfu_datasheet_tf32" in r else "")
+        gemm = f"{100 * r['mfu_measured_gemm_peak']:.2f}%" if "mfu_measured_gemm_peak" in r else "n/a"
+        syncs = (r.get("profile") or {}).get("device_syncs_per_step", "")
         print(f"| {r['name']} | {r['pairs_per_s']:.0f} | {r['tokens_per_s']:.0f} | {r['step_ms_median']:.1f} | "
-              f"{r['peak_memory_mib']:.0f} | {r['model_tflops']:.4g} | {mfu} | {100 * r['mfu_measured_gemm_peak']:.2f}% | "
-              f"{r['first_loss']:.4f} | {r['dev_bleu']:.2f} |")
-    for precision, c in report["profile"]["compute"].items():
-        print(f"{precision}: GEMM TFLOP/s " + ", ".join(f"{g['m']}x{g['n']}x{g['k']}={g['tflops']}" for g in c["gemm"])
-              + "; LSTM fwd+bwd TFLOP/s " + ", ".join(f"b{x['batch']}t{x['time']}h{x['hidden']}={x['tflops']}"
-                                                     for x in c["lstm"]))
-    print(f"memory/links: {report['profile']['memory']} {json.dumps(report['profile']['links'])}")
+              f"{r['peak_memory_mib']:.0f} | {r.get('model_tflops', float('nan')):.4g} | {mfu} | {gemm} | "
+              f"{r['first_loss']:.4f} | {r['dev_bleu']} | {syncs} |")
+    profile = report.get("profile")
+    if profile:
+        for precision, c in profile["compute"].items():
+            print(f"{precision}: GEMM TFLOP/s " + ", ".join(f"{g['m']}x{g['n']}x{g['k']}={g['tflops']}"
+                                                          for g in c["gemm"])
+                  + "; LSTM fwd+bwd TFLOP/s " + ", ".join(f"b{x['batch']}t{x['time']}h{x['hidden']}={x['tflops']}"
+                                                         for x in c["lstm"]))
+        print(f"memory/links: {profile['memory']} {json.dumps(profile['links'])}")
 
 
 if __name__ == "__main__":

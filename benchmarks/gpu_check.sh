@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check, one prepared script: under 10 minutes on one GPU (an H200 of the device tool).
+# The GPU check, one prepared script: 8 minutes at most on one GPU (an H200 of the device tool).
 #
-#   bash benchmarks/gpu_wheels.sh                  # once, where pip reaches PyPI: .whl/ and .gpudata/
+#   bash benchmarks/gpu_wheels.sh                  # once, here: .whl/ (wheels) and .gpudata/ (prepared data)
 #   bash benchmarks/gpu_check.sh                   # on the GPU machine (carry .whl and .gpudata)
-#   bash benchmarks/gpu_check.sh --cpu             # the same steps at tiny sizes, no GPU (GPU_CHECK_DEVICE=cpu)
+#   bash benchmarks/gpu_check.sh --cpu             # the same stages at tiny sizes, no GPU (GPU_CHECK_DEVICE=cpu)
 #
-# Writes $OUT/gpu_check.log, $OUT/gpu_check.json and $OUT/device_profile.json (OUT defaults to
-# /tmp/gpu_check); what each step measures: benchmarks/gpu_check.py. Exit 0 only if every step passed.
+# Writes $OUT/gpu_check.log, $OUT/gpu_check.json (rewritten after every stage), $OUT/device_profile.json and
+# $OUT/runs.tar.gz (every run's log, metrics, timing and profile files; no checkpoints) -- four files, within
+# what the device tool brings back. OUT defaults to /tmp/gpu_check. Each training run has a timeout
+# (--run-timeout-s, 90 s) and the whole check a deadline (--deadline-s, 480 s), with `timeout` as the backstop.
+# What each stage measures: benchmarks/gpu_check.py. Exit 0 only if every stage passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
@@ -51,4 +54,6 @@ import torch
 print(f"gpu_check: torch cuda {torch.version.cuda}, available {torch.cuda.is_available()}, devices {torch.cuda.device_count()}")
 PY
 
-python3 benchmarks/gpu_check.py --device "$DEVICE" --out "$OUT" "${ARGS[@]}"
+# the backstop of the check's own deadline: SIGTERM (the check writes its report and exits), then SIGKILL
+BACKSTOP="${GPU_CHECK_BACKSTOP_S:-$([[ "$DEVICE" == cuda ]] && echo 540 || echo 1000)}"  # cuda: inside a 600 s call
+timeout --kill-after=20 "$BACKSTOP" python3 benchmarks/gpu_check.py --device "$DEVICE" --out "$OUT" "${ARGS[@]}"

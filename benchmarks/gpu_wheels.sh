@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build .whl/ (ignored by git) with the Python packages benchmarks/gpu_check.sh needs that the
-# device machine lacks, and copy the raw enja corpus into .gpudata/ (also ignored): a session with
-# the device then carries both (`carry: [".whl", ".gpudata"]`), since neither the package registries
-# nor ../shared/data can be reached from there.
+# device machine lacks, and prepare the check's data into .gpudata/ (also ignored): the raw enja corpus
+# and its two DATA_DIRs (8k BPE per side, 32k joint BPE), prepared here, where MeCab is installed, so
+# nothing on the device needs it (nor spends its minutes on SentencePiece). A session with the device
+# then carries both (`carry: [".whl", ".gpudata"]`), since neither the package registries nor
+# ../shared/data can be reached from there.
 #
 #   bash benchmarks/gpu_wheels.sh [--no-wandb]
 #
@@ -52,6 +54,7 @@ mkdir -p .gpudata/small_parallel_enja
 src=../shared/data/small_parallel_enja
 [[ -d "$src" ]] || { echo "gpu_wheels: $src not found (the shared data folder beside the checkout)" >&2; exit 1; }
 cp "$src"/{train,dev,test}.{en,ja} "$src"/README.md .gpudata/small_parallel_enja/
+python3 benchmarks/gpu_check.py --prepare-only --device cuda --work .gpudata --corpus .gpudata/small_parallel_enja
 
 ls -la .whl
 du -sh .whl .gpudata

@@ -16,7 +16,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 def run_cli(args: list[str], timeout: int = 300, cwd=REPO, check: bool = True,
             env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run a command from the repo root; a hang fails the test instead of the CI (timeout)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="disabled", PYTHONPATH=str(REPO), **(env_extra or {}))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO), **(env_extra or {})}
     try:
         proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:

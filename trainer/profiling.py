@@ -1,7 +1,8 @@
 """Which kernels a rank's steps spend their CPU time in: `train.profile_steps=N` (with
 `train.profile_from=S`, default 10) runs torch.profiler over training steps S+1 .. S+N on every rank and
 writes RUN_DIR/profile/rank{R}.json and rank{R}.txt, and the window as a trace, rank{R}.trace.json.gz (host
-operators and, on CUDA, the kernels on their streams: open it in Perfetto or chrome://tracing).
+operators and, on CUDA, the kernels on their streams: open it in Perfetto or chrome://tracing). On CUDA the
+window also counts the device syncs by place (torch.cuda.set_sync_debug_mode): `device_syncs_per_step`.
 
 The timeline (trainer.timeline) says *when* each instruction ran and who waited for whom; this says
 *what* the busy time was made of, per operator: self CPU milliseconds and calls per step, plus the
@@ -14,6 +15,7 @@ import json
 import os
 import resource
 import time
+import warnings
 
 PROFILE_DIR = "profile"
 
@@ -40,6 +42,11 @@ class StepProfiler:
 
             self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
             self._prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
+            if self.cuda:  # every device sync of the window, where it happened (torch's sync debug mode)
+                self._warnings = warnings.catch_warnings(record=True)
+                self._caught = self._warnings.__enter__()
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
             self._prof.__enter__()
             self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             self._started = time.perf_counter()
@@ -54,6 +61,7 @@ class StepProfiler:
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
+        syncs = self._sync_sites()
         steps = self.last - self.first + 1
         events = prof.key_averages()
         ops = {e.key: {"self_ms": e.self_cpu_time_total / 1000 / steps, "calls": e.count / steps}
@@ -64,7 +72,10 @@ class StepProfiler:
         with open(path, "w") as f:
             json.dump({"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
                        "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()),
-                       "minor_faults_per_step": faults / steps, "ops": ops}, f, indent=1)
+                       "minor_faults_per_step": faults / steps,
+                       **({"device_syncs_per_step": sum(syncs.values()) / steps, "device_sync_sites": syncs}
+                          if self.cuda else {}),
+                       "ops": ops}, f, indent=1)
         with open(os.path.join(self.dir, f"rank{self.rank}.txt"), "w") as f:
             f.write(f"steps {self.first}-{self.last}: self CPU ms over {steps} steps (divide by {steps} "
                     f"for per step)\n")
@@ -74,6 +85,22 @@ class StepProfiler:
                 f.write(events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=60))
         self._write_trace(prof)
         return path
+
+    def _sync_sites(self) -> dict:
+        """CUDA: the window's device syncs by place ("file:line: message"), from torch's sync debug mode."""
+        if not self.cuda:
+            return {}
+        import torch
+
+        torch.cuda.set_sync_debug_mode(0)
+        caught = self._caught
+        self._warnings.__exit__(None, None, None)
+        sites: dict = {}
+        for w in caught:
+            if "synchroniz" in str(w.message):
+                key = f"{os.path.basename(w.filename)}:{w.lineno}: {str(w.message).splitlines()[0][:80]}"
+                sites[key] = sites.get(key, 0) + 1
+        return dict(sorted(sites.items(), key=lambda kv: -kv[1]))
 
     def _write_trace(self, prof) -> None:
         """The window as a Chrome / Perfetto trace (host ops and, on CUDA, kernels on their streams),

@@ -131,11 +131,14 @@ class Trainer:
 
     def _timed(self, step: int, sampled: bool) -> bool:
         """Whether step `step` times every instruction (train.step_timing): on an accelerator that
-        synchronises the device at each instruction edge, so only the steps whose numbers are used."""
+        synchronises the device at each instruction edge, so only the steps whose numbers are used
+        (not the profiled ones: the profiler has the device's own times)."""
         cfg = self.cfg.train
         if cfg.step_timing == "every" or self.runner.sync is None:
             return True
-        return sampled or step % cfg.log_every == 0 or step == 1 or self.profiler.covers(step)
+        if self.profiler.covers(step):  # the profiler times these itself; its sync count must see ours only
+            return False
+        return sampled or step % cfg.log_every == 0 or step == 1
 
     def _write_timeline(self, step: int, spans: list, elapsed: float) -> None:
         """Every rank's spans of this step to rank 0, which writes the trace and the Gantt chart."""
