@@ -108,6 +108,36 @@ def test_batch_stream_resumes_at_the_same_batch_across_epochs():
     assert a.epoch == b.epoch >= 2
 
 
+class _Pairs(_Data):
+    """_Data with token ids, so that batches can be built (ParallelData.batch)."""
+
+    def batch(self, indices):
+        from trainer.data import collate
+
+        return collate([np.full(int(self.src_len[i]), 4 + i % 50) for i in indices],
+                       [np.full(int(self.tgt_len[i]), 5 + i % 40) for i in indices])
+
+
+def test_prefetched_stream_hands_out_the_same_batches_and_the_consumers_position():
+    """The prefetcher reads ahead on a thread, but its state is that of the batches handed out: a run
+    restored from it continues with exactly the batch the plain stream would give next."""
+    from trainer.data import Prefetcher
+
+    kw = dict(max_sentences=8, max_tokens=0, seed=3, bucket_batches=4, min_batch=4)
+    plain, ahead = BatchStream(_Pairs(100), **kw), Prefetcher(BatchStream(_Pairs(100), **kw), ahead=3)
+    for _ in range(12):
+        assert torch.equal(plain.next().src, ahead.next().src)
+    assert ahead.state_dict() == plain.state_dict() and ahead.epoch == plain.epoch
+    assert ahead._stream.state_dict() != plain.state_dict()  # the thread is ahead, the state is not
+    restored = Prefetcher(BatchStream(_Pairs(100), **kw), ahead=2)
+    restored.load_state_dict(json.loads(json.dumps(ahead.state_dict())))
+    for _ in range(20):  # across an epoch boundary
+        assert torch.equal(plain.next().src, restored.next().src)
+    assert restored.epoch == plain.epoch
+    ahead.close()
+    restored.close()
+
+
 def test_rng_states_round_trip_through_a_checkpoint_file(tmp_path):
     import random
 

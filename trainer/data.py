@@ -110,9 +110,9 @@ def to_device(t, device, dtype=None) -> torch.Tensor:
     non-blocking copy on an accelerator (a pageable copy makes the host wait), as is on the CPU."""
     t = torch.as_tensor(t, dtype=dtype)
     device = torch.device(device)
-    if device.type == "cpu":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
+    if device.type == "cpu" or t.device.type != "cpu":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
@@ -248,6 +248,51 @@ class BatchStream:
         self.epoch, self.index, self._batches = state["epoch"], state["index"], None
 
 
+class Prefetcher:
+    """A `BatchStream` read `ahead` batches in advance on a background thread (collate is numpy work, which
+    runs while the step's kernels do), with the position of the batches handed out: `state_dict`,
+    `epoch` and `left_out` are the consumer's, not the thread's, so a checkpoint resumes exactly."""
+
+    def __init__(self, stream: BatchStream, ahead: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._stream, self.ahead = stream, max(1, ahead)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
+        self._queue: list = []
+        self._state, self.epoch, self.left_out = stream.state_dict(), stream.epoch, stream.left_out
+
+    def _one(self):
+        batch = self._stream.next()
+        return batch, self._stream.state_dict(), self._stream.epoch, self._stream.left_out
+
+    def _fill(self) -> None:
+        while len(self._queue) < self.ahead:
+            self._queue.append(self._pool.submit(self._one))
+
+    def next(self) -> Batch:
+        self._fill()
+        batch, self._state, self.epoch, self.left_out = self._queue.pop(0).result()
+        self._fill()
+        return batch
+
+    def state_dict(self) -> dict:
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._drain()
+        self._stream.load_state_dict(state)
+        self._state, self.epoch = self._stream.state_dict(), self._stream.epoch
+
+    def _drain(self) -> None:
+        for future in self._queue:
+            future.result()
+        self._queue.clear()
+
+    def close(self) -> None:
+        self._drain()
+        self._pool.shutdown()
+
+
 def read_manifest(data_dir: str) -> dict:
     """DATA_DIR/manifest.json, checked for what the trainer reads from it (size-capped, like any user file)."""
     from trainer.checkpoint import read_json
@@ -264,5 +309,5 @@ def read_manifest(data_dir: str) -> dict:
     return manifest
 
 
-__all__ = ["Batch", "BatchStream", "ParallelData", "collate", "has_split", "make_batches",
+__all__ = ["Batch", "BatchStream", "ParallelData", "Prefetcher", "collate", "has_split", "make_batches",
            "read_manifest", "TokenArray"]

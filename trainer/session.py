@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer import faults
-from trainer.data import BatchStream, ParallelData, has_split, read_manifest
+from trainer.data import BatchStream, ParallelData, Prefetcher, has_split, read_manifest
 from trainer.ds_config import check_batch, load_ds_config
 from trainer.metrics import dev_tokenize
 from trainer.model import LOSS_CHUNK_ROWS
@@ -47,7 +47,7 @@ class Session:
     module: RankModule
     engine: dsa.Engine
     runner: StepRunner
-    stream: BatchStream
+    stream: Prefetcher
     persist: Persistence
     global_micro: int  # sentences of a global micro-batch, at most
     faults: faults.Faults
@@ -92,9 +92,10 @@ def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
     engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid)
     runner = StepRunner(runtime, engine, module, cfg.model.hidden)
     global_micro = ds["train_micro_batch_size_per_gpu"] * spec.num_dp
-    stream = BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
-                         seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
-                         min_batch=cfg.data.min_batch_sentences)
+    stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
+                                    seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
+                                    min_batch=cfg.data.min_batch_sentences),
+                        ahead=engine.accumulation_steps)  # the next optimizer step's batches
     fault_plan = faults.from_env()
     persist = Persistence(cfg.run.dir, runtime, module, engine, fault_plan)
     return Session(cfg=cfg, ds=ds, runtime=runtime, threads=threads, manifest=manifest, train_data=train_data,

@@ -207,6 +207,7 @@ class Trainer:
         self._write_timing()
         self.log.message(f"done: step {st.step}, best dev BLEU {st.best_bleu:.2f}; pairs left out of the last "
                          f"epoch (fewer than data.min_batch_sentences remained): {self.s.stream.left_out}")
+        self.s.stream.close()
         self.log.close()
 
     def _on_signal(self, signum, frame) -> None:
