@@ -2,15 +2,17 @@
 batched = one sentence at a time, and per-sentence max_len respected."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from itertools import product
 
+import pytest
 import torch
 
 from data_prep.binary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from trainer.config import ModelConfig
 from trainer.model import build_model
-from trainer.search import beam_search
+from trainer.search import Ensemble, Hypothesis, _normalize, beam_search, beam_search_nbest
 
 torch.set_num_threads(1)
 
@@ -140,3 +142,94 @@ def test_per_sentence_max_len_is_respected():
         assert all(t not in (PAD_ID, BOS_ID, EOS_ID) for h in hyps for t in h)
     # an int limit applies to every sentence
     assert [len(h) for h in beam_search(model, src, lengths, beam=2, max_len=3)] == [3, 3, 3, 3]
+
+
+@torch.no_grad()
+def _loop_reference(models, src: torch.Tensor, src_lengths: torch.Tensor, *, beam: int = 5,
+                    max_len: torch.Tensor | int = 100, length_penalty: float = 1.0,
+                    n_best: int = 1) -> list[list[Hypothesis]]:
+    """The search as it was written first: a Python loop over each sentence's candidates per step (a
+    device sync per sentence and step); kept here as the reference the batched search must equal."""
+    if not 1 <= n_best <= beam:
+        raise ValueError(f"n-best {n_best} must be between 1 and the beam size {beam}")
+    scorer = models if isinstance(models, Ensemble) else Ensemble(models)
+    batch, device = src.shape[0], src.device
+    if isinstance(max_len, int):
+        max_len = torch.full((batch,), max_len, dtype=torch.long)
+    limits = max_len.tolist()
+    k = beam
+    state = scorer.start(src, src_lengths, k)
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # only one live hypothesis at the start
+    tokens = torch.full((batch * k, 1), BOS_ID, dtype=torch.long, device=device)
+    aligned = torch.zeros((batch * k, 0), dtype=torch.long, device=device)  # attended source position per token
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    for t in range(max(limits) + 1):
+        logp, attn, state = scorer.step(state, tokens[:, -1:])
+        vocab = logp.shape[-1]
+        logp[:, PAD_ID] = logp[:, BOS_ID] = float("-inf")
+        # a sentence at its limit may only end, so no hypothesis grows past max_len tokens
+        at_limit = torch.tensor([t >= n for n in limits], device=device).repeat_interleave(k)
+        logp.masked_fill_(at_limit.unsqueeze(1) & (torch.arange(vocab, device=device) != EOS_ID), float("-inf"))
+        cand = (scores.unsqueeze(-1) + logp.view(batch, k, vocab)).view(batch, -1)
+        top_scores, top_idx = cand.topk(min(2 * k, cand.shape[1]), dim=-1)
+        new_scores = torch.full((batch, k), float("-inf"), device=device)
+        new_rows = torch.zeros(batch, k, dtype=torch.long, device=device)
+        new_tok = torch.full((batch, k), EOS_ID, dtype=torch.long, device=device)
+        for b in range(batch):
+            if done[b]:
+                continue
+            slot = 0
+            for s, i in zip(top_scores[b].tolist(), top_idx[b].tolist()):
+                if s == float("-inf"):
+                    break
+                row, tok = divmod(i, vocab)
+                if tok == EOS_ID:
+                    hyp = tokens[b * k + row, 1:].tolist()
+                    finished[b].append(Hypothesis(hyp, _normalize(s, len(hyp) + 1, length_penalty), s,
+                                                  aligned[b * k + row].tolist()))
+                else:
+                    new_scores[b, slot], new_rows[b, slot], new_tok[b, slot] = s, row, tok
+                    slot += 1
+                if slot == k or len(finished[b]) >= k:
+                    break
+            if len(finished[b]) >= k or slot == 0 or t >= limits[b]:
+                done[b] = True
+                new_scores[b] = float("-inf")
+        if all(done):
+            break
+        rows = (new_rows + torch.arange(batch, device=device).unsqueeze(1) * k).view(-1)
+        tokens = torch.cat([tokens[rows], new_tok.view(-1, 1)], dim=1)
+        aligned = torch.cat([aligned[rows], attn.argmax(-1)[rows].view(-1, 1)], dim=1)
+        state = scorer.reorder(state, rows)
+        scores = new_scores
+    return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
+
+
+def test_batched_search_equals_the_per_sentence_loop():
+    """Every hypothesis of every n-best list (tokens, score, log-prob, alignment) equals what the loop over
+    each sentence's candidates gives, over random models, beams, limits and length penalties."""
+    for seed in range(6):
+        cfg = replace(TINY, emb_dim=8, hidden=8, layers=2, attention=("dot", "general", "concat")[seed % 3])
+        model = build_model(cfg, 9, 9, seed=seed).eval()
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+            model.head.proj.bias[EOS_ID] += float(seed % 4)
+        sentences = [torch.randint(4, 9, (int(n),), generator=gen).tolist()
+                     for n in torch.randint(1, 9, (5 + seed,), generator=gen)]
+        limits = torch.randint(1, 12, (len(sentences),), generator=gen)
+        src, lengths = pad_sources(sentences)
+        for beam, alpha, n_best in ((1, 0.0, 1), (2, 1.0, 2), (5, 0.6, 3), (6, 1.0, 6)):
+            got = beam_search_nbest(model, src, lengths, beam=beam, max_len=limits, length_penalty=alpha,
+                                    n_best=n_best)
+            want = _loop_reference(model, src, lengths, beam=beam, max_len=limits, length_penalty=alpha,
+                                   n_best=n_best)
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                assert [h.tokens for h in g] == [h.tokens for h in w], (seed, beam)
+                assert [h.alignment for h in g] == [h.alignment for h in w]
+                assert [h.score for h in g] == pytest.approx([h.score for h in w], rel=1e-6)
+                assert [h.logprob for h in g] == pytest.approx([h.logprob for h in w], rel=1e-6)

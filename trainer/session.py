@@ -89,7 +89,7 @@ def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
                                cfg.train.seed)
     if module.head is not None:
         tune_head(module.head, cfg.train, runtime.device())
-    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid)
+    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum())
     runner = StepRunner(runtime, engine, module, cfg.model.hidden)
     global_micro = ds["train_micro_batch_size_per_gpu"] * spec.num_dp
     stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,

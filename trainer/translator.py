@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -25,6 +26,7 @@ from data_prep.dataformat import (EOS_ID, PAD_ID, PLACEHOLDER, SPM_MODELS, Train
                                   numbers, repair, restore_formulas, segment)
 from trainer import checkpoint, model_files
 from trainer.config import load_config
+from trainer.data import to_device
 from trainer.metrics import manifest_lang
 from trainer.model import Seq2Seq
 from trainer.search import Ensemble, Hypothesis, beam_search_nbest
@@ -268,15 +270,13 @@ class Translator:
                       n_best: int = 1) -> list[list[Hypothesis]]:
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
         for idx in self.batches([len(s) for s in src_ids], batch_size, max_tokens):
-            width = max(len(src_ids[i]) for i in idx) + 1
-            src = torch.full((len(idx), width), PAD_ID, dtype=torch.long)
-            lengths = torch.zeros(len(idx), dtype=torch.long)
+            lengths = np.array([len(src_ids[i]) + 1 for i in idx])  # with EOS; on the host, as the encoder wants
+            src = np.full((len(idx), int(lengths.max())), PAD_ID, dtype=np.int64)
             for row, i in enumerate(idx):
-                ids = src_ids[i] + [EOS_ID]
-                src[row, :len(ids)] = torch.tensor(ids)
-                lengths[row] = len(ids)
-            max_len = (lengths.float() * max_len_ratio).long() + max_len_add
-            hyps = beam_search_nbest(self.models, src.to(self.device), lengths.to(self.device), beam=beam,
+                src[row, :lengths[row]] = src_ids[i] + [EOS_ID]
+            max_len = torch.from_numpy((lengths.astype(np.float32) * np.float32(max_len_ratio)).astype(np.int64)
+                                       + max_len_add)
+            hyps = beam_search_nbest(self.models, to_device(src, self.device), torch.from_numpy(lengths), beam=beam,
                                      max_len=max_len, length_penalty=length_penalty, n_best=n_best)
             for i, h in zip(idx, hyps):
                 out[i] = h
@@ -330,8 +330,6 @@ class Translator:
         the pair is scored whole. An empty source or target scores (0.0, 0)."""
         from trainer.data import collate
 
-        import numpy as np
-
         opts = self._settings(None, None, None, batch_size, max_tokens)
         masked = [self.mask(normalize(s, **self.norm)) for s in src_lines]
         src = [self.src_sp.encode(text) for text, _ in masked]
@@ -344,7 +342,7 @@ class Translator:
         lengths = [len(src[i]) + len(tgt[i]) for i in keep]
         for batch in self.batches(lengths, opts["batch_size"], opts["max_tokens"]):
             idx = [keep[j] for j in batch]
-            b = collate([np.array(src[i]) for i in idx], [np.array(tgt[i]) for i in idx]).to(self.device)
+            b = collate([np.array(src[i]) for i in idx], [np.array(tgt[i]) for i in idx]).to(self.device)  # pinned, async
             order = sorted(range(len(idx)), key=lambda r: -len(src[idx[r]]))  # collate's row order
             logp = scorer.force(b.src, b.src_lengths, b.tgt_in, b.tgt_out)
             for row, r in enumerate(order):

@@ -210,7 +210,8 @@ def local_layers(stages) -> list[nn.Module]:
 
 
 # ---- engine ----
-def lean_step(opt, closure=None, *, bf16: bool, clip: float, group, engine: "Engine | None" = None) -> bool:
+def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=None,
+              engine: "Engine | None" = None) -> bool:
     """The optimizer step DeepSpeed's engine calls at an accumulation boundary (bound to the optimizer
     instance, replacing its `step`), with the same arithmetic as DeepSpeed's and one device sync.
 
@@ -243,10 +244,8 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, group, engine: "Eng
         norm_sq = torch.stack(torch._foreach_norm(grads)).float().square().sum()
     else:
         norm_sq = torch.zeros((), dtype=torch.float32, device=accelerator().current_device_name())
-    if group is not None:
-        import torch.distributed as dist
-
-        dist.all_reduce(norm_sq, group=group)
+    if sum_over_stages is not None:  # the runtime's all-reduce over the pipe group (the grid's model-parallel one)
+        sum_over_stages(norm_sq)
     along = engine.along if engine is not None else None
     values = torch.cat([norm_sq.double().sqrt().view(1), along.double().view(-1)] if along is not None
                        else [norm_sq.double().sqrt().view(1)]).tolist()  # the step's one device sync
@@ -278,16 +277,18 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, group, engine: "Eng
     return opt.overflow
 
 
-def initialize(module: nn.Module, parameters, ds_config: dict, grid) -> "Engine":
+def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None) -> "Engine":
     """deepspeed.initialize with the runtime's grid as mpu. The schedule owns every gradient
-    reduction, so DeepSpeed's own backward all-reduce is switched off."""
+    reduction, so DeepSpeed's own backward all-reduce is switched off. `sum_over_stages(tensor)`: an
+    in-place all-reduce over the pipeline's stages (the runtime's), for the global gradient norm; None
+    with one stage."""
     import deepspeed
 
     with _quiet_prints():
         ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config,
                                                   mpu=grid)
     ds_engine.enable_backward_allreduce = False
-    return Engine(ds_engine)
+    return Engine(ds_engine, sum_over_stages)
 
 
 class Engine:
@@ -295,8 +296,9 @@ class Engine:
     learning rate and counters, and the optimizer state by parameter (for layout-independent
     checkpoints)."""
 
-    def __init__(self, ds_engine):
+    def __init__(self, ds_engine, sum_over_stages=None):
         self.ds = ds_engine
+        self.sum_over_stages = sum_over_stages
         self.module = ds_engine.module
         self.last_grad_norm = None
         self.along = None  # a device tensor read back with the gradient norm at the next optimizer step
@@ -314,12 +316,9 @@ class Engine:
         opt = ds.optimizer
         if bf16 and not isinstance(opt, FP16_UnfusedOptimizer):
             return  # a flat-partitioned optimizer: refused by check_per_parameter_state
-        grid = ds.mpu
-        group = grid.get_model_parallel_group() if grid is not None and grid.get_model_parallel_world_size() > 1 \
-            else None
         ds.clip_fp32_gradients = lambda: None
-        opt.step = types.MethodType(functools.partial(lean_step, bf16=bf16, clip=ds.gradient_clipping(), group=group,
-                                                      engine=self), opt)
+        opt.step = types.MethodType(functools.partial(lean_step, bf16=bf16, clip=ds.gradient_clipping(),
+                                                      sum_over_stages=self.sum_over_stages, engine=self), opt)
 
     # the step
     def backward(self, loss: torch.Tensor) -> None:

@@ -185,6 +185,12 @@ class ParallelRuntime:
                             group=self.groups[group])
         return tensor
 
+    def stage_sum(self):
+        """An in-place SUM over this rank's pipeline stages (the gradient norm's), or None with one stage."""
+        if self.spec.num_pp == 1:
+            return None
+        return lambda tensor: self.all_reduce(tensor, group="pipe")
+
     def reduce_async(self, tensors: list[torch.Tensor], dst: int, group: str) -> AsyncCollective:
         """Start the SUM of `tensors` over `group` into global rank `dst`; after `wait()` it is in `dst`'s
         tensors (the others' are scratch)."""

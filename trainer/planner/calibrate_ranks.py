@@ -52,7 +52,7 @@ def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> di
     for module in sets:
         module = module if isinstance(module, torch.nn.Module) else torch.nn.ModuleList(module)
         params = [p for p in module.parameters()]
-        engine = dsa.initialize(module, params, _ds_config(precision), rt.grid)
+        engine = dsa.initialize(module, params, _ds_config(precision), rt.grid, rt.stage_sum())
 
         def grads():
             for p in engine.module.parameters():
@@ -250,7 +250,7 @@ def interpreter_runs(cfg, dims, precision: str, threads: int, batches: list, set
     rt = _world_of_one()
     torch.set_num_threads(threads)
     module = build_rank_module(cfg.model, rt.spec, 0, dims.src_vocab, dims.tgt_vocab, cfg.train.seed)
-    engine = dsa.initialize(module, module.optimizer_parameters(), _ds_config(precision), rt.grid)
+    engine = dsa.initialize(module, module.optimizer_parameters(), _ds_config(precision), rt.grid, rt.stage_sum())
     out = []
     for units, chunks in settings:
         spec = LayoutSpec("single", 1, 1, micro_batches=units, time_chunks=chunks)
