@@ -247,10 +247,8 @@ ESTIMATES = {
     "instruction_us": (20.0, "estimate: the interpreter's own Python per instruction (timing, handler dispatch, "
                              "slicing), about what it costs on the CPU machine's calibration"),
     "backward_call_us": (60.0, "estimate: DeepSpeed engine.backward's Python around the autograd call"),
-    "host_mask_ns_per_element": (3.0, "estimate: trainer/dropout.py draws each mask on the host CPU (a seeded "
-                                      "randint per 3 elements, compare, copy): ~3-4 ns per element measured on the "
-                                      "project's CPU machine at 1 thread (cache-resident sizes)"),
-    "host_to_device_gb_s": (25.0, "estimate: pageable host-to-device copy (the masks are not pinned)"),
+    "sync_us": (15.0, "estimate: one device sync per optimizer step (the gradient norm read back): the host "
+                      "waits for the queue to drain, then a small device-to-host copy (~10-20 us round trip)"),
     "host_collective_us": (100.0, "estimate: a 16-byte gloo all-reduce between the ranks' processes on one host "
                                   "(the per-step loss sums stay on the CPU: cpu:gloo,cuda:nccl)"),
 }

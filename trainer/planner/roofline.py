@@ -2,8 +2,10 @@
 every kernel takes max(FLOPs / matrix rate, bytes / memory bandwidth), and a piece of work takes the
 longer of its kernels' GPU time and the host's time to launch them (eager PyTorch launches
 asynchronously, so whichever is slower sets the pace). The LSTM recurrence runs step after step, each
-step at least `lstm_step_us` (cuDNN's per-step kernels). Dropout masks are drawn on the host CPU
-(trainer/dropout.py) and copied to the device.
+step at least `lstm_step_us` (cuDNN's per-step kernels). Dropout masks are drawn on the device
+(trainer/dropout.py: a generator keyed like the host one; a few elementwise passes per site). The
+optimizer step reads the gradient norm back once (the step's one device sync, tests/test_device_syncs.py),
+and the head's loss runs in chunks of LOSS_CHUNK_ROWS["accelerator"] rows.
 
 Section format, every number {"value": x, "source": "datasheet: ... | measured: ... | estimate: ..."}:
     gemm_tflops {bf16, fp32}   matrix rate reached by large products (fp32: cuBLAS without TF32)
@@ -12,7 +14,7 @@ Section format, every number {"value": x, "source": "datasheet: ... | measured: 
     op_overhead_us             host time per eager aten op (dispatch + launch)
     lstm_step_us               least time of one LSTM time step (forward; backward twice)
     instruction_us             the interpreter's own work per instruction; backward_call_us DeepSpeed's
-    host_mask_ns_per_element   drawing a dropout mask on the host; host_to_device_gb_s copying it over
+    sync_us                    one device sync: the host waits for the queue, then a small device-to-host copy
     host_collective_us         a small gloo all-reduce between the ranks' host processes (the loss sums)
     links {NAME: {gb_s (one direction), latency_us, efficiency}}   NCCL over NVLink, PCIe, ...
 Host-side op counts per call are counted, not guessed: each component is run once on the CPU at tiny
@@ -25,12 +27,15 @@ from functools import lru_cache
 
 import torch
 
+from trainer.model import LOSS_CHUNK_ROWS
 from trainer.planner.profile import ProfileError, _get
 
-CHUNK = 128  # tokens per chunk of the head's loss (trainer.model._chunked_loss)
+COUNT_CHUNK = LOSS_CHUNK_ROWS["cpu"]  # the chunk op_counts counts the head's loss in
+CHUNK = LOSS_CHUNK_ROWS["accelerator"]  # rows per chunk of the head's loss on a GPU (trainer.model._chunked_loss)
+MASK_OPS = 4  # a device-side dropout mask: rand, compare, cast, scale
 
 
-RATES = ("gemm_tflops", "lstm_gemm_tflops", "memory_tb_s", "host_to_device_gb_s", "gb_s", "efficiency")
+RATES = ("gemm_tflops", "lstm_gemm_tflops", "memory_tb_s", "gb_s", "efficiency")
 
 
 def _value(profile: dict, *keys) -> float:
@@ -84,7 +89,7 @@ def op_counts(attention: str) -> dict:
         mask = torch.ones(1, 3, dtype=torch.bool)
         return _count(lambda: head(enc, mask, dec, tgt)[0].backward())
 
-    one, three = head_call(CHUNK), head_call(3 * CHUNK)
+    one, three = head_call(COUNT_CHUNK), head_call(3 * COUNT_CHUNK)
     out["head_per_chunk"] = max(0, (three - one) // 2)
     out["head_fixed"] = one - out["head_per_chunk"]
     return out
@@ -107,8 +112,7 @@ class RooflineDevice:
         self.per_instruction = _value(profile, *r, "instruction_us") * 1e-6
         self.backward_call = _value(profile, *r, "backward_call_us") * 1e-6
         self.micro_step = self.per_instruction
-        self.mask_ns = _value(profile, *r, "host_mask_ns_per_element") * 1e-9
-        self.h2d = _value(profile, *r, "host_to_device_gb_s") * 1e9
+        self.sync = _value(profile, *r, "sync_us") * 1e-6
         self.host_collective = _value(profile, *r, "host_collective_us") * 1e-6
         links = _get(profile, *r, "links")
         if link not in links:
@@ -165,7 +169,11 @@ class RooflineDevice:
         return self._paced((3 * table + 2 * tokens * self.emb) * self.bytes / self.bw, self.ops["embedding_bwd"])
 
     def dropout_mask(self, elements: int) -> float:
-        return elements * self.mask_ns + elements / self.h2d + 2 * elements * self.bytes / self.bw if elements else 0.0
+        """Drawn on the device: random floats (4 bytes written), compared (4 read, 1 written), cast and
+        scaled to the parameters' dtype (read and written twice)."""
+        if not elements:
+            return 0.0
+        return self._paced(elements * (4 + 5 + 1 + 3 * self.bytes) / self.bw, MASK_OPS)
 
     def copy_bytes(self, nbytes: int) -> float:
         return self._paced(nbytes / self.bw, 1) if nbytes else 0.0
@@ -183,9 +191,10 @@ class RooflineDevice:
         return self._paced(gpu, self.ops["head_fixed"] + chunks * self.ops["head_per_chunk"])
 
     def optimizer(self, params: int, tensors: int) -> float:
-        """DeepSpeed's step: gradient copies to fp32, the norm, Adam on fp32 masters, copies back:
-        about 40 bytes per parameter; lean_bf16_step launches about 5 ops per tensor."""
-        return self._paced(40 * params / self.bw, 20 + 5 * tensors)
+        """The adapter's lean_step: bf16 gradient copies to fp32 (one op per tensor), the norm, fused Adam on
+        the fp32 masters and the copy back (foreach ops: a few launches in all), about 40 bytes per
+        parameter; and the step's one device sync, the norm's read (the host waits for the queue)."""
+        return self._paced(40 * params / self.bw, 16 + (tensors if self.precision == "bf16" else 0)) + self.sync
 
     def slowdown(self, component: str) -> float:
         return 1.0  # each rank has a GPU of its own
