@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainer.parallel.layout import LayoutSpec, group_members
-from trainer.parallel.schedule import Instr, build_schedule, format_schedule, global_programs, replay
+from trainer.parallel.schedule import Instr, build_schedule, format_schedule, global_programs
+from trainer.parallel.walk import replay
 
 
 def _spec(num_pp: int, num_dp: int, units: int = 1, chunks: int = 1, head_parallel: bool = True) -> LayoutSpec:

@@ -20,10 +20,9 @@ import json
 import os
 import resource
 
-from trainer.parallel.schedule import OPS
+from trainer.parallel.schedule import KIND_CATEGORY, OPS
 
-CATEGORY = {"compute": "busy", "recv": "waiting", "send": "communicating", "collective": "communicating",
-            "wait": "communicating"}
+CATEGORY = KIND_CATEGORY
 CATEGORIES = ("busy", "waiting", "communicating", "idle")
 COLORS = {"busy": "#2b7bba", "waiting": "#e8a33d", "communicating": "#8e5fb5", "idle": "#d0d0d0"}
 MAX_TRACE_STEPS = 50  # sampled steps kept in trace.json (the newest)

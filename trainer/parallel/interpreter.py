@@ -25,9 +25,9 @@ from trainer.model import Embeddings, EncoderDecoderLayer
 from trainer.op_counter import host
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.layout import split_even
+from trainer.parallel.comm import AsyncCollective
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
-from trainer.parallel.schedule import OPS, Instr, eval_program, rank_programs
-from trainer.timeline import CATEGORY as _KIND_CATEGORY
+from trainer.parallel.schedule import KIND_CATEGORY, OPS, Instr, eval_program, rank_programs
 
 
 class _Record:
@@ -84,7 +84,7 @@ class StepRunner:
         self.kind_seconds: dict[str, float] = {}  # ... per timeline category (trainer.timeline)
         self.spans: list | None = None  # when a list: (op, start, end) of every instruction (the timeline)
         self.span_origin = 0.0
-        self.pending_head_grads = self.pending_head_weights = None  # async head collectives in flight
+        self.pending: dict = {}  # async op name -> its handle in flight, until the op that completes it
         self.window: torch.Tensor | None = None  # device (loss, nll) sums of the accumulation window so far
         self.window_read: list | None = None  # ... read back with the optimizer step's gradient norm
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
@@ -125,10 +125,17 @@ class StepRunner:
         return {"loss_sum": loss_sum, "nll_sum": nll_sum}
 
     def _execute(self, ins: Instr) -> None:
+        """One instruction under the rules of its op (schedule.OPS, as trainer.parallel.walk applies them): an
+        asynchronous op's handle is kept until the wait that `completes` it, which finishes it first."""
+        op = OPS[ins.op]
         try:
-            HANDLERS[ins.op](self, ins)
+            if op.completes and op.completes in self.pending:
+                self.pending.pop(op.completes).wait()
+            handle = HANDLERS[ins.op](self, ins)
         except RuntimeError as e:
             raise self._comm_error(ins, e) if is_comm_failure(e) else e
+        if op.asynchronous:
+            self.pending[ins.op] = handle
 
     def _run_timed(self, program: list[Instr]) -> None:
         """The program with every instruction's wall time (per op, per timeline category, and its span
@@ -361,35 +368,33 @@ class StepRunner:
         if self.layout.num_dp > 1:
             self.engine.allreduce_replica_grads()  # DeepSpeed's, over the grid's data group
 
-    def op_reduce_head_grads(self, ins: Instr) -> None:
+    def op_reduce_head_grads(self, ins: Instr) -> AsyncCollective:
         """Start summing every replica's (final) head gradients into the owner (last stage); it runs
         while the LSTM stages do their backward."""
         params = list(self.module.head.parameters())
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.pending_head_grads = self.rt.reduce_async([p.grad for p in params], dst=self.layout.stage_ranks[ins.peer],
-                                                       group=OPS[ins.op].group)
+        return self.rt.reduce_async([p.grad for p in params], dst=self.layout.stage_ranks[ins.peer],
+                                    group=OPS[ins.op].group)
 
     def op_wait_head_grads(self, ins: Instr) -> None:
-        self.pending_head_grads.wait()
-        self.pending_head_grads = None
+        """(reduce_head_grads is finished by now: this op completes it.)"""
         if not self.module.owns_head:  # a replica's gradient now lives in the owner
             for p in self.module.head.parameters():
                 p.grad = None
 
-    def op_broadcast_head(self, ins: Instr) -> None:
+    def op_broadcast_head(self, ins: Instr) -> AsyncCollective:
         """Start sending the owner's updated head weights to every replica; it runs while the next
         micro-step's LSTM forward does, and completes before the next head phase (`sync_head`)."""
-        self.pending_head_weights = self.rt.broadcast_async([p.data for p in self.module.head.parameters()],
-                                                            src=self.layout.stage_ranks[ins.peer],
-                                                            group=OPS[ins.op].group)
+        return self.rt.broadcast_async([p.data for p in self.module.head.parameters()],
+                                       src=self.layout.stage_ranks[ins.peer], group=OPS[ins.op].group)
 
     def sync_head(self) -> None:
         """Finish an in-flight head-weight broadcast (before the head runs, and at the end)."""
-        if self.pending_head_weights is not None:
-            self.pending_head_weights.wait()
-            self.pending_head_weights = None
+        handle = self.pending.pop("broadcast_head", None)
+        if handle is not None:
+            handle.wait()
 
     def op_optimizer_step(self, ins: Instr) -> None:
         self.window_read = self.engine.step(along=self.window)
@@ -399,7 +404,7 @@ class StepRunner:
 
 
 HANDLERS = {name: getattr(StepRunner, f"op_{name}", None) for name in OPS}
-CATEGORY = {name: _KIND_CATEGORY[op.kind] for name, op in OPS.items()}
+CATEGORY = {name: KIND_CATEGORY[op.kind] for name, op in OPS.items()}
 _missing = [name for name, h in HANDLERS.items() if h is None]
 _extra = [name[3:] for name in vars(StepRunner) if name.startswith("op_") and name[3:] not in OPS]
 if _missing or _extra:

@@ -18,8 +18,9 @@ One micro-step (one DeepSpeed micro-batch) on the rank at pipeline stage `stage`
               DeepSpeed's replica all-reduce, the optimizer step and the owner's broadcast of the
               updated head; then the loss sums' all-reduce.
 
-`replay` executes all ranks' lists abstractly and proves that every send meets a receive and every
-collective is entered by every rank of its group, so a schedule that would deadlock fails a test.
+`trainer.parallel.walk.replay` executes all ranks' lists abstractly and proves that every send meets a
+receive and every collective is entered by every rank of its group, on gloo and on NCCL, so a schedule
+that would deadlock fails a test.
 """
 from __future__ import annotations
 
@@ -34,8 +35,12 @@ class Op:
         compute     local work (kernels, the optimizer)
         send        point-to-point, non-blocking; `pairs` names the receive that takes it
         recv        point-to-point, blocks until the matching send arrives
-        collective  entered by every rank of `group` (a name of `layout.group_members`), in order
-        wait        local: finishes something started earlier (an async collective, pending sends)
+        collective  entered by every rank of `group` (a name of `layout.group_members`), in order;
+                    `asynchronous` ones are started without waiting
+        wait        local: finishes what it `completes` (an async collective, or every pending send)
+
+    These rules are applied in one place, `trainer.parallel.walk` (the replay and the simulator), and
+    the interpreter keeps an async op's handle until the op that completes it.
     """
 
     name: str
@@ -43,10 +48,16 @@ class Op:
     group: str = ""
     pairs: str = ""
     eval: bool = False  # part of the forward-only program (dev loss)
+    asynchronous: bool = False  # a collective started without waiting; a later wait (or the next step) ends it
+    completes: str = ""  # a wait: the async op it finishes ("send": every pending send)
     doc: str = ""
 
 
 KINDS = ("compute", "send", "recv", "collective", "wait")
+# where an instruction's time goes on a timeline (trainer.timeline): computing, blocked on a peer's
+# message (pipeline bubbles + transfer), or communicating (sends, collectives, waits for them)
+KIND_CATEGORY = {"compute": "busy", "recv": "waiting", "send": "communicating", "collective": "communicating",
+                 "wait": "communicating"}
 OPS: dict[str, Op] = {op.name: op for op in (
     Op("forward", "compute", eval=True, doc="run local layers (kind enc|dec) on (unit, chunk)"),
     Op("send_forward", "send", pairs="recv_forward", eval=True, doc="activation of (kind, unit, chunk) to stage peer"),
@@ -61,17 +72,18 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("send_backward", "send", pairs="recv_backward",
        doc="gradient w.r.t. the input of (kind, unit, chunk) to stage peer"),
     Op("recv_backward", "recv", pairs="send_backward"),
-    Op("reduce_head_grads", "collective", group="pipe",
+    Op("reduce_head_grads", "collective", group="pipe", asynchronous=True,
        doc="started without blocking right after the head phase: head replicas' gradients summed into "
            "the owner (last stage); hybrid only"),
-    Op("wait_head_grads", "wait", doc="finish reduce_head_grads before the optimizer step"),
+    Op("wait_head_grads", "wait", completes="reduce_head_grads", doc="finish reduce_head_grads before the optimizer step"),
     Op("reduce_metrics", "collective", group="world", eval=True,
        doc="loss sums of the accumulation window (training; at its boundary) or micro-batch (evaluation)"),
     Op("reduce_grads", "collective", group="data", doc="DeepSpeed's all-reduce over this stage's replicas"),
     Op("optimizer_step", "compute"),
-    Op("broadcast_head", "collective", group="pipe",
+    Op("broadcast_head", "collective", group="pipe", asynchronous=True,
        doc="non-blocking: the owner's updated head weights; replicas wait for it before their next head"),
-    Op("flush_sends", "wait", eval=True, doc="wait until every non-blocking send of the micro-step is done"),
+    Op("flush_sends", "wait", eval=True, completes="send",
+       doc="wait until every non-blocking send of the micro-step is done"),
 )}
 
 
@@ -213,85 +225,6 @@ def format_schedule(programs: dict[int, list[Instr]]) -> str:
         lines.append(f"rank {rank} ({len(prog)} instructions)")
         lines += [f"  {i:3d}  {ins}" for i, ins in enumerate(prog)]
     return "\n".join(lines)
-
-
-REPLAY_MODES = ("gloo", "nccl")
-
-
-def replay(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]], mode: str = "gloo") -> None:
-    """Run all ranks' programs abstractly and prove that the schedule cannot deadlock. Raises
-    RuntimeError naming the stuck ranks and their next instructions on deadlock, a message received
-    out of order, or a message nobody receives.
-
-    Point-to-point messages between two ranks travel on one ordered channel per direction, whatever
-    the instruction (gloo and NCCL both match a pair's messages in order): a receive takes the next
-    message of its channel, which must be the one it expects (the paired op, same unit, chunk, kind).
-    A collective blocks until every rank of its group (`OPS[op].group`) has reached it.
-
-    mode  gloo  sends are buffered: a send never blocks (gloo copies the message out)
-          nccl  sends block until received: an NCCL send of more than its buffer waits for the
-                receiver's kernel, and a pair's sends and receives run in order on one stream, so
-                two ranks that send to each other at once hang
-
-    programs: global rank -> instruction list; `peer` fields are global ranks here.
-    groups: `layout.group_members(spec)`: group name -> lists of global ranks.
-    """
-    if mode not in REPLAY_MODES:
-        raise ValueError(f"replay mode {mode!r}: one of {REPLAY_MODES}")
-    pc = {r: 0 for r in programs}
-    channels: dict[tuple, list] = {}  # (src, dst) -> [(send op, unit, chunk, kind)], oldest first
-    waiting: dict[tuple, set] = {}
-    posted: dict[int, tuple] = {}  # nccl: rank -> the message its blocked send posted
-    progress = True
-    while progress:
-        progress = False
-        for r, prog in programs.items():
-            while pc[r] < len(prog):
-                ins = prog[pc[r]]
-                op = OPS[ins.op]
-                if op.kind == "send":
-                    queue = channels.setdefault((r, ins.peer), [])
-                    if r not in posted:
-                        message = (op.name, ins.unit, ins.chunk, ins.kind, r, pc[r])
-                        queue.append(message)
-                        posted[r] = message
-                    if mode == "nccl" and any(m is posted[r] for m in queue):
-                        break  # not received yet
-                    del posted[r]
-                elif op.kind == "recv":
-                    queue = channels.get((ins.peer, r), [])
-                    if not queue:
-                        break
-                    got = queue[0]
-                    if got[:4] != (op.pairs, ins.unit, ins.chunk, ins.kind):
-                        raise RuntimeError(f"rank {r} {ins} would receive {got[0]} u{got[1]} c{got[2]} {got[3]} "
-                                           f"from rank {ins.peer}: messages of a pair arrive in order")
-                    queue.pop(0)
-                elif op.kind == "collective":
-                    group = next((g for g in groups[op.group] if r in g), None)
-                    if group is None:
-                        raise RuntimeError(f"rank {r} {ins}: not a member of any {op.group!r} group")
-                    if ins.peer >= 0 and ins.peer not in group:
-                        raise RuntimeError(f"rank {r} {ins}: root rank {ins.peer} is not in its {op.group!r} group "
-                                           f"{group}")
-                    key = (op.name, tuple(group), ins.peer, _count(prog, pc[r], op.name))
-                    arrived = waiting.setdefault(key, set())
-                    arrived.add(r)
-                    if len(arrived) < len(group):
-                        break
-                pc[r] += 1
-                progress = True
-    stuck = {r: str(programs[r][pc[r]]) for r in programs if pc[r] < len(programs[r])}
-    if stuck:
-        raise RuntimeError(f"deadlock ({mode}): ranks stuck at {stuck}")
-    leftovers = {k: v for k, v in channels.items() if v}
-    if leftovers:
-        raise RuntimeError(f"messages never received: {leftovers}")
-
-
-def _count(prog: list[Instr], upto: int, op: str) -> int:
-    """How many `op` instructions precede position `upto` (identifies the n-th collective)."""
-    return sum(1 for ins in prog[:upto] if ins.op == op)
 
 
 def global_programs(spec, boundary: bool = True, forward_only: bool = False) -> dict[int, list[Instr]]:
