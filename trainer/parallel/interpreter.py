@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -24,7 +23,7 @@ from trainer.dropout import DropoutKeys, keyed
 from trainer.model import Embeddings, EncoderDecoderLayer
 from trainer.op_counter import host
 from trainer.parallel import deepspeed_adapter as dsa
-from trainer.parallel.layout import split_even
+from trainer.parallel.cut import ReplicaCut, cut_replica
 from trainer.parallel.comm import AsyncCollective
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
 from trainer.parallel.schedule import KIND_CATEGORY, OPS, Instr, eval_program, rank_programs
@@ -47,11 +46,7 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
 class MicroStep:
     """The state of one micro-step on this rank."""
 
-    replica: Batch  # this replica's rows of the global micro-batch
-    replica_row0: int  # its first row in the global micro-batch
-    units: list  # its pipeline units (Batches)
-    unit_rows: list  # [start, stop) of each unit in `replica`
-    chunks: dict  # 'enc'|'dec' -> per unit, [start, stop) of each time chunk
+    cut: ReplicaCut  # this replica's rows of the global micro-batch, its units and time chunks (on the device)
     loss_scale: float
     train: bool
     records: dict = field(default_factory=dict)  # (kind, unit, chunk) -> _Record
@@ -63,6 +58,22 @@ class MicroStep:
     metrics: torch.Tensor | None = None  # on the device: (loss, nll) sums of the pieces this rank ran
     reduced: torch.Tensor | None = None  # on the host: the sums over every rank, after reduce_metrics
     dropout: DropoutKeys | None = None  # where each forward sits in the global micro-batch (masks)
+
+    @property
+    def replica(self) -> Batch:
+        return self.cut.replica
+
+    @property
+    def units(self) -> list:
+        return self.cut.units
+
+    @property
+    def unit_rows(self) -> list:
+        return self.cut.unit_rows
+
+    @property
+    def chunks(self) -> dict:
+        return self.cut.chunks
 
 
 class StepRunner:
@@ -167,15 +178,10 @@ class StepRunner:
 
     def _micro_step(self, batch: Batch, window_tokens: int, train: bool) -> MicroStep:
         spec = self.layout.spec
-        start, stop = self.layout.replica_rows(batch.size)
-        replica = batch.rows(start, stop).to(self.device)
-        unit_rows = split_even(replica.size, spec.micro_batches)
-        units = [replica.rows(a, b) for a, b in unit_rows]
-        chunks = {"enc": [split_even(u.src.shape[1], spec.time_chunks) for u in units],
-                  "dec": [split_even(u.tgt_in.shape[1], spec.time_chunks) for u in units]}
+        cut = cut_replica(spec, batch, self.layout.replica).to(self.device)
         # num_dp: DeepSpeed averages over replicas; we want the sum over the global window
         loss_scale = spec.num_dp / window_tokens if window_tokens else 0.0
-        return MicroStep(replica, start, units, unit_rows, chunks, loss_scale, train)
+        return MicroStep(cut, loss_scale, train)
 
     def _act_shape(self, kind: str, unit: int, chunk: int):
         a, b = self.ms.chunks[kind][unit][chunk]
@@ -191,7 +197,7 @@ class StepRunner:
         unit = ms.units[u]
         a, b = ms.chunks[kind][u][c]
         if ms.dropout is not None:
-            ms.dropout.row0, ms.dropout.t0 = ms.replica_row0 + ms.unit_rows[u][0], a
+            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + ms.unit_rows[u][0], a
         if self.embeddings is not None:
             x_in = None
             x = (self.embeddings.embed_src(unit.src[:, a:b]) if kind == "enc"
@@ -202,7 +208,7 @@ class StepRunner:
         state_in = self._state_in(kind, u, c)
         state_out = []
         if kind == "enc":
-            lengths = np.clip(unit.src_len - a, 0, b - a)  # on the host: packing needs no device read
+            lengths = ms.cut.encoder_lengths(u, c)  # on the host: packing needs no device read
             for pair, st in zip(self.pairs, state_in):
                 x, st = pair.encode(x, lengths, st)
                 state_out.append(pair.decoder_init(st) if c == len(ms.chunks["enc"][u]) - 1 else st)
@@ -232,9 +238,7 @@ class StepRunner:
     # (after_forward: instructions without a unit) or one pipeline unit (per_unit).
     def _piece(self, ins: Instr, stage: int) -> tuple[int, int]:
         """[start, stop) rows of the replica."""
-        if ins.unit >= 0:
-            return self.ms.unit_rows[ins.unit]
-        return self.layout.head_shards(self.ms.replica.size)[stage]
+        return self.ms.cut.piece_rows(self.layout.spec, stage, ins.unit)
 
     def _unit_top(self, kind: str, u: int) -> torch.Tensor:
         """Unit u's top encoder (kind 'enc') or decoder outputs, (rows, len, hidden), detached."""
@@ -271,7 +275,7 @@ class StepRunner:
         a, b = self._piece(ins, stage)
         rows = ms.replica.rows(a, b)
         if ms.dropout is not None:
-            ms.dropout.row0, ms.dropout.t0 = ms.replica_row0 + a, 0
+            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + a, 0
         enc, dec = ms.shards.pop(ins.unit) if ins.unit in ms.shards else self._top_rows(ins, stage)
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)

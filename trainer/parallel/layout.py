@@ -228,8 +228,14 @@ class ParallelLayout:
 
     def head_shards(self, rows: int) -> list[tuple[int, int]]:
         """Row ranges of the replica slice handled by each stage's head replica."""
-        if not self.spec.head_parallel:
-            return [(0, 0)] * (self.num_pp - 1) + [(0, rows)]
-        if self.spec.head_shares:
-            return split_weighted(rows, self.spec.head_shares)
-        return split_even(rows, self.num_pp)
+        return head_shards(self.spec, rows)
+
+
+def head_shards(spec: LayoutSpec, rows: int) -> list[tuple[int, int]]:
+    """Row ranges of a replica slice of `rows` sentences handled by each stage's head (hybrid: shards by
+    `head_shares` or equal; otherwise all on the last stage)."""
+    if not spec.head_parallel:
+        return [(0, 0)] * (spec.num_pp - 1) + [(0, rows)]
+    if spec.head_shares:
+        return split_weighted(rows, spec.head_shares)
+    return split_even(rows, spec.num_pp)

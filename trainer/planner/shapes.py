@@ -1,19 +1,19 @@
 """What each instruction of a layout works on: the model's sizes, which layers each stage holds, and a
-real global micro-batch cut into replicas, pipeline units, time chunks and head pieces exactly as
-`trainer.parallel.interpreter` cuts it (the same `split_even`, `Batch.rows` trimming, head shards).
+real global micro-batch cut into replicas, pipeline units, time chunks and head pieces by the
+interpreter's own cutter (`trainer.parallel.cut`).
 No timing here; `trainer.planner.costs` turns these shapes into seconds."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
 import torch
 
 from trainer.data import Batch
 from trainer.model import EncoderDecoderLayer, build_head, layer_builders
 from trainer.parallel import deepspeed_adapter as dsa
-from trainer.parallel.layout import LayoutError, LayoutSpec, ParallelLayout, rank_of, split_even
+from trainer.parallel.cut import ReplicaCut, cut_replica
+from trainer.parallel.layout import LayoutError, LayoutSpec
 
 
 @dataclass(frozen=True)
@@ -109,46 +109,32 @@ class Chunk:
 
 
 class Cut:
-    """One global micro-batch cut for a layout, as the interpreter cuts it (memoised)."""
+    """One global micro-batch cut for a layout by the interpreter's cutter (trainer.parallel.cut),
+    every replica's share (memoised), with each chunk's and head piece's sizes."""
 
     def __init__(self, batch: Batch, spec: LayoutSpec):
         self.batch, self.spec = batch, spec
 
     @cached_property
-    def _replicas(self) -> list[Batch]:
-        splits = split_even(self.batch.size, self.spec.num_dp)
-        return [self.batch.rows(a, b) for a, b in splits]
+    def _replicas(self) -> list[ReplicaCut]:
+        return [cut_replica(self.spec, self.batch, d) for d in range(self.spec.num_dp)]
 
     def replica(self, d: int) -> Batch:
-        return self._replicas[d]
-
-    @cached_property
-    def _units(self) -> list[tuple[list[Batch], list]]:
-        out = []
-        for rep in self._replicas:
-            rows = split_even(rep.size, self.spec.micro_batches)
-            out.append(([rep.rows(a, b) for a, b in rows], rows))
-        return out
+        return self._replicas[d].replica
 
     def units(self, d: int) -> list[Batch]:
-        return self._units[d][0]
+        return self._replicas[d].units
 
     def chunk(self, d: int, kind: str, u: int, c: int) -> Chunk:
-        unit = self._units[d][0][u]
-        width = unit.src.shape[1] if kind == "enc" else unit.tgt_in.shape[1]
-        a, b = split_even(width, self.spec.time_chunks)[c]
+        cut = self._replicas[d]
+        a, b = cut.chunks[kind][u][c]
         if kind == "dec":
-            return Chunk(unit.size, b - a, None)
-        lengths = np.clip(unit.src_len - a, 0, b - a)
-        return Chunk(unit.size, b - a, tuple(int(x) for x in lengths))
+            return Chunk(cut.units[u].size, b - a, None)
+        return Chunk(cut.units[u].size, b - a, tuple(int(x) for x in cut.encoder_lengths(u, c)))
 
     def piece(self, d: int, stage: int, unit: int = -1) -> Batch:
         """The rows one head instruction works on: a unit (per_unit) or this stage's shard."""
-        if unit >= 0:
-            return self._units[d][0][unit]
-        rep = self._replicas[d]
-        a, b = ParallelLayout(self.spec, rank_of(self.spec, stage, d)).head_shards(rep.size)[stage]
-        return rep.rows(a, b)
+        return self._replicas[d].piece(self.spec, stage, unit)
 
 
 def head_work(piece: Batch) -> dict:
