@@ -72,3 +72,23 @@ def test_one_device_sync_per_optimizer_step_in_every_layout(workers, tiny_data, 
             assert len(o["syncs"]) <= 1, f"{name} bf16={bf16} rank {rank}: {o['syncs']}"
             assert o["syncs"] == [("Tensor.tolist", o["syncs"][0][1])] and "lean_step" in o["syncs"][0][1], o
             assert o["launches"] > 100 and o["row"]["loss"] > 0  # a real step was counted
+
+
+def test_the_heads_launches_do_not_grow_with_tokens_on_an_accelerators_chunk():
+    """On a CPU the loss runs in 128-row chunks (in cache), ~15 launches each; with an accelerator's
+    chunk (LOSS_CHUNK_ROWS) the head's forward and backward launch the same operators for any count."""
+    from trainer.model import LOSS_CHUNK_ROWS, AttentionSoftmaxHead
+
+    head = AttentionSoftmaxHead(hidden=8, tgt_vocab=50, attention="general", dropout=0.0, label_smoothing=0.1)
+
+    def launches(tokens: int, chunk: int) -> int:
+        head.loss_chunk_rows = chunk
+        enc, dec = torch.randn(4, 5, 8, requires_grad=True), torch.randn(4, tokens // 4, 8, requires_grad=True)
+        target = torch.randint(4, 50, (4, tokens // 4))
+        with OpCounter(where=False) as c:
+            head(enc, torch.ones(4, 5, dtype=torch.bool), dec, target)[0].backward()
+        return c.launches
+
+    cpu = LOSS_CHUNK_ROWS["cpu"]
+    assert launches(8 * cpu, cpu) - launches(2 * cpu, cpu) >= 6 * 10  # ~15 per extra chunk
+    assert launches(8 * cpu, LOSS_CHUNK_ROWS["accelerator"]) == launches(2 * cpu, LOSS_CHUNK_ROWS["accelerator"])
