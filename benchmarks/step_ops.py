@@ -54,6 +54,8 @@ def main() -> int:
     ap.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     ap.add_argument("--precision", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
+    ap.add_argument("--loss-chunk-rows", type=int, default=0,
+                    help="train.loss_chunk_rows (0: the CPU's 128; 8192: what an accelerator uses)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     args = ap.parse_args()
     from tests.harness import Workers
@@ -63,7 +65,7 @@ def main() -> int:
     data = prepare_enja(args.work)
     workers = Workers(max(LAYOUTS[name][0] for name in args.layouts))
     rows = []
-    print(f"# {cpu_model()}")
+    print(f"# {cpu_model()}; train.loss_chunk_rows={args.loss_chunk_rows or 'auto (128 on a CPU)'}")
     print("| size | layout | precision | syncs/step | launches/step (per rank) | most launched |")
     print("|---|---|---|---:|---|---|")
     try:
@@ -74,7 +76,8 @@ def main() -> int:
                 if layout.get("num_pp", 1) > LAYERS[size]:
                     continue  # more stages than the model has pair layers
                 for precision in args.precision:
-                    out = workers.run(world, count_step_ops, [f"data.dir={data}", *overrides, "train.seed=1"],
+                    out = workers.run(world, count_step_ops, [f"data.dir={data}", *overrides, "train.seed=1",
+                                                              f"train.loss_chunk_rows={args.loss_chunk_rows}"],
                                       ds_config(batch, world, layout, precision == "bf16"),
                                       str(args.work / "runs" / f"{size}_{name}_{precision}".replace(" ", "_")), 1,
                                       str(REPO / config), timeout=1800)
