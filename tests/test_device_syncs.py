@@ -92,3 +92,22 @@ def test_the_heads_launches_do_not_grow_with_tokens_on_an_accelerators_chunk():
     cpu = LOSS_CHUNK_ROWS["cpu"]
     assert launches(8 * cpu, cpu) - launches(2 * cpu, cpu) >= 6 * 10  # ~15 per extra chunk
     assert launches(8 * cpu, LOSS_CHUNK_ROWS["accelerator"]) == launches(2 * cpu, LOSS_CHUNK_ROWS["accelerator"])
+
+
+@pytest.mark.slow
+def test_a_compiled_head_trains_like_the_eager_one(workers, tiny_data, tmp_path):
+    """train.compile_head=true (torch.compile of the head's forward, dynamic shapes) on the CPU: the same
+    losses and weights after 3 steps with dropout, to float32 rounding."""
+    from tests.parallel_jobs import train_steps
+
+    ds = _ds(14, {"mode": "single"}, bf16=False)
+    runs = {}
+    for compiled in (False, True):
+        out = workers.run(1, train_steps, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3",
+                                           f"train.compile_head={str(compiled).lower()}"],
+                          ds, str(tmp_path / f"compiled_{compiled}"), 3, timeout=900)
+        runs[compiled] = out[0]
+    eager, compiled = runs[False], runs[True]
+    assert [r["loss"] for r in compiled["rows"]] == pytest.approx([r["loss"] for r in eager["rows"]], rel=1e-5)
+    worst = max(float(np.abs(compiled["params"][k] - v).max()) for k, v in eager["params"].items())
+    assert worst < 1e-5, worst
