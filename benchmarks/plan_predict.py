@@ -12,8 +12,8 @@ layout on all N of them, and the planner's pick (which may leave some GPUs out) 
 --devices N --profile PROFILE --link LINK --deepspeed_config WORK/paper_128.json data.dir=...` prints
 each full ranking). Scenarios (--scenarios):
 
-    shipped     the config as it is (dropout 0.2): the trainer draws its layout-invariant dropout masks on
-                the host CPU (trainer/dropout.py) for the whole global batch, which the profile prices
+    shipped     the config as it is (dropout 0.2): the layout-invariant dropout masks are drawn on the
+                device for the whole global micro-batch (trainer/dropout.py), a few elementwise passes per site
     no_dropout  model.dropout=0: the model's own work
     patent_len  no dropout, every pair's source and target repeated 4 times (~30 source and ~46 target
                 pieces, about a patent sentence; small_parallel_enja's are 8.3 and 12.2 with this
