@@ -18,6 +18,7 @@ if __name__ == "__main__":
 from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError  # noqa: E402
 from trainer.parallel.runtime import RendezvousError  # noqa: E402
+from trainer.run_files import RunFileError  # noqa: E402
 from trainer.trainer import TrainingError  # noqa: E402
 
 
@@ -33,7 +34,8 @@ def main(argv=None):
         if args.dry_run:
             return run_dry(args.deepspeed_config)
         leave(train_main(args.config, args.overrides, args.deepspeed_config))
-    except (ValueError, FileNotFoundError, CheckpointError, DeepSpeedVersionError, RendezvousError) as e:
+    except (ValueError, FileNotFoundError, CheckpointError, DeepSpeedVersionError, RendezvousError,
+            RunFileError) as e:
         fail(e, exit=leave)
     except TrainingError as e:
         fail(e, code=1, exit=leave)

@@ -14,7 +14,11 @@ def fail(err: Exception, code: int = 2, exit=sys.exit) -> None:
 def leave(code: int) -> None:
     """End a training process once its work is done and its files are closed, skipping interpreter
     teardown: there, gloo/DeepSpeed background threads have now and then aborted a finished process
-    ("terminate called without an active exception", exit -6), turning a clean run into a failure."""
+    ("terminate called without an active exception", exit -6), turning a clean run into a failure.
+    run.dir's lock is let go first (trainer.run_files)."""
+    from trainer import run_files
+
+    run_files.release_run_dir()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -33,7 +37,7 @@ def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
     latest = checkpoint.read_pointer(cfg.run.dir, "latest")
     lines.append(f"  newest complete checkpoint: {latest or 'none'} (continue with train.resume=auto)")
     print("\n".join(lines), file=sys.stderr, flush=True)
-    os._exit(3)
+    leave(3)
 
 
 def run_dry(ds_config_path: str) -> int:

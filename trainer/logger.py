@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from trainer import run_files
+
 SAMPLES_PER_VALIDATION = 8
 
 
@@ -53,7 +55,7 @@ def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int) -
 class RunLogger(NullLogger):
     def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0, extra_config: dict | None = None):
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = run_files.open_write(run_dir, "metrics.jsonl", append=True)
         self.run_dir, self.total, self.start_step = run_dir, total_steps, start_step
         self.log_every = cfg.train.log_every
         self._started = time.perf_counter()

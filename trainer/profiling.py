@@ -14,6 +14,8 @@ import os
 import resource
 import time
 
+from trainer import run_files
+
 PROFILE_DIR = "profile"
 
 
@@ -22,7 +24,7 @@ class StepProfiler:
     (`step` = the number of the step about to run / just finished)."""
 
     def __init__(self, run_dir: str, rank: int, start: int, steps: int):
-        self.dir = os.path.join(run_dir, PROFILE_DIR)
+        self.run_dir, self.dir = run_dir, os.path.join(run_dir, PROFILE_DIR)
         self.rank, self.first, self.last = rank, start + 1, start + steps
         self.enabled = steps > 0
         self._prof = None
@@ -52,13 +54,12 @@ class StepProfiler:
         ops = {e.key: {"self_ms": e.self_cpu_time_total / 1000 / steps, "calls": e.count / steps}
                for e in events}
         ops = dict(sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"]))
-        os.makedirs(self.dir, exist_ok=True)
         path = os.path.join(self.dir, f"rank{self.rank}.json")
-        with open(path, "w") as f:
+        with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json") as f:
             json.dump({"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
                        "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()),
                        "minor_faults_per_step": faults / steps, "ops": ops}, f, indent=1)
-        with open(os.path.join(self.dir, f"rank{self.rank}.txt"), "w") as f:
+        with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.txt") as f:
             f.write(f"steps {self.first}-{self.last}: self CPU ms over {steps} steps (divide by {steps} "
                     f"for per step)\n")
             f.write(events.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))

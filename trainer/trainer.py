@@ -6,14 +6,13 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import signal
 import time
 
 import torch
 from omegaconf import OmegaConf
 
-from trainer import checkpoint, evaluation, faults, resume, timeline
+from trainer import checkpoint, evaluation, faults, resume, run_files, timeline
 from trainer.profiling import StepProfiler
 from trainer.flops import batch_flops
 from trainer.config import to_yaml
@@ -67,15 +66,15 @@ class Trainer:
             print(text, flush=True)
 
     def _init_run_dir(self) -> None:
-        os.makedirs(os.path.join(self.run_dir, checkpoint.CKPT_DIR), exist_ok=True)
-        with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
-            f.write(to_yaml(self.cfg))
-        with open(os.path.join(self.run_dir, "ds_config.json"), "w") as f:
-            json.dump(self.s.ds, f, indent=1)
-        with open(os.path.join(self.run_dir, DATA_MANIFEST), "w") as f:
-            json.dump(self.s.manifest, f, indent=1)
+        """The run's own files (regular files of run.dir only: trainer.run_files)."""
+        run_files.make_dirs(self.run_dir, checkpoint.CKPT_DIR)
+        run_files.write_text(self.run_dir, "config.yaml", to_yaml(self.cfg))
+        run_files.write_text(self.run_dir, "ds_config.json", json.dumps(self.s.ds, indent=1))
+        run_files.write_text(self.run_dir, DATA_MANIFEST, json.dumps(self.s.manifest, indent=1))
         for name in RUN_FILES:  # the run translates on its own, even if DATA_DIR moves
-            shutil.copy(os.path.join(self.cfg.data.dir, name), os.path.join(self.run_dir, name))
+            model = run_files.read_capped(os.path.join(self.cfg.data.dir, name), run_files.MAX_SPM_BYTES,
+                                          what="a SentencePiece model of data.dir")
+            run_files.write_bytes(self.run_dir, name, model)
 
     def _check_shared_run_dir(self) -> None:
         """Every rank writes its checkpoint files into run.dir: on several nodes it must be one shared
@@ -224,10 +223,8 @@ class Trainer:
         steps = self.state.step - TIMING_WARMUP_STEPS
         if steps <= 0:
             return
-        out = os.path.join(self.run_dir, "timing")
-        os.makedirs(out, exist_ok=True)
         layout = self.rt.layout
-        with open(os.path.join(out, f"rank{self.rt.rank}.json"), "w") as f:
+        with run_files.open_write(self.run_dir, f"timing/rank{self.rt.rank}.json") as f:
             json.dump({"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
                        "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())}}, f,
                       indent=1)
