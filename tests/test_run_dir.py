@@ -19,8 +19,21 @@ import pytest
 from tests.conftest import REPO, read_metrics, run_cli
 from tests.test_hostile import fake_run, step_dir
 from trainer import checkpoint as ck
-from trainer import run_files
-from trainer.resume import RUN_DIR_DIRS, RUN_DIR_FILES
+
+
+@pytest.fixture(scope="module")
+def run_files():
+    from trainer import run_files
+
+    return run_files
+
+
+@pytest.fixture(scope="module")
+def owned():
+    """What the trainer writes into run.dir: (files, directories -> names inside)."""
+    from trainer.resume import RUN_DIR_DIRS, RUN_DIR_FILES
+
+    return RUN_DIR_FILES, RUN_DIR_DIRS
 
 
 def outside(tmp_path: Path, name: str = "theirs.txt") -> Path:
@@ -31,7 +44,7 @@ def outside(tmp_path: Path, name: str = "theirs.txt") -> Path:
 
 # --- item 9: the one writer ----------------------------------------------------------------------------------
 
-def test_open_write_refuses_links_fifos_and_hard_links_and_never_writes_through(tmp_path):
+def test_open_write_refuses_links_fifos_and_hard_links_and_never_writes_through(tmp_path, run_files):
     run = tmp_path / "run"
     run.mkdir()
     theirs = outside(tmp_path)
@@ -55,7 +68,7 @@ def test_open_write_refuses_links_fifos_and_hard_links_and_never_writes_through(
     assert (run / "profile" / "rank0.json").read_text() == "{}\n"
 
 
-def test_checkpoint_writes_and_pointers_refuse_links(tmp_path):
+def test_checkpoint_writes_and_pointers_refuse_links(tmp_path, run_files):
     run = fake_run(tmp_path / "run")
     theirs = outside(tmp_path)
     (run / "checkpoints" / "latest.tmp").symlink_to(theirs)  # the pointer's temporary name
@@ -67,7 +80,7 @@ def test_checkpoint_writes_and_pointers_refuse_links(tmp_path):
 @pytest.mark.parametrize("name", ["config.yaml", "metrics.jsonl", "spm.src.model", "wandb_run_id", "train.lock",
                                   "timing/rank1.json", "timeline/trace.json.tmp", "checkpoints/latest.tmp",
                                   "checkpoints/step_00000007.tmp", "wandb"])
-def test_a_run_dir_with_a_link_where_the_trainer_writes_is_refused_before_anything_is_written(tmp_path, name):
+def test_a_link_where_the_trainer_writes_is_refused_before_anything_is_written(tmp_path, name, run_files, owned):
     run = fake_run(tmp_path / "run")
     theirs = outside(tmp_path)
     path = run / name
@@ -76,14 +89,14 @@ def test_a_run_dir_with_a_link_where_the_trainer_writes_is_refused_before_anythi
         path.unlink()
     path.symlink_to(theirs)
     with pytest.raises(run_files.RunFileError, match=f"{path}: a symbolic link"):
-        run_files.check_run_dir(str(run), RUN_DIR_FILES, RUN_DIR_DIRS)
+        run_files.check_run_dir(str(run), *owned)
 
 
-def test_a_run_dir_of_regular_files_passes_the_check(tmp_path):
+def test_a_run_dir_of_regular_files_passes_the_check(tmp_path, run_files, owned):
     run = fake_run(tmp_path / "run")
     (run / "checkpoints" / "step_00000007.tmp").mkdir()  # an interrupted save: a real directory
     (run / "checkpoints" / "step_00000003").symlink_to(step_dir(run))  # a step link: never used, not written
-    run_files.check_run_dir(str(run), RUN_DIR_FILES, RUN_DIR_DIRS)
+    run_files.check_run_dir(str(run), *owned)
 
 
 def _small_run_cmd(data, run, *overrides) -> list:
@@ -149,7 +162,7 @@ def test_a_second_trainer_on_a_run_dir_is_refused_and_a_killed_ones_lock_is_stal
     assert (run / "train.lock").read_text() == ""  # emptied at the trainer's own end
 
 
-def test_the_lock_is_held_and_released_in_process(tmp_path):
+def test_the_lock_is_held_and_released_in_process(tmp_path, run_files):
     run = tmp_path / "run"
     assert run_files.lock_run_dir(str(run)) is None
     holder = json.loads((run / "train.lock").read_text())
@@ -197,7 +210,7 @@ def test_translate_refuses_a_run_whose_sentencepiece_model_is_a_device_or_fifo(t
     assert f"{model}: a SentencePiece model: " in r.stderr and "not a regular file" in r.stderr
 
 
-def test_read_capped_refuses_large_files(tmp_path):
+def test_read_capped_refuses_large_files(tmp_path, run_files):
     big = tmp_path / "big"
     big.write_bytes(b"x" * 1001)
     with pytest.raises(run_files.RunFileError, match="big: the thing: 1001 bytes, more than the 1000"):
@@ -216,7 +229,8 @@ def test_training_refuses_a_data_dir_whose_sentencepiece_model_is_a_device(tiny_
     (data / "spm.tgt.model").symlink_to("/dev/zero")
     r = _bounded(_small_run_cmd(data, tmp_path / "run", "train.max_steps=2"), timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert f"{data}/spm.tgt.model: a SentencePiece model of data.dir: a character device, not a regular file" in r.stderr
+    assert (f"{data}/spm.tgt.model: a SentencePiece model of data.dir: a character device, not a regular file"
+            in r.stderr)
     assert not (tmp_path / "run" / "spm.tgt.model").exists()
 
 
