@@ -15,12 +15,11 @@ def leave(code: int) -> None:
     """End a training process once its work is done and its files are closed, skipping interpreter
     teardown: there, gloo/DeepSpeed background threads have now and then aborted a finished process
     ("terminate called without an active exception", exit -6), turning a clean run into a failure.
-    run.dir's lock is let go first (trainer.run_files)."""
-    from trainer import run_files
+    A terminal this rank took (trainer.job_control) goes back to the job first, and run.dir's lock is let go."""
+    from trainer import job_control, run_files
 
     run_files.release_run_dir()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    job_control.flush_and_release()
     os._exit(code)
 
 
