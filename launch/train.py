@@ -2,11 +2,12 @@
 (or plain `python launch/train.py ...` for one process). `--dry-run` prints each rank's schedule."""
 import argparse
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trainer import memory  # noqa: E402
+from trainer import job_control, memory  # noqa: E402
 from trainer.cli import fail, leave, run_dry, train_main  # noqa: E402
 
 if __name__ == "__main__":
@@ -18,6 +19,7 @@ if __name__ == "__main__":
 from trainer.checkpoint import CheckpointError  # noqa: E402
 from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError  # noqa: E402
 from trainer.parallel.runtime import RendezvousError  # noqa: E402
+from trainer.run_files import RunFileError  # noqa: E402
 from trainer.trainer import TrainingError  # noqa: E402
 
 
@@ -32,8 +34,14 @@ def main(argv=None):
     try:
         if args.dry_run:
             return run_dry(args.deepspeed_config)
+        job_control.start()  # stop requests, the terminal, the launcher watch
         leave(train_main(args.config, args.overrides, args.deepspeed_config))
-    except (ValueError, FileNotFoundError, CheckpointError, DeepSpeedVersionError, RendezvousError) as e:
+    except job_control.Interrupted as e:  # before the first step: nothing to save
+        print(f"rank {os.environ.get('RANK', '0')}: stopped by {e.signal_name} before training started",
+              file=sys.stderr, flush=True)
+        leave(128 + signal.Signals[e.signal_name])
+    except (ValueError, FileNotFoundError, CheckpointError, DeepSpeedVersionError, RendezvousError,
+            RunFileError) as e:
         fail(e, exit=leave)
     except TrainingError as e:
         fail(e, code=1, exit=leave)

@@ -71,8 +71,8 @@ class Workers:
         self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox), daemon=True) for q in self.inboxes]
         for p in self.procs:
             p.start()
-        # DeepSpeed's comm layer is set up once per process, for the world it first sees (its shm
-        # all-reduce buffers wait for that world's every rank): meet once with all workers.
+        # DeepSpeed's comm layer is set up once per process, for the world it first sees: meet once
+        # with all workers.
         self.run(self.size, _meet)
 
     def run(self, world: int, fn, *args, timeout: float = 120) -> list:

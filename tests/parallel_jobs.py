@@ -84,7 +84,8 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     spec = LayoutSpec.from_ds_config(ds, world)
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
     obs = {"rank": rt.rank, "stage": rt.layout.stage, "replica": rt.layout.replica}
-    # distributed: DeepSpeed's shm buffers are unlinked once mapped
+    # distributed: DeepSpeed's shm op is neither built nor loaded, so it maps no /dev/shm buffer
+    obs["shm_op"] = repr(dsa.shm_op())
     obs["shm_left"] = glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{os.environ['MASTER_PORT']}_*")
     # grid: the groups DeepSpeed built are the layout's, and the handles reduce over exactly them
     obs["grid_members"] = dsa.grid_members(rt.grid)

@@ -40,6 +40,8 @@ from typing import Optional
 
 import torch
 
+from trainer import run_files
+
 CKPT_DIR = "checkpoints"
 HEAD = "head"
 MANIFEST = "manifest.json"
@@ -95,8 +97,9 @@ def _fsync_dir(path: str) -> None:
 
 
 def write_bytes(path: str, data: bytes) -> dict:
-    """Write `data` to `path` and fsync it; returns its manifest entry."""
-    with open(path, "wb") as f:
+    """Write `data` to `path` (a regular file: never through a link, trainer.run_files) and fsync it;
+    returns its manifest entry."""
+    with run_files.open_write(os.path.dirname(path), os.path.basename(path), binary=True) as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -145,7 +148,7 @@ def abandon(run_dir: str, step: int) -> None:
 def write_pointer(run_dir: str, name: str, target: str) -> None:
     ckpts = root(run_dir)
     tmp = os.path.join(ckpts, name + ".tmp")
-    with open(tmp, "w") as f:
+    with run_files.open_write(ckpts, name + ".tmp") as f:
         f.write(target + "\n")
         f.flush()
         os.fsync(f.fileno())

@@ -14,9 +14,12 @@ def fail(err: Exception, code: int = 2, exit=sys.exit) -> None:
 def leave(code: int) -> None:
     """End a training process once its work is done and its files are closed, skipping interpreter
     teardown: there, gloo/DeepSpeed background threads have now and then aborted a finished process
-    ("terminate called without an active exception", exit -6), turning a clean run into a failure."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    ("terminate called without an active exception", exit -6), turning a clean run into a failure.
+    A terminal this rank took (trainer.job_control) goes back to the job first, and run.dir's lock is let go."""
+    from trainer import job_control, run_files
+
+    run_files.release_run_dir()
+    job_control.flush_and_release()
     os._exit(code)
 
 
@@ -33,7 +36,7 @@ def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
     latest = checkpoint.read_pointer(cfg.run.dir, "latest")
     lines.append(f"  newest complete checkpoint: {latest or 'none'} (continue with train.resume=auto)")
     print("\n".join(lines), file=sys.stderr, flush=True)
-    os._exit(3)
+    leave(3)
 
 
 def run_dry(ds_config_path: str) -> int:

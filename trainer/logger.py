@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from trainer import run_files, wandb_run
+
 SAMPLES_PER_VALIDATION = 8
 
 
@@ -51,13 +53,14 @@ def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int) -
 
 
 class RunLogger(NullLogger):
-    def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0, extra_config: dict | None = None):
+    def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0, extra_config: dict | None = None,
+                 resumed: bool = False):
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = run_files.open_write(run_dir, "metrics.jsonl", append=True)
         self.run_dir, self.total, self.start_step = run_dir, total_steps, start_step
         self.log_every = cfg.train.log_every
         self._started = time.perf_counter()
-        self._wandb = _start_wandb(run_dir, cfg, extra_config or {})
+        self._wandb, self._service = wandb_run.start(run_dir, cfg, extra_config or {}, resumed)
         self._bar = None
         if cfg.logging.progress and sys.stderr.isatty():
             from tqdm import tqdm
@@ -100,25 +103,6 @@ class RunLogger(NullLogger):
             self._bar.close()
         self._file.close()
         if self._wandb is not None:
-            offline = self._wandb.settings.mode == "offline"
-            run_dir = self._wandb.dir
-            self._wandb.finish()
-            if offline:
-                # RUN_DIR/wandb/offline-run-*/files -> its run folder, which `wandb sync` takes
-                print(f"wandb: offline run saved; to upload it: wandb sync {os.path.dirname(run_dir)}", flush=True)
-
-
-def _start_wandb(run_dir: str, cfg, extra_config: dict):
-    """wandb in the configured mode; 'online' without an API key falls back to offline (never asks)."""
-    mode = cfg.logging.wandb_mode
-    if mode == "disabled":
-        return None
-    if mode == "online" and not os.environ.get("WANDB_API_KEY"):
-        mode = "offline"
-    os.environ.setdefault("WANDB_SILENT", "true")
-    import wandb
-    from omegaconf import OmegaConf
-
-    config = {**OmegaConf.to_container(cfg, resolve=True), **extra_config}
-    return wandb.init(project=cfg.logging.wandb_project, name=cfg.run.name or os.path.basename(run_dir),
-                      dir=run_dir, mode=mode, config=config)
+            sync = wandb_run.finish(self._wandb, self._service)
+            if sync:
+                print(f"wandb: offline run saved; to upload it: {sync}", flush=True)

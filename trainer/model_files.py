@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, numbers
+from trainer import run_files
 from trainer.config import Config, ConfigError, validate
 from trainer.model import Seq2Seq, build_model
 
@@ -47,10 +48,17 @@ def config_from(data, where: str) -> DictConfig:
 
 def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = None) -> spm.SentencePieceProcessor:
     """A SentencePiece model from bytes or a file that parses and keeps the ids data_prep gives it
-    (<pad> <unk> <s> </s> = 0 1 2 3)."""
+    (<pad> <unk> <s> </s> = 0 1 2 3). A file must be a regular file of at most run_files.MAX_SPM_BYTES (a
+    link to /dev/zero or a FIFO would be read until memory runs out, or forever)."""
+    if proto is None:
+        try:
+            proto = run_files.read_capped(path, run_files.MAX_SPM_BYTES, what="a SentencePiece model")
+        except FileNotFoundError:
+            raise ModelFileError(f"{where}: not found") from None
+        except run_files.RunFileError as e:
+            raise ModelFileError(f"{where}: {e.strerror}") from None
     try:
-        sp = (spm.SentencePieceProcessor(model_proto=proto) if proto is not None
-              else spm.SentencePieceProcessor(model_file=path))
+        sp = spm.SentencePieceProcessor(model_proto=proto)
     except (RuntimeError, OSError, ValueError) as e:
         raise ModelFileError(f"{where}: not a SentencePiece model ({str(e).strip().splitlines()[0][:200]})") from None
     ids = {"pad": sp.pad_id(), "unk": sp.unk_id(), "bos": sp.bos_id(), "eos": sp.eos_id()}

@@ -17,6 +17,8 @@ import resource
 import time
 import warnings
 
+from trainer import run_files
+
 PROFILE_DIR = "profile"
 
 
@@ -25,7 +27,7 @@ class StepProfiler:
     (`step` = the number of the step about to run / just finished)."""
 
     def __init__(self, run_dir: str, rank: int, start: int, steps: int):
-        self.dir = os.path.join(run_dir, PROFILE_DIR)
+        self.run_dir, self.dir = run_dir, os.path.join(run_dir, PROFILE_DIR)
         self.rank, self.first, self.last = rank, start + 1, start + steps
         self.enabled = steps > 0
         self._prof = None
@@ -67,16 +69,15 @@ class StepProfiler:
         ops = {e.key: {"self_ms": e.self_cpu_time_total / 1000 / steps, "calls": e.count / steps}
                for e in events}
         ops = dict(sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"]))
-        os.makedirs(self.dir, exist_ok=True)
         path = os.path.join(self.dir, f"rank{self.rank}.json")
-        with open(path, "w") as f:
+        with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json") as f:
             json.dump({"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
                        "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()),
                        "minor_faults_per_step": faults / steps,
                        **({"device_syncs_per_step": sum(syncs.values()) / steps, "device_sync_sites": syncs}
                           if self.cuda else {}),
                        "ops": ops}, f, indent=1)
-        with open(os.path.join(self.dir, f"rank{self.rank}.txt"), "w") as f:
+        with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.txt") as f:
             f.write(f"steps {self.first}-{self.last}: self CPU ms over {steps} steps (divide by {steps} "
                     f"for per step)\n")
             f.write(events.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60))
@@ -107,9 +108,12 @@ class StepProfiler:
         gzipped: rank{R}.trace.json.gz."""
         import gzip
         import shutil
+        import tempfile
 
-        raw = os.path.join(self.dir, f"rank{self.rank}.trace.json")
-        prof.export_chrome_trace(raw)
-        with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.remove(raw)
+        with tempfile.TemporaryDirectory() as tmp:  # torch writes a path; run.dir is written by run_files only
+            raw = os.path.join(tmp, "trace.json")
+            prof.export_chrome_trace(raw)
+            with (open(raw, "rb") as src,
+                  run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.trace.json.gz", binary=True) as out,
+                  gzip.GzipFile(fileobj=out, mode="wb") as dst):
+                shutil.copyfileobj(src, dst)

@@ -7,16 +7,19 @@ import os
 from omegaconf import OmegaConf
 
 from data_prep.dataformat import OutputDirError, check_output_dir, json_marker
-from trainer import checkpoint
+from trainer import checkpoint, run_files
 from trainer.parallel.layout import LayoutSpec
 from trainer.state import TrainState, reseed
 
 
-# What the trainer and its tools write into run.dir (fnmatch patterns); the data manifest, written first,
-# marks a directory as an earlier run's.
-RUN_DIR_NAMES = ("config.yaml", "ds_config.json", "data_manifest.json", "data_manifest.json.tmp", "spm.src.model",
-                 "spm.tgt.model", "metrics.jsonl", "metrics.jsonl.tmp", checkpoint.CKPT_DIR, "timing", "timeline",
-                 "profile", "wandb", "training.png", "test.hyp")
+# What the trainer writes into run.dir: files at the top, and directories -> the names it writes inside
+# (fnmatch patterns); none of them may be a link or a special file (trainer.run_files).
+RUN_DIR_FILES = ("config.yaml", "ds_config.json", "data_manifest.json", "data_manifest.json.tmp", "spm.src.model",
+                 "spm.tgt.model", "metrics.jsonl", "metrics.jsonl.tmp", "wandb_run_id", run_files.LOCK_FILE)
+RUN_DIR_DIRS = {checkpoint.CKPT_DIR: ("latest", "best", "*.tmp"), "timing": ("*",), "timeline": ("*",),
+                "profile": ("*",), "wandb": ()}
+# ... and its tools (fnmatch patterns); the data manifest, written first, marks a directory as an earlier run's.
+RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, "training.png", "test.hyp")
 RUN_DIR_MARKER = "data_manifest.json"
 
 
@@ -26,19 +29,25 @@ def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise OutputDirError(f"run.dir={run_dir}: exists and is not a directory")
     check_output_dir(run_dir, owned=RUN_DIR_NAMES, marker=RUN_DIR_MARKER, is_marker_ours=json_marker(["checksum"]),
-                     overwrite=overwrite, flag="run.overwrite=true", program="the trainer")
+                     overwrite=overwrite, flag="run.overwrite=true", program="the trainer",
+                     leftovers=[run_files.LOCK_FILE])
     metrics = os.path.join(run_dir, "metrics.jsonl")
     if os.path.isfile(metrics) and not os.path.islink(metrics):
         os.remove(metrics)  # an earlier run's rows (it saved no checkpoint): this run starts the file anew
 
 
 def find(session, log=print) -> str | None:
-    """Rank 0 picks the checkpoint (train.resume), checks that a new run may write into run.dir, and every
-    rank gets its answer or its error."""
+    """Rank 0 holds run.dir for the run (one trainer per run.dir), checks that none of the names the run
+    writes is a link or a special file, picks the checkpoint (train.resume), checks that a new run may
+    write into run.dir, and every rank gets its answer or its error."""
     rt, cfg, run_dir = session.runtime, session.cfg, session.run_dir
     answer = (None, None)
     if rt.is_rank0:
         try:
+            run_files.check_run_dir(run_dir, RUN_DIR_FILES, RUN_DIR_DIRS)
+            note = run_files.lock_run_dir(run_dir)
+            if note:
+                log(note)
             which, existing = cfg.train.resume, checkpoint.complete_checkpoints(run_dir)
             found = None
             if which:
@@ -52,7 +61,7 @@ def find(session, log=print) -> str | None:
             if found is None:
                 check_new_run_dir(run_dir, cfg.run.overwrite)
             answer = (found, None)
-        except (checkpoint.CheckpointError, OutputDirError) as e:
+        except (checkpoint.CheckpointError, OutputDirError, run_files.RunFileError, run_files.RunDirBusy) as e:
             answer = (None, str(e))
     found, error = rt.broadcast_object(answer, src=0)
     if error:
@@ -112,6 +121,6 @@ def truncate_metrics(path: str, step: int) -> None:
         return
     with open(path, encoding="utf-8") as f:
         rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
+    with run_files.open_write(os.path.dirname(path), os.path.basename(path) + ".tmp") as f:
         f.writelines(rows)
     os.replace(path + ".tmp", path)

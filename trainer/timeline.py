@@ -63,13 +63,14 @@ class TimelineWriter:
     """Rank 0: the merged trace of the sampled steps and a Gantt PNG per sampled step."""
 
     def __init__(self, run_dir: str):
-        self.dir = os.path.join(run_dir, "timeline")
+        self.run_dir, self.dir = run_dir, os.path.join(run_dir, "timeline")
         self.events: list[list[dict]] = []
 
     def write(self, step: int, spans_by_rank: list[list[tuple]], labels: list[str]) -> str:
         """spans_by_rank[r]: (op, start_s, end_s) relative to the step's start on rank r's clock
         (ranks start the step together: each step begins after the previous one's collectives)."""
-        os.makedirs(self.dir, exist_ok=True)
+        from trainer import run_files
+
         events = []
         for rank, spans in enumerate(spans_by_rank):
             events.append({"name": "thread_name", "ph": "M", "pid": step, "tid": rank, "args": {"name": labels[rank]}})
@@ -79,17 +80,19 @@ class TimelineWriter:
         events.append({"name": "process_name", "ph": "M", "pid": step, "args": {"name": f"step {step}"}})
         self.events = (self.events + [events])[-MAX_TRACE_STEPS:]
         tmp = os.path.join(self.dir, "trace.json.tmp")
-        with open(tmp, "w") as f:
+        with run_files.open_write(self.run_dir, "timeline/trace.json.tmp") as f:
             json.dump({"traceEvents": [e for step_events in self.events for e in step_events],
                        "displayTimeUnit": "ms"}, f)
         os.replace(tmp, os.path.join(self.dir, "trace.json"))
         png = os.path.join(self.dir, f"step_{step:08d}.png")
-        gantt(spans_by_rank, labels, f"step {step}", png)
+        with run_files.open_write(self.run_dir, f"timeline/step_{step:08d}.png", binary=True) as f:
+            gantt(spans_by_rank, labels, f"step {step}", f)
         return png
 
 
-def gantt(spans_by_rank: list[list[tuple]], labels: list[str], title: str, path: str) -> None:
-    """One bar row per rank, each instruction a box colored by its category; gaps are idle."""
+def gantt(spans_by_rank: list[list[tuple]], labels: list[str], title: str, path) -> None:
+    """One bar row per rank, each instruction a box colored by its category; gaps are idle. `path`: a
+    file name or a file opened for writing bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,5 +117,5 @@ def gantt(spans_by_rank: list[list[tuple]], labels: list[str], title: str, path:
     ax.legend(handles=[Patch(color=COLORS[c], label=c) for c in CATEGORIES], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)

@@ -6,14 +6,12 @@ import dataclasses
 import json
 import math
 import os
-import shutil
-import signal
 import time
 
 import torch
 from omegaconf import OmegaConf
 
-from trainer import checkpoint, evaluation, faults, resume, timeline
+from trainer import checkpoint, evaluation, faults, job_control, resume, run_files, timeline
 from trainer.profiling import StepProfiler
 from trainer.flops import batch_flops
 from trainer.config import to_yaml
@@ -46,7 +44,8 @@ class Trainer:
         self.log = (RunLogger(self.run_dir, self.cfg, self.cfg.train.max_steps, start_step=self.state.step,
                               extra_config={"deepspeed": session.ds,
                                             "layout": {**spec.to_dict(), "world_size": self.rt.world_size,
-                                                       "threads_per_rank": session.threads}})
+                                                       "threads_per_rank": session.threads}},
+                              resumed=bool(resume_from))
                     if self.rt.is_rank0 else NullLogger())
         self.log.message(f"layout: mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} "
                          f"units={spec.micro_batches} chunks={spec.time_chunks} threads/rank={session.threads} "
@@ -59,24 +58,22 @@ class Trainer:
                                      self.cfg.train.profile_steps)
         self.interval_wall = 0.0  # seconds of timed steps since the per-rank numbers were last gathered
         self.timed_steps = 0  # timed steps after the warm-up (their op_seconds go to RUN_DIR/timing/)
-        self.stop_signal = None
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        self.stop_signal = None  # what stopped the run, for its last message
 
     def _print0(self, text: str) -> None:
         if self.rt.is_rank0:
             print(text, flush=True)
 
     def _init_run_dir(self) -> None:
-        os.makedirs(os.path.join(self.run_dir, checkpoint.CKPT_DIR), exist_ok=True)
-        with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
-            f.write(to_yaml(self.cfg))
-        with open(os.path.join(self.run_dir, "ds_config.json"), "w") as f:
-            json.dump(self.s.ds, f, indent=1)
-        with open(os.path.join(self.run_dir, DATA_MANIFEST), "w") as f:
-            json.dump(self.s.manifest, f, indent=1)
+        """The run's own files (regular files of run.dir only: trainer.run_files)."""
+        run_files.make_dirs(self.run_dir, checkpoint.CKPT_DIR)
+        run_files.write_text(self.run_dir, "config.yaml", to_yaml(self.cfg))
+        run_files.write_text(self.run_dir, "ds_config.json", json.dumps(self.s.ds, indent=1))
+        run_files.write_text(self.run_dir, DATA_MANIFEST, json.dumps(self.s.manifest, indent=1))
         for name in RUN_FILES:  # the run translates on its own, even if DATA_DIR moves
-            shutil.copy(os.path.join(self.cfg.data.dir, name), os.path.join(self.run_dir, name))
+            model = run_files.read_capped(os.path.join(self.cfg.data.dir, name), run_files.MAX_SPM_BYTES,
+                                          what="a SentencePiece model of data.dir")
+            run_files.write_bytes(self.run_dir, name, model)
 
     def _check_shared_run_dir(self) -> None:
         """Every rank writes its checkpoint files into run.dir: on several nodes it must be one shared
@@ -166,6 +163,10 @@ class Trainer:
         started = time.perf_counter()
         if st.step >= cfg.max_steps:
             self.log.message(f"nothing to do: the run is at step {st.step} and train.max_steps={cfg.max_steps}")
+        job_control.STOP.begin_training(self._announce_stop)  # signals are stop requests from here on
+        if self._stop_requested():  # before the first step (e.g. the launcher watch): nothing new to save
+            stop = "signal"
+            self.log.message(f"stopped by {self.stop_signal} before step {st.step + 1}: nothing new to save")
         while st.step < cfg.max_steps and not stop:
             self.profiler.before(st.step + 1)
             row = self.train_step()
@@ -210,22 +211,28 @@ class Trainer:
         self.s.stream.close()
         self.log.close()
 
-    def _on_signal(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.stop_signal is None:
-            self.stop_signal = name
-            print(f"rank {self.rt.rank}: {name}: finishing step {self.state.step + 1}, then saving and exiting",
+    def _announce_stop(self, reason: str) -> None:
+        if self.stop_signal is None:  # (not once the ranks have agreed to stop: the step is already chosen)
+            print(f"rank {self.rt.rank}: {reason}: finishing step {self.state.step + 1}, then saving and exiting",
                   flush=True)
 
+    def _stop_requested(self) -> bool:
+        """Whether any rank was asked to stop (one small all-reduce; every rank calls it together)."""
+        flag = torch.tensor([float(job_control.STOP.reason is not None)])
+        self.rt.all_reduce(flag, op="max")
+        if flag[0]:
+            self.stop_signal = job_control.STOP.reason or "a stop request on another rank"
+        return bool(flag[0])
+
     def _stop_reason(self, started: float) -> str | None:
-        """Why every rank stops after this step (a signal to any rank, the time budget, the epoch
-        limit), agreed on by all ranks in one small all-reduce."""
+        """Why every rank stops after this step (a signal to any rank or its launcher's exit, the time
+        budget, the epoch limit), agreed on by all ranks in one small all-reduce."""
         cfg = self.cfg.train
-        flags = torch.tensor([float(self.stop_signal is not None),
+        flags = torch.tensor([float(job_control.STOP.reason is not None),
                               float(bool(cfg.max_time_min) and (time.perf_counter() - started) / 60 >= cfg.max_time_min)])
         self.rt.all_reduce(flags, op="max")
         if flags[0]:
-            self.stop_signal = self.stop_signal or "a signal to another rank"
+            self.stop_signal = job_control.STOP.reason or "a stop request on another rank"
             return "signal"
         if flags[1]:
             return "time"
@@ -239,10 +246,8 @@ class Trainer:
         steps = self.timed_steps
         if steps <= 0:
             return
-        out = os.path.join(self.run_dir, "timing")
-        os.makedirs(out, exist_ok=True)
         layout = self.rt.layout
-        with open(os.path.join(out, f"rank{self.rt.rank}.json"), "w") as f:
+        with run_files.open_write(self.run_dir, f"timing/rank{self.rt.rank}.json") as f:
             json.dump({"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
                        "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())}}, f,
                       indent=1)

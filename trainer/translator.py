@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from data_prep.dataformat import (EOS_ID, PAD_ID, PLACEHOLDER, SPM_MODELS, TrainingLimits, join_segments, normalize,
                                   numbers, repair, restore_formulas, segment)
-from trainer import checkpoint, model_files
+from trainer import checkpoint, model_files, run_files
 from trainer.config import load_config
 from trainer.data import to_device
 from trainer.metrics import manifest_lang
@@ -155,9 +155,28 @@ class Translator:
                 "normalize": dict(self.norm), "normalize_tgt": dict(self.norm_tgt), "tgt_lang": self.tgt_lang,
                 "limits": self.limits.as_dict(), "numbers": self.numbers,
                 "origin": {k: v for k, v in self.origin.items() if k != "config"}}
+        self._check_output(path)
         tmp = path + ".tmp"
-        torch.save(blob, tmp)
+        with run_files.open_write(os.path.dirname(path) or ".", os.path.basename(tmp), binary=True, where="--out") as f:
+            torch.save(blob, f)
         os.replace(tmp, path)
+
+    def _check_output(self, path: str) -> None:
+        """An exported model never lands on the run it came from: not inside its checkpoints (a checkpoint
+        file written over fails its checksum; a new one makes the checkpoint fail `verify`), and not on the
+        files the run translates with."""
+        run_dir = self.origin.get("run_dir")
+        if not run_dir:
+            return
+        out = os.path.realpath(path)
+        ckpts = os.path.realpath(checkpoint.root(run_dir))
+        if out == ckpts or out.startswith(ckpts + os.sep):
+            raise ValueError(f"--out {path}: inside the run's checkpoints ({checkpoint.root(run_dir)}), which only the "
+                             f"trainer writes; write the model file elsewhere")
+        own = {os.path.realpath(os.path.join(run_dir, n)) for n in (*RUN_FILES, DATA_MANIFEST, "config.yaml")}
+        if out in own:
+            raise ValueError(f"--out {path}: a file of the run ({os.path.basename(out)}); write the model file "
+                             f"elsewhere")
 
     @classmethod
     def from_export(cls, path: str, device=None) -> "Translator":

@@ -4,8 +4,8 @@ at start (`check_version`) or in tests/test_deepspeed_adapter.py (one test per t
 silently somewhere in the training loop.
 
 Touch points, each wrapped by one function or `Engine` method below:
-    distributed  deepspeed.init_distributed on a process group we started; the CPU comm op's leaked
-                 /dev/shm buffers (`unlink_shm_buffers`)
+    distributed  deepspeed.init_distributed on a process group we started, without the CPU comm op
+                 `deepspeed_shm_comm` (`comm.torch.build_shm_op`, see `init_comm`)
     grid         PipeDataParallelTopology / PipelineParallelGrid and its group members (`pp_group`,
                  `dp_group`)
     stages       PipelineModule + LayerSpec: `_local_start`, `forward_funcs`, `parts`, `stage_id`
@@ -24,7 +24,6 @@ import functools
 import io
 import logging
 import math
-import os
 import types
 from datetime import timedelta
 
@@ -88,34 +87,42 @@ def accelerator():
 
 
 def init_comm(timeout_s: int) -> None:
-    """Let DeepSpeed wrap the torch.distributed process group the runtime has started."""
+    """Let DeepSpeed wrap the torch.distributed process group the runtime has started.
+
+    Without its C++ shared-memory op: on a CPU, DeepSpeed's comm backend otherwise compiles
+    `deepspeed_shm_comm` with g++ the first time it starts (~70 s before the first step of a fresh
+    machine), into ~/.cache/torch_extensions, which every environment of the user shares: a concurrent
+    build elsewhere made our starts wait past their timeouts, and the lock file of a build that was
+    killed makes every later start wait forever, silently. Once built, the op also maps a 66 MB
+    /dev/shm buffer per rank that it never unlinks. Only DeepSpeed's inference all-reduce uses the op;
+    training never does (every collective here goes through torch.distributed: gloo, or NCCL). So
+    `build_shm_op` answers None, DeepSpeed's own path for a platform without the op: nothing is
+    compiled, loaded, locked or mapped."""
+    import importlib
+
     import deepspeed
 
+    # (`import deepspeed.comm.torch as m` would bind torch itself: deepspeed.comm has an attribute `torch`)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = _no_shm_op
     with _quiet_prints():
         deepspeed.init_distributed(dist_backend=comm_backend(), timeout=timedelta(seconds=timeout_s))
+
+
+def _no_shm_op():
+    return None
+
+
+def shm_op():
+    """The shared-memory op DeepSpeed's comm backend loaded (None: none, as `init_comm` arranges)."""
+    from deepspeed.comm import comm as ds_comm
+
+    return getattr(ds_comm.cdb, "shm_comm_op", None)
 
 
 def comm_backend() -> str:
     """gloo on CPU. On CUDA, NCCL for CUDA tensors and gloo for the few CPU tensors (the per-step
     loss sums, the stop flags): a pure NCCL group refuses CPU tensors."""
     return "cpu:gloo,cuda:nccl" if accelerator().device_name() == "cuda" else "gloo"
-
-
-def unlink_shm_buffers(rank: int) -> None:
-    """DeepSpeed's CPU communication op creates a 66 MB /dev/shm buffer per rank
-    (deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>) and never unlinks it, so every run --
-    even a clean one -- leaves world_size x 66 MB of RAM behind, until /dev/shm fills the machine.
-    Call once every rank has mapped every buffer (after a barrier): the names can go, the mappings
-    stay valid, and the memory is freed when the last rank exits, however it exits. Only DeepSpeed's
-    inference all-reduce uses these buffers; training never does."""
-    import glob
-
-    port = os.environ.get("MASTER_PORT", "*")
-    for path in glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_{rank}"):
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 # ---- grid ----

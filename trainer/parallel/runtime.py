@@ -101,7 +101,7 @@ def start_process_group(timeout_s: int) -> tuple[int, int]:
     rank, world = launched_world()
     if "RANK" not in os.environ:  # plain `python launch/train.py`: DeepSpeed reads these
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(os.getpid() + 20000))  # names DeepSpeed's shm buffer; nothing listens
+                          MASTER_PORT=str(os.getpid() + 20000))  # nothing listens on it: the store is in memory
     os.environ.setdefault("LOCAL_RANK", "0")
     if world == 1 or _is_loopback(os.environ["MASTER_ADDR"]):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's pair sockets on loopback
@@ -111,8 +111,6 @@ def start_process_group(timeout_s: int) -> tuple[int, int]:
     dist.init_process_group(dsa.comm_backend(), store=_store(rank, world, timeout), rank=rank, world_size=world,
                             timeout=timeout)
     dsa.init_comm(timeout_s)
-    dist.barrier()  # every rank has mapped DeepSpeed's shm buffers before their names go
-    dsa.unlink_shm_buffers(rank)
     return rank, world
 
 

@@ -1,0 +1,249 @@
+"""How a training process meets stop requests, its terminal and its launcher (docs/RELIABILITY.md,
+"Signals, the terminal and the launcher").
+
+Above the ranks of a launched job are DeepSpeed's runner (the `deepspeed` command) and, on each node, its
+launcher (`deepspeed.launcher.launch`). Left to them, a Ctrl-C in a terminal reaches every process of the
+job: the runner dies at once with a KeyboardInterrupt traceback (exit 130), the launcher SIGTERMs every rank
+*and every process below the ranks* (wandb's service among them), waits 30 s and exits 1. A launcher that
+is killed leaves its ranks training, orphaned, to the end. So:
+
+* `install`: SIGTERM and SIGINT only record a stop request (`STOP`); the training loop agrees on it across
+  ranks after each step, saves that step and exits 0. Before the loop has begun there is nothing to save:
+  they raise `Interrupted`, and the process leaves at once.
+* `take_terminal`: in a terminal, the node's first rank moves into a process group of its own and makes it
+  the terminal's foreground, so a Ctrl-C reaches that rank alone: the ranks stop together and exit 0, and
+  DeepSpeed's launcher and runner then end with 0 of their own accord, without a traceback. A Ctrl-Z
+  still suspends the whole job (the rank gives the terminal back and stops with it; `fg` continues it).
+* `watch_launcher`: a thread notices when a launcher process above this rank is gone (SIGKILL, the OOM
+  killer, a SIGINT to the runner alone) and makes that a stop request, so no rank trains on as an orphan.
+
+wandb's service is started outside the rank's process tree (`trainer.wandb_run`), so that no launcher's
+kill reaches it before the last rows and the finish of the run.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import termios
+import threading
+import time
+
+LAUNCHER_MODULES = ("deepspeed.launcher.launch", "deepspeed.launcher.runner")
+WATCH_INTERVAL_S = 1.0
+
+
+class Interrupted(BaseException):
+    """A stop signal before training started: nothing is trained yet, so the process leaves at once
+    (a BaseException, as KeyboardInterrupt, so that no `except Exception` on the way holds it up)."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class StopRequests:
+    """Why this process was asked to stop; the first request counts. Until the training loop begins
+    (`begin_training`), a stop signal raises `Interrupted` instead."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        self.training = False
+        self.announce = lambda reason: None
+
+    def begin_training(self, announce) -> str | None:
+        """From now on requests are recorded and `announce`d (the loop names the step it finishes);
+        returns a request that came before (the launcher watch records, it never raises)."""
+        self.announce, self.training = announce, True
+        return self.reason
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:  # no lock: a signal handler may interrupt another one in the same thread
+            self.reason = reason
+            self.announce(reason)
+
+
+STOP = StopRequests()  # process-wide, as the signal dispositions that feed it
+
+
+def install() -> None:
+    """SIGTERM and SIGINT become stop requests (from here on: before this, during the first imports,
+    Python's own handling applies)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_stop_signal)
+
+
+def _on_stop_signal(signum, frame) -> None:
+    name = signal.Signals(signum).name
+    if not STOP.training:
+        raise Interrupted(name)
+    STOP.request(name)
+
+
+def start(environ=os.environ) -> None:
+    """Everything above, for a training process: stop requests, the terminal, the launcher watch."""
+    install()
+    take_terminal(environ)
+    watch_launcher()
+
+
+# ---- the launcher ----
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read(1 << 16).decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _is_deepspeed_launcher(cmdline: list[str]) -> bool:
+    return any(arg in LAUNCHER_MODULES or os.path.basename(arg) == "deepspeed" for arg in cmdline[:4])
+
+
+def launcher_chain() -> list[tuple]:
+    """DeepSpeed's processes above this one, nearest first, as (psutil.Process, what it is): the node's
+    launcher and, where `deepspeed` was started on this node, its runner ([] for a process not started by
+    DeepSpeed's launcher)."""
+    import psutil
+
+    chain = []
+    try:
+        parent = psutil.Process().parent()
+        while parent is not None:
+            line = _cmdline(parent.pid)
+            if not _is_deepspeed_launcher(line):
+                break
+            name = next((m for m in LAUNCHER_MODULES if m in line), "deepspeed")
+            chain.append((parent, f"{name}, pid {parent.pid}"))
+            parent = parent.parent()
+    except psutil.Error:
+        pass
+    return chain
+
+
+def _gone(process) -> bool:
+    import psutil
+
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def watch_launcher(interval: float = WATCH_INTERVAL_S) -> list:
+    """Watch DeepSpeed's processes above this rank from a daemon thread; the first one gone becomes a
+    stop request. Returns the watched processes."""
+    chain = launcher_chain()
+    if chain:
+        threading.Thread(target=_watch, args=(chain, interval), name="launcher-watch", daemon=True).start()
+    return chain
+
+
+def _watch(chain: list, interval: float) -> None:
+    while True:
+        for process, label in chain:
+            if _gone(process):
+                STOP.request(f"the exit of its launcher ({label})")
+                return
+        time.sleep(interval)
+
+
+# ---- the terminal ----
+_terminal: tuple[int, int] | None = None  # (fd of the terminal, the job's process group) while we hold it
+
+
+def _set_foreground(fd: int, group: int) -> None:
+    """tcsetpgrp from a process that may be in a background group (SIGTTOU blocked meanwhile)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+    try:
+        os.tcsetpgrp(fd, group)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def take_terminal(environ=os.environ) -> bool:
+    """If this is the node's first rank of a job DeepSpeed's launcher started in a terminal's foreground,
+    make a process group of this rank alone the terminal's foreground (see the module docstring).
+    Anything unusual (no terminal, a background job, `stty tostop`, which would stop the launchers'
+    output) leaves the terminal alone."""
+    global _terminal
+    if _terminal is not None or environ.get("LOCAL_RANK") != "0" or not launcher_chain():
+        return False
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    job = os.getpgrp()
+    try:
+        if os.tcgetpgrp(fd) != job or termios.tcgetattr(fd)[3] & termios.TOSTOP:
+            raise OSError("not the foreground job")
+        os.setpgid(0, 0)
+        _set_foreground(fd, os.getpgrp())
+    except (OSError, termios.error):
+        if os.getpgrp() != job:
+            try:
+                os.setpgid(0, job)
+            except OSError:
+                pass
+        os.close(fd)
+        return False
+    _terminal = (fd, job)
+    signal.signal(signal.SIGTSTP, _on_suspend)
+    signal.signal(signal.SIGCONT, _on_continue)
+    atexit.register(release_terminal)
+    return True
+
+
+def release_terminal() -> None:
+    """Hand the terminal's foreground back to the job (before this process exits)."""
+    global _terminal
+    if _terminal is None:
+        return
+    fd, job = _terminal
+    _terminal = None
+    try:
+        if os.tcgetpgrp(fd) == os.getpgrp():
+            _set_foreground(fd, job)
+    except OSError:  # the job's group is gone (its runner and launcher died): the shell takes it back
+        pass
+
+
+def _on_suspend(signum, frame) -> None:
+    """Ctrl-Z reached this rank alone: rejoin the job, give it the terminal and stop the job as a whole,
+    this rank with it, so that the shell sees it stopped (and `fg` / `bg` continue all of it)."""
+    if _terminal is None:  # (the terminal was handed back on the way out): stop as SIGTSTP would
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    fd, job = _terminal
+    try:
+        _set_foreground(fd, job)
+        os.setpgid(0, job)
+    except OSError:
+        return
+    signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+    try:
+        os.killpg(job, signal.SIGTSTP)
+    finally:
+        signal.signal(signal.SIGTSTP, _on_suspend)
+
+
+def _on_continue(signum, frame) -> None:
+    """Continued in the foreground (`fg`): take the terminal again; in the background (`bg`): stay with
+    the job, which does not own the terminal."""
+    if _terminal is None:
+        return
+    fd, job = _terminal
+    try:
+        if os.getpgrp() == job and os.tcgetpgrp(fd) == job:
+            os.setpgid(0, 0)
+            _set_foreground(fd, os.getpgrp())
+    except OSError:
+        pass
+
+
+def flush_and_release() -> None:
+    """Before os._exit: the streams, and the terminal back to the job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    release_terminal()
