@@ -232,33 +232,11 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=Non
     and the clip factor, and gives the logged norm. bf16: the gradients go into fp32 buffers kept from
     step to step (the masters' `.grad`), and the masters are copied back into the bf16 weights.
     Returns `overflow`, as DeepSpeed's."""
-    if bf16:
-        lows = [p for g in opt.fp16_groups for p in g]
-        highs = [p for g in opt.fp32_groups for p in g]
-        for hp, lp in zip(highs, lows):
-            if hp.grad is None:
-                hp.grad = torch.empty_like(hp)
-            if lp.grad is None:
-                hp.grad.zero_()
-            else:
-                hp.grad.copy_(lp.grad)
-        grads = [hp.grad for hp in highs]
-        scale = opt.loss_scale_config.cur_scale
-    else:
-        grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        scale = 1.0
-    if grads:
-        norm_sq = torch.stack(torch._foreach_norm(grads)).float().square().sum()
-    else:
-        norm_sq = torch.zeros((), dtype=torch.float32, device=accelerator().current_device_name())
-    if sum_over_stages is not None:  # the runtime's all-reduce over the pipe group (the grid's model-parallel one)
-        sum_over_stages(norm_sq)
-    along = engine.along if engine is not None else None
-    values = torch.cat([norm_sq.double().sqrt().view(1), along.double().view(-1)] if along is not None
-                       else [norm_sq.double().sqrt().view(1)]).tolist()  # the step's one device sync
-    norm = values[0]
+    grads, scale = _master_grads(opt) if bf16 else (
+        [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], 1.0)
+    norm, read = _read_global_norm(grads, sum_over_stages, engine.along if engine is not None else None)
     if engine is not None:
-        engine.read, engine.last_grad_norm = values[1:], norm
+        engine.read, engine.last_grad_norm = read, norm
     if not math.isfinite(norm):
         if bf16:
             return opt._skip_invalid_grad_norm()
@@ -280,8 +258,38 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=Non
         return False
     opt.optimizer.step()
     with torch.no_grad():
-        torch._foreach_copy_([p.data for p in lows], highs)
+        torch._foreach_copy_([p.data for g in opt.fp16_groups for p in g], [p for g in opt.fp32_groups for p in g])
     return opt.overflow
+
+
+def _master_grads(opt) -> tuple[list, float]:
+    """bf16: the gradients copied into the fp32 masters' `.grad` buffers (kept from step to step), and the
+    loss scale."""
+    lows = [p for g in opt.fp16_groups for p in g]
+    highs = [p for g in opt.fp32_groups for p in g]
+    for hp, lp in zip(highs, lows):
+        if hp.grad is None:
+            hp.grad = torch.empty_like(hp)
+        if lp.grad is None:
+            hp.grad.zero_()
+        else:
+            hp.grad.copy_(lp.grad)
+    return [hp.grad for hp in highs], opt.loss_scale_config.cur_scale
+
+
+def _read_global_norm(grads: list, sum_over_stages, along) -> tuple[float, list]:
+    """The global gradient norm (this rank's on the device, summed over the pipeline's stages by the
+    runtime's all-reduce: DeepSpeed's get_weight_norm / clip_grad_norm_ with the grid as mpu) and the
+    values of `along`, read back to the host in one copy: the step's one device sync."""
+    if grads:
+        norm_sq = torch.stack(torch._foreach_norm(grads)).float().square().sum()
+    else:
+        norm_sq = torch.zeros((), dtype=torch.float32, device=accelerator().current_device_name())
+    if sum_over_stages is not None:
+        sum_over_stages(norm_sq)
+    parts = [norm_sq.double().sqrt().view(1)] + ([along.double().view(-1)] if along is not None else [])
+    values = torch.cat(parts).tolist()
+    return values[0], values[1:]
 
 
 def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None) -> "Engine":

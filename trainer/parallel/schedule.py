@@ -24,7 +24,7 @@ that would deadlock fails a test.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -138,72 +138,121 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
                        forwards, would be sending at the same time), and those run their heads
                        while the last stage is still busy
     """
-    prog: list[Instr] = []
-    first, last = stage == 0, stage == num_pp - 1
-    per_unit = head_parallel and head_schedule == "per_unit"
-    for u in range(units):
-        for kind in ("enc", "dec"):
-            for c in range(chunks):
-                if not first:
-                    prog.append(Instr("recv_forward", u, c, kind, stage - 1))
-                prog.append(Instr("forward", u, c, kind))
-                if not last:
-                    prog.append(Instr("send_forward", u, c, kind, stage + 1))
-        if per_unit and last:
-            if u == units - 1:  # every forward input is in: the other stages' units can go
-                prog += [Instr("scatter_shard", unit=v, peer=head_owner(v, num_pp)) for v in range(units)
-                         if head_owner(v, num_pp) != stage]
-            if head_owner(u, num_pp) == stage:
-                prog.append(Instr("head", unit=u))
-    if per_unit:
-        if not last:
-            mine = range(stage, units, num_pp)
-            for u in mine:
-                prog += [Instr("recv_shard", unit=u, peer=num_pp - 1), Instr("head", unit=u)]
-            if boundary:  # before the gradients go back: the last stage receives them only after it
-                prog.append(Instr("reduce_head_grads", peer=num_pp - 1))
-    elif head_parallel:
-        if last:
-            prog += [Instr("scatter_shard", peer=s) for s in range(num_pp - 1)]
-            prog.append(Instr("head"))
-            prog += [Instr("gather_grad", peer=s) for s in range(num_pp - 1)]
-        else:
-            prog += [Instr("recv_shard", peer=num_pp - 1), Instr("head"), Instr("send_shard_grad", peer=num_pp - 1)]
-    elif last:
-        prog.append(Instr("head"))
-    if boundary and head_parallel and not (per_unit and not last):
-        prog.append(Instr("reduce_head_grads", peer=num_pp - 1))  # the head's gradients are final: start now
-    # per_unit: unit u's head gradients go back to the last stage when it needs them, just before its
-    # backward of u, which comes right after it sent the backward of u + 1 on: its owner sends them
-    # right after receiving that (a pair's messages keep one order on both sides, as NCCL needs)
-    mine = per_unit and not last
-    if mine and head_owner(units - 1, num_pp) == stage:
-        prog.append(Instr("send_shard_grad", unit=units - 1, peer=num_pp - 1))
-    for u in reversed(range(units)):
-        if per_unit and last and head_owner(u, num_pp) != stage:
-            prog.append(Instr("gather_grad", unit=u, peer=head_owner(u, num_pp)))
-        for kind in ("dec", "enc"):
-            for c in reversed(range(chunks)):
-                if not last:
-                    prog.append(Instr("recv_backward", u, c, kind, stage + 1))
-                    if mine and (kind, c) == ("enc", 0) and u > 0 and head_owner(u - 1, num_pp) == stage:
-                        prog.append(Instr("send_shard_grad", unit=u - 1, peer=num_pp - 1))
-                prog.append(Instr("backward", u, c, kind))
-                if not first:
-                    prog.append(Instr("send_backward", u, c, kind, stage - 1))
-    if boundary:
-        if head_parallel:
-            prog.append(Instr("wait_head_grads"))
-        prog.append(Instr("reduce_grads"))
-    prog.append(Instr("optimizer_step"))
-    if boundary and head_parallel:
-        prog.append(Instr("broadcast_head", peer=num_pp - 1))
-    # the window's loss sums, read back with the optimizer step's gradient norm, over every rank:
-    # summed last, so that no rank waits for the slowest one's backward before its own optimizer step
-    if boundary:
-        prog.append(Instr("reduce_metrics"))
-    prog.append(Instr("flush_sends"))
-    return prog
+    b = _StageProgram(stage, num_pp, units, chunks, head_parallel, boundary,
+                      per_unit=head_parallel and head_schedule == "per_unit")
+    b.forward()
+    b.head_phase()
+    b.backward()
+    b.step()
+    return b.prog
+
+
+@dataclass
+class _StageProgram:
+    """Builds one stage's program in four parts (forward, head phase, backward, the step)."""
+
+    stage: int
+    num_pp: int
+    units: int
+    chunks: int
+    head_parallel: bool
+    boundary: bool
+    per_unit: bool
+    prog: list = field(default_factory=list)
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.num_pp - 1
+
+    def add(self, op: str, unit: int = -1, chunk: int = -1, kind: str = "", peer: int = -1) -> None:
+        self.prog.append(Instr(op, unit, chunk, kind, peer))
+
+    def forward(self) -> None:
+        """For each unit: encoder chunks (recv, run local encoders, send on), then decoder chunks. per_unit:
+        the last stage runs its own units' heads in between, and sends the others' top outputs once its
+        last forward input is in."""
+        stage, last = self.stage, self.last
+        for u in range(self.units):
+            for kind in ("enc", "dec"):
+                for c in range(self.chunks):
+                    if not self.first:
+                        self.add("recv_forward", u, c, kind, stage - 1)
+                    self.add("forward", u, c, kind)
+                    if not last:
+                        self.add("send_forward", u, c, kind, stage + 1)
+            if self.per_unit and last:
+                if u == self.units - 1:  # every forward input is in: the other stages' units can go
+                    for v in range(self.units):
+                        if head_owner(v, self.num_pp) != stage:
+                            self.add("scatter_shard", unit=v, peer=head_owner(v, self.num_pp))
+                if head_owner(u, self.num_pp) == stage:
+                    self.add("head", unit=u)
+
+    def head_phase(self) -> None:
+        """After the forward: the head (its shard, or the units it owns) and the start of the head
+        gradients' reduction into the last stage."""
+        owner = self.num_pp - 1
+        if self.per_unit:
+            if not self.last:
+                for u in range(self.stage, self.units, self.num_pp):
+                    self.add("recv_shard", unit=u, peer=owner)
+                    self.add("head", unit=u)
+        elif self.head_parallel:
+            if self.last:
+                for s in range(self.num_pp - 1):
+                    self.add("scatter_shard", peer=s)
+                self.add("head")
+                for s in range(self.num_pp - 1):
+                    self.add("gather_grad", peer=s)
+            else:
+                self.add("recv_shard", peer=owner)
+                self.add("head")
+                self.add("send_shard_grad", peer=owner)
+        elif self.last:
+            self.add("head")
+        if self.boundary and self.head_parallel:  # the head's gradients are final: start their reduction
+            self.add("reduce_head_grads", peer=owner)
+
+    def backward(self) -> None:
+        """Units in reverse; in each, the decoder chunks first (reverse time), then the encoder chunks.
+        per_unit: unit u's head gradients go back to the last stage when it needs them, just before its
+        backward of u, which comes right after it sent the backward of u + 1 on: its owner sends them
+        right after receiving that (a pair's messages keep one order on both sides, as NCCL needs)."""
+        stage, owner_stage = self.stage, self.num_pp - 1
+        mine = self.per_unit and not self.last
+        if mine and head_owner(self.units - 1, self.num_pp) == stage:
+            self.add("send_shard_grad", unit=self.units - 1, peer=owner_stage)
+        for u in reversed(range(self.units)):
+            if self.per_unit and self.last and head_owner(u, self.num_pp) != stage:
+                self.add("gather_grad", unit=u, peer=head_owner(u, self.num_pp))
+            for kind in ("dec", "enc"):
+                for c in reversed(range(self.chunks)):
+                    if not self.last:
+                        self.add("recv_backward", u, c, kind, stage + 1)
+                        if mine and (kind, c) == ("enc", 0) and u > 0 and head_owner(u - 1, self.num_pp) == stage:
+                            self.add("send_shard_grad", unit=u - 1, peer=owner_stage)
+                    self.add("backward", u, c, kind)
+                    if not self.first:
+                        self.add("send_backward", u, c, kind, stage - 1)
+
+    def step(self) -> None:
+        """At the accumulation boundary: the reductions, the optimizer step, the owner's broadcast of the
+        updated head, and the window's loss sums (read back with the step's gradient norm; summed last,
+        so that no rank waits for the slowest one's backward before its own optimizer step)."""
+        if self.boundary:
+            if self.head_parallel:
+                self.add("wait_head_grads")
+            self.add("reduce_grads")
+        self.add("optimizer_step")
+        if self.boundary and self.head_parallel:
+            self.add("broadcast_head", peer=self.num_pp - 1)
+        if self.boundary:
+            self.add("reduce_metrics")
+        self.add("flush_sends")
 
 
 def eval_program(program: list[Instr]) -> list[Instr]:
