@@ -401,7 +401,7 @@ def _alarm(signum, frame):
     raise StageTimeout()
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default=os.environ.get("GPU_CHECK_DEVICE", "cuda"))
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu_check")))
@@ -411,125 +411,155 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--deadline-s", type=float, default=None, help="the whole check (default 480 on cuda, 900 on cpu)")
     p.add_argument("--run-timeout-s", type=int, default=None, help="each training run (default 90 on cuda, 240 on cpu)")
-    p.add_argument("--stages", default=",".join(s for s in STAGES if s != "compile"),
-                   help=f"comma-separated, of {','.join(STAGES)} (compile is added on cuda)")
+    p.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(STAGES)} (default: all; compile "
+                                                 f"on cuda only)")
     p.add_argument("--runs", default="", help="comma-separated run names to do (default: all)")
     p.add_argument("--prepare-only", action="store_true", help="prepare the DATA_DIRs into --work and stop")
-    args = p.parse_args()
-    sizes = SIZES[args.device]
-    steps = args.steps or sizes["steps"]
-    corpus = args.corpus
-    if args.device == "cuda" and corpus is None:
-        corpus = next((c for c in (REPO / ".gpudata" / "small_parallel_enja",
-                                   REPO.parent / "shared" / "data" / "small_parallel_enja") if (c / "train.en").exists()), None)
+    args = p.parse_args(argv)
+    default = [s for s in STAGES if s != "compile" or args.device == "cuda"]
+    args.stages = set(args.stages.split(",")) if args.stages else set(default)
+    if args.stages - set(STAGES):
+        p.error(f"--stages: unknown {sorted(args.stages - set(STAGES))} (of {', '.join(STAGES)})")
+    if args.device == "cuda" and args.corpus is None:
+        args.corpus = next((c for c in (REPO / ".gpudata" / "small_parallel_enja",
+                                        REPO.parent / "shared" / "data" / "small_parallel_enja")
+                            if (c / "train.en").exists()), None)
+    args.data_root = args.data_root or (REPO / ".gpudata" if args.device == "cuda" else None)
+    args.run_timeout_s = args.run_timeout_s or (90 if args.device == "cuda" else 240)
+    args.deadline_s = args.deadline_s or (480 if args.device == "cuda" else 900)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     if args.prepare_only:
         args.work.mkdir(parents=True, exist_ok=True)
-        for name, path in prepare(args.work, args.device, corpus, timeout=1800).items():
+        for name, path in prepare(args.work, args.device, args.corpus, timeout=1800).items():
             log(f"prepared {name}: {path}")
         return 0
-    stages = set(args.stages.split(","))
-    if args.device == "cuda" and args.stages == p.get_default("stages"):
-        stages.add("compile")
-    unknown = stages - set(STAGES)
-    if unknown:
-        p.error(f"--stages: unknown {sorted(unknown)} (of {', '.join(STAGES)})")
-    data_root = args.data_root or (REPO / ".gpudata" if args.device == "cuda" else None)
-    run_timeout = args.run_timeout_s or (90 if args.device == "cuda" else 240)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    import torch
-
-    if args.device == "cpu":
-        torch.set_num_threads(1)  # as the training runs below (train.threads=1)
-    check = Check(args.out, args.deadline_s or (480 if args.device == "cuda" else 900),
-                  {"device_requested": args.device, "torch": torch.__version__, "steps": steps})
-    check.started = time.time()
-    report = check.report
     signal.signal(signal.SIGTERM, lambda *_: (log("SIGTERM: stopping; the report holds what ran"), sys.exit(3)))
+    return GpuCheck(args).run()
 
-    if "environment" in stages:
-        report["environment"] = check.stage("environment", lambda: environment(args.device), 60)
-    datas = check.stage("data", lambda: prepare(args.work, args.device, corpus, data_root), 900) if "data" in stages else None
-    if not datas:
-        log("no data: nothing more can run")
-        return 1
-    shapes = {name: data_shape(path) for name, path in datas.items()}
-    report["data"] = {name: {"dir": str(datas[name]), **s} for name, s in shapes.items()}
-    check.save()
-    log(f"data: {json.dumps(report['data'])}")
-    overrides0, _, data0 = sizes["models"]["enja-small"]
-    if "placement" in stages:
-        report["placement"] = check.stage("placement", lambda: placement(args.device, datas[data0],
-                                                                         {**_yaml_model(), **overrides0}), 120)
-    profile = None
-    if "profile" in stages:
-        profile = check.stage("profile", lambda: device_profile(args.device, sizes, args.out), 120)
-        report["profile"] = profile
 
-    runs = report["runs"] = []
-    if "runs" in stages:
-        for spec in run_specs(sizes, steps):
-            if args.runs and spec["name"] not in args.runs.split(","):
-                continue
-            model_name, precision = spec["model"], spec["precision"]
-            overrides, micro, data_name = sizes["models"][model_name]
+class GpuCheck:
+    """The stages in order (module docstring), each through `Check.stage`."""
 
-            def one(spec=spec, overrides=overrides, micro=micro, data_name=data_name, precision=precision):
-                return train_run(args.work, args.device, spec["name"], precision, overrides, micro, datas[data_name],
-                                 steps, sizes["dev_sentences"], wandb=spec["wandb"] and wandb_importable(),
-                                 timeout=run_timeout, layout=spec.get("layout"), extra=spec.get("extra", ()))
+    def __init__(self, args: argparse.Namespace):
+        import torch
 
-            r = check.stage(f"run {spec['name']}", one, run_timeout + 30, need=min(run_timeout, 30)) or {
-                "name": spec["name"], "error": report["stages"][f"run {spec['name']}"].get("why", "no result")}
-            r.update(model=model_name, precision=precision, micro_batch=micro, data=data_name)
-            if "pairs_per_s" in r and profile:
-                add_mfu(r, {**_yaml_model(), **overrides}, shapes[data_name], precision, profile)
-            log(f"{spec['name']}: {json.dumps(r)}")
-            runs.append(r)
-            check.save()
+        if args.device == "cpu":
+            torch.set_num_threads(1)  # as the training runs below (train.threads=1)
+        self.args, self.sizes = args, SIZES[args.device]
+        self.steps = args.steps or self.sizes["steps"]
+        self.check = Check(args.out, args.deadline_s, {"device_requested": args.device, "torch": torch.__version__,
+                                                       "steps": self.steps})
+        self.check.started = time.time()
+        self.report = self.check.report
+        self.datas, self.shapes, self.profile = {}, {}, None
+
+    def run(self) -> int:
+        args, check, report = self.args, self.check, self.report
+        if "environment" in args.stages:
+            report["environment"] = check.stage("environment", lambda: environment(args.device), 60)
+        if not self.data():
+            log("no data: nothing more can run")
+            return 1
+        if "placement" in args.stages:
+            overrides, _, data = self.sizes["models"]["enja-small"]
+            report["placement"] = check.stage("placement", lambda: placement(args.device, self.datas[data],
+                                                                             {**_yaml_model(), **overrides}), 120)
+        if "profile" in args.stages:
+            self.profile = report["profile"] = check.stage("profile", lambda: device_profile(
+                args.device, self.sizes, args.out), 120)
+        report["runs"] = []
+        for spec in run_specs(self.sizes, self.steps):
+            if "runs" in args.stages and (not args.runs or spec["name"] in args.runs.split(",")):
+                self.train(spec)
+        self.after_runs()
+        return self.finish()
+
+    def data(self) -> bool:
+        args = self.args
+        self.datas = self.check.stage("data", lambda: prepare(args.work, args.device, args.corpus, args.data_root),
+                                      900) if "data" in args.stages else None
+        if not self.datas:
+            return False
+        self.shapes = {name: data_shape(path) for name, path in self.datas.items()}
+        self.report["data"] = {name: {"dir": str(self.datas[name]), **s} for name, s in self.shapes.items()}
+        self.check.save()
+        log(f"data: {json.dumps(self.report['data'])}")
+        return True
+
+    def _train(self, name: str, model: str, precision: str, steps: int, timeout: int, **kw) -> dict:
+        overrides, micro, data = self.sizes["models"][model]
+        return train_run(self.args.work, self.args.device, name, precision, overrides, micro, self.datas[data], steps,
+                         self.sizes["dev_sentences"], timeout=timeout, **kw)
+
+    def train(self, spec: dict) -> dict:
+        """One training run of `run_specs`, as a stage; its files packed into OUT/runs.tar.gz."""
+        model, precision, timeout = spec["model"], spec["precision"], self.args.run_timeout_s
+        stage = f"run {spec['name']}"
+        r = self.check.stage(stage, lambda: self._train(
+            spec["name"], model, precision, self.steps, timeout, wandb=spec["wandb"] and wandb_importable(),
+            layout=spec.get("layout"), extra=spec.get("extra", ())), timeout + 30, need=min(timeout, 30)) or {
+            "name": spec["name"], "error": self.report["stages"][stage].get("why", "no result")}
+        overrides, micro, data = self.sizes["models"][model]
+        r.update(model=model, precision=precision, micro_batch=micro, data=data)
+        if "pairs_per_s" in r and self.profile:
+            add_mfu(r, {**_yaml_model(), **overrides}, self.shapes[data], precision, self.profile)
+        log(f"{spec['name']}: {json.dumps(r)}")
+        self.report["runs"].append(r)
+        self.check.save()
+        pack_runs(self.args.work, self.args.out)
+        return r
+
+    def after_runs(self) -> None:
+        """resume and portability (from the first run), the compiled head."""
+        args, check, report, steps = self.args, self.check, self.report, self.steps
+        first = report["runs"][0] if report["runs"] else {}
+        if "pairs_per_s" in first and "resume" in args.stages:
+            def resume():
+                again = self._train(first["name"], first["model"], first["precision"], steps + 5, args.run_timeout_s,
+                                    wandb=False, resume=True)
+                again["ok"] = again.get("resumed", False) and again.get("logged_steps") == list(range(1, steps + 6))
+                return {k: again.get(k) for k in ("exit", "ok", "resumed", "logged_steps", "error")}
+
+            report["resume"] = check.stage("resume", resume, args.run_timeout_s + 30, need=30)
+            log(f"resume to step {steps + 5}: {json.dumps(report['resume'])}")
             pack_runs(args.work, args.out)
-    first = runs[0] if runs else {}
-    if "pairs_per_s" in first and "resume" in stages:
-        overrides, micro, data_name = sizes["models"][first["model"]]
+        if "pairs_per_s" in first and "portability" in args.stages:
+            report["portability"] = check.stage("portability", lambda: portability(
+                args.work / "runs" / first["name"], self.datas[first["data"]]), 120, need=20)
+        if "compile" in args.stages:
+            report["compiled_head"] = check.stage("compile", lambda: self._train(
+                "enja-small_bf16_compiled", "enja-small", "bf16", steps, args.run_timeout_s * 2, wandb=False,
+                extra=("train.compile_head=true",)), args.run_timeout_s * 2 + 30, need=60)
+            pack_runs(args.work, args.out)
 
-        def resume():
-            again = train_run(args.work, args.device, first["name"], first["precision"], overrides, micro,
-                              datas[data_name], steps + 5, sizes["dev_sentences"], wandb=False, resume=True,
-                              timeout=run_timeout)
-            again["ok"] = again.get("resumed", False) and again.get("logged_steps") == list(range(1, steps + 6))
-            return {k: again.get(k) for k in ("exit", "ok", "resumed", "logged_steps", "error")}
-
-        report["resume"] = check.stage("resume", resume, run_timeout + 30, need=30)
-        log(f"resume to step {steps + 5}: {json.dumps(report['resume'])}")
-        pack_runs(args.work, args.out)
-    if "pairs_per_s" in first and "portability" in stages:
-        report["portability"] = check.stage("portability", lambda: portability(args.work / "runs" / first["name"],
-                                                                                datas[first["data"]]), 120, need=20)
-    if "compile" in stages:
-        overrides, micro, data_name = sizes["models"]["enja-small"]
-        report["compiled_head"] = check.stage("compile", lambda: train_run(
-            args.work, args.device, "enja-small_bf16_compiled", "bf16", overrides, micro, datas[data_name], steps,
-            sizes["dev_sentences"], wandb=False, timeout=run_timeout * 2, extra=("train.compile_head=true",)),
-            run_timeout * 2 + 30, need=60)
-        pack_runs(args.work, args.out)
-    for model_name in sizes["models"]:
-        pair = {r["precision"]: r for r in runs if r.get("model") == model_name and "first_loss" in r
-                and not r["name"].endswith("_units")}
-        if len(pair) == 2:  # same seed, same first batch: bf16 and fp32 start from the same loss
-            report.setdefault("bf16_vs_fp32_first_loss_rel_diff", {})[model_name] = (
-                abs(pair["bf16"]["first_loss"] - pair["fp32"]["first_loss"]) / pair["fp32"]["first_loss"])
-    report["wall_s"] = round(time.time() - check.started, 1)
-    check.save()
-    print_table(report)
-    failed = [r["name"] for r in runs if "error" in r or not r.get("finite", False)]
-    failed += [name for name, st in report["stages"].items() if st["status"] != "ok"]
-    failed += [c for c in ("placement", "resume", "portability") if c in stages and not (report.get(c) or {}).get("ok")]
-    if failed:
-        log(f"FAILED: {', '.join(dict.fromkeys(failed))}")
-        return 1
-    log(f"all checks passed in {report['wall_s']}s; {args.out}/gpu_check.json, {args.out}/device_profile.json, "
-        f"{args.out}/runs.tar.gz")
-    return 0
+    def finish(self) -> int:
+        report, runs = self.report, self.report["runs"]
+        for model_name in self.sizes["models"]:
+            pair = {r["precision"]: r for r in runs if r.get("model") == model_name and "first_loss" in r
+                    and not r["name"].endswith("_units")}
+            if len(pair) == 2:  # same seed, same first batch: bf16 and fp32 start from the same loss
+                report.setdefault("bf16_vs_fp32_first_loss_rel_diff", {})[model_name] = (
+                    abs(pair["bf16"]["first_loss"] - pair["fp32"]["first_loss"]) / pair["fp32"]["first_loss"])
+        report["wall_s"] = round(time.time() - self.check.started, 1)
+        self.check.save()
+        print_table(report)
+        failed = [r["name"] for r in runs if "error" in r or not r.get("finite", False)]
+        failed += [name for name, st in report["stages"].items() if st["status"] != "ok"]
+        failed += [c for c in ("placement", "resume", "portability")
+                   if c in self.args.stages and not (report.get(c) or {}).get("ok")]
+        if failed:
+            log(f"FAILED: {', '.join(dict.fromkeys(failed))}")
+            return 1
+        out = self.args.out
+        log(f"all checks passed in {report['wall_s']}s; {out}/gpu_check.json, {out}/device_profile.json, "
+            f"{out}/runs.tar.gz")
+        return 0
 
 
 def run_specs(sizes: dict, steps: int) -> list[dict]:
