@@ -308,6 +308,8 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
                   "requested_size": sizes.requested, "src_model": "spm.src.model", "tgt_model": "spm.tgt.model",
                   "model_type": args.model_type, "character_coverage": sizes.coverage, "byte_fallback": True,
                   "split_digits": True, "pretokenize": pretokenize,
+                  "ordinal_pieces": {side: vocab.ORDINAL_PREFIXES.get(base_lang(getattr(args, f"{side}_lang")) or "")
+                                     for side in SIDES},
                   "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
                   "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
         "languages": {"src": base_lang(args.src_lang), "tgt": base_lang(args.tgt_lang)},  # scoring, joining
