@@ -74,9 +74,12 @@ def test_a_written_config_trained_to_its_end_decays(tiny_data, tmp_path):
     from tests.test_planner import _tiny_cfg, _tiny_profile
     from trainer.planner.cli import main
 
+    base = json.loads((REPO / "ds_configs" / "single.json").read_text())
+    base["scheduler"]["params"]["warmup_num_steps"] = 2  # past the warm-up within the run
+    (tmp_path / "base.json").write_text(json.dumps(base))
     out = tmp_path / "best.json"
     main(["--devices", "1", "--profile", str(_tiny_profile(tmp_path, tiny_data)), "--steps", "1",
-          "--deepspeed_config", str(REPO / "ds_configs" / "single.json"), "--write-config", str(out),
+          "--deepspeed_config", str(tmp_path / "base.json"), "--write-config", str(out),
           *_tiny_cfg(tiny_data), "train.max_steps=3000"])
     run = tmp_path / "run"
     run_cli([sys.executable, "launch/train.py", "--deepspeed_config", out, *_tiny_cfg(tiny_data), f"run.dir={run}",
@@ -84,6 +87,7 @@ def test_a_written_config_trained_to_its_end_decays(tiny_data, tmp_path):
              "decode.dev_max_sentences=4", "logging.wandb_mode=disabled", "logging.progress=false"], timeout=300)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     peak = json.loads(out.read_text())["scheduler"]["params"]["warmup_max_lr"]
+    print(f"written config, train.max_steps=6: lr {[r['lr'] for r in rows]} (peak {peak})")
     assert rows[-1]["step"] == 6 and rows[-1]["lr"] < 0.2 * peak  # decayed by the end, not stuck near the peak
 
 
@@ -271,3 +275,34 @@ def test_train_cli_errors_are_one_line_with_exit_code_2(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == ['error: parallel_layout="hybrid": must be an object, e.g. {"mode": '
                                                 '"hybrid", "num_pp": 2, "num_dp": 1}']
+
+
+# ---- item 3: the planner on a fresh clone and on a busy machine's profile ----------------------------------------
+
+def test_planning_with_a_busy_machines_profile_prints_its_warning(tiny_data, tmp_path, capsys):
+    from tests.test_planner import _tiny_cfg, _tiny_profile
+    from trainer.planner.cli import main
+
+    path = _tiny_profile(tmp_path, tiny_data)
+    profile = json.loads(path.read_text())
+    warning = "load average 3.4 > 1.5: measured on a busy machine, the numbers are not worth planning with"
+    profile["conditions"] = {"quiet": False, "warning": warning}
+    path.write_text(json.dumps(profile))
+    main(["--devices", "2", "--profile", str(path), "--steps", "1", *_tiny_cfg(tiny_data)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"WARNING: {path}: {warning}; measure again on a quiet machine (--calibrate)"
+    assert lines[-1].startswith("WARNING: planned with a profile measured on a busy machine (load average 3.4")
+
+
+def test_planning_on_data_that_was_never_prepared_says_how_to_prepare_it(tmp_path):
+    from trainer.planner.cli import main
+
+    with pytest.raises(FileNotFoundError, match=r"data.dir=data/enja32k_joint: not prepared \(no manifest.json\); "
+                                                r".*python -m data_prep.prepare"):
+        main(["--config", str(REPO / "trainer" / "configs" / "paper_size.yaml"), "--devices", "2", "--profile",
+              str(REPO / "benchmarks" / "profiles" / "h200.json"), "data.dir=data/enja32k_joint"])
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Choosing a layout"):readme.index("## Data preparation")]
+    assert "--out data/enja32k_joint --vocab-size 32000 --model-type bpe --joint-vocab" in section
+    yaml = (REPO / "trainer" / "configs" / "paper_size.yaml").read_text()
+    assert "python -m data_prep.prepare" in yaml and "--out data/enja32k_joint" in yaml

@@ -76,8 +76,8 @@ def _decode_options(args) -> dict:
 
 
 def check_decode_options(args, translator) -> None:
-    """The decoding flags, checked before any line is read (translator._settings checks them again)."""
-    translator._settings(args.beam, args.max_len_ratio, args.length_penalty, args.batch_size, args.max_tokens)
+    """The decoding flags, checked before any line is read (translate_nbest checks them again)."""
+    translator.decode_settings(args.beam, args.max_len_ratio, args.length_penalty, args.batch_size, args.max_tokens)
     translator.line_cap(getattr(args, "max_line_bytes", None))
 
 

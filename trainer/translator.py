@@ -240,7 +240,8 @@ class Translator:
     def encode(self, line: str) -> list[int]:
         return self.src_sp.encode(self.mask(normalize(line, **self.norm))[0])
 
-    def _settings(self, beam, max_len_ratio, length_penalty, batch_size, max_tokens) -> dict:
+    def decode_settings(self, beam, max_len_ratio, length_penalty, batch_size, max_tokens) -> dict:
+        """The decoding options (None: the config's), checked; a bad one is a ValueError naming its flag."""
         d = self.decode_cfg
         beam = d.beam if beam is None else beam
         if beam < 1:
@@ -315,7 +316,7 @@ class Translator:
         """Per line its `n_best` translations, best first. For a line cut into segments, the k-th
         translation joins every segment's k-th best. A line over `line_cap` bytes gets an empty translation
         (the callers count and report it)."""
-        opts = self._settings(beam, max_len_ratio, length_penalty, batch_size, max_tokens)
+        opts = self.decode_settings(beam, max_len_ratio, length_penalty, batch_size, max_tokens)
         cap = self.line_cap(max_line_bytes)
         sources = [([], ([], [])) if self.oversized(line, cap) else self.source(line) for line in lines]
         flat = [ids for segments, _ in sources for ids in segments]
@@ -360,7 +361,7 @@ class Translator:
 
         import numpy as np
 
-        opts = self._settings(None, None, None, batch_size, max_tokens)
+        opts = self.decode_settings(None, None, None, batch_size, max_tokens)
         masked = [self.mask(normalize(s, **self.norm)) for s in src_lines]
         src = [self.src_sp.encode(text) for text, _ in masked]
         tgt = [self.tgt_sp.encode(numbers.mask_target(normalize(t, **self.norm_tgt), nums,
