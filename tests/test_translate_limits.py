@@ -86,3 +86,18 @@ def test_evaluate_refuses_empty_files_and_names_a_reference_that_is_not_utf8(run
     ref.write_bytes("猫\n".encode("utf-8") + b"\xff\xfe dog\n")
     err = _fails(_cli("evaluate"), ["--run", str(run), "--src", str(src), "--ref", str(ref)], capsys)
     assert err.startswith(f"error: --ref {ref}:2: not UTF-8 (invalid start byte")
+
+
+def test_an_oversized_line_is_read_past_without_being_held_whole():
+    import io
+    import tracemalloc
+
+    from trainer.inference_cli import read_chunks
+
+    stream = io.BytesIO(b"first\n" + b"z" * (20 << 20) + b"\nlast\n" + b"x" * 65536 + b"\n" + b"y" * 65537)
+    tracemalloc.start()
+    chunks = list(read_chunks(stream, "in", 2, cap=65536))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert chunks == [(["first", ""], [1]), (["last", "x" * 65536], []), ([""], [0])]  # exactly the cap is kept
+    assert peak < 2 << 20, peak  # the 20 MB line was never held (the test's bound, as prepare's)

@@ -88,8 +88,10 @@ class Oversized:
         self.translator, self.cap = translator, translator.line_cap(getattr(args, "max_line_bytes", None))
         self.lines: list[int] = []
 
-    def note(self, chunk: list[str], first: int) -> None:
-        self.lines += [first + i + 1 for i, line in enumerate(chunk) if self.translator.oversized(line, self.cap)]
+    def note(self, chunk: list[str], first: int, skipped: list[int] = ()) -> None:
+        """`chunk`: lines from line `first` + 1 on; `skipped`: positions in it already left out while reading."""
+        self.lines += [first + i + 1 for i, line in enumerate(chunk)
+                       if i in skipped or self.translator.oversized(line, self.cap)]
 
     def report(self, name: str) -> None:
         if self.lines:
@@ -98,20 +100,33 @@ class Oversized:
                   f"translated (their output lines are empty): line {shown}", file=sys.stderr, flush=True)
 
 
-def read_chunks(stream: IO[bytes], name: str, size: int) -> Iterator[list[str]]:
+def read_chunks(stream: IO[bytes], name: str, size: int, cap: int = 0) -> Iterator[tuple[list[str], list[int]]]:
     """Lists of up to `size` lines ('\\n'-terminated only, as read_lines), decoded as UTF-8 with the line
-    number in the error."""
+    number in the error, and the positions in the list of lines longer than `cap` bytes (0: no cap): those are
+    given as "" and never held in memory whole (read past in 64 KiB pieces, like prepare's readers)."""
     chunk: list[str] = []
-    for number, raw in enumerate(stream, start=1):
-        try:
-            chunk.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}:{number}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    oversized: list[int] = []
+    number = 0
+    while True:
+        raw = stream.readline(cap + 1) if cap else stream.readline()
+        if not raw:
+            break
+        number += 1
+        if cap and len(raw) == cap + 1 and not raw.endswith(b"\n"):  # more than `cap` bytes before the newline
+            while raw and not raw.endswith(b"\n"):
+                raw = stream.readline(1 << 16)
+            oversized.append(len(chunk))
+            chunk.append("")
+        else:
+            try:
+                chunk.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{name}:{number}: not UTF-8 ({e.reason} at byte {e.start})") from None
         if len(chunk) == size:
-            yield chunk
-            chunk = []
+            yield chunk, oversized
+            chunk, oversized = [], []
     if chunk:
-        yield chunk
+        yield chunk, oversized
 
 
 def _open_input(path):
@@ -158,8 +173,8 @@ def translate_main(args) -> int:
     bar = tqdm(total=total, unit="sent", file=sys.stderr, disable=None, dynamic_ncols=True, mininterval=1.0)
     started, sentences, pieces = time.perf_counter(), 0, 0
     try:
-        for chunk in read_chunks(stream, name, args.buffer_size or INPUT_CHUNK):
-            oversized.note(chunk, sentences)
+        for chunk, skipped in read_chunks(stream, name, args.buffer_size or INPUT_CHUNK, oversized.cap):
+            oversized.note(chunk, sentences, skipped)
             results = translator.translate_nbest(chunk, n_best=args.n_best, alignments=args.alignments,
                                                  **_decode_options(args))
             out.write("".join(format_result(sentences + i, r, args.n_best, args.alignments)
