@@ -12,6 +12,7 @@ convention fixed in `SPECIAL_IDS`.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -107,6 +108,35 @@ def load_pair(data_dir: str, split: str) -> tuple[TokenArray, TokenArray]:
     if len(src) != len(tgt):
         raise ValueError(f"{data_dir}: {split}.src has {len(src)} sentences but {split}.tgt has {len(tgt)}")
     return src, tgt
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def files_checksum(data_dir: str, names: list[str]) -> str:
+    """The manifest's `checksum`: sha256 over the binarized files' names and bytes, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(names):
+        h.update(name.encode() + b"\0")
+        with open(os.path.join(data_dir, name), "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def first_out_of_range(tokens: np.ndarray, size: int, chunk: int = 1 << 24) -> int | None:
+    """Index of the first token id outside 0..size-1, or None; a chunk at a time (one pass of min/max, so a
+    large memory-mapped file is read once and never copied whole)."""
+    for start in range(0, len(tokens), chunk):
+        part = np.asarray(tokens[start:start + chunk])
+        if part.size and (int(part.min()) < 0 or int(part.max()) >= size):
+            return start + int(np.flatnonzero((part < 0) | (part >= size))[0])
+    return None
 
 
 def has_split(data_dir: str, split: str) -> bool:

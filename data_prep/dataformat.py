@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from . import numbers
 from .binary import (BOS_ID, EOS_ID, OFFSET_DTYPE, PAD_ID, SIDES, SPECIAL_IDS, TOKEN_DTYPE, UNK_ID, TokenArray,
-                     has_split, load_pair, side_paths)
+                     file_sha256, files_checksum, first_out_of_range, has_split, load_pair, side_paths)
 from .clean import base_lang
 from .normalize import CJK_SPACES, PLACEHOLDER, normalize, repair, restore_formulas
 from .outdir import OutputDirError, check_output_dir, json_marker
@@ -27,5 +27,6 @@ MANIFEST_KEYS = ("version", "splits", "vocab", "normalize", "checksum")  # what 
 
 __all__ = ["BOS_ID", "CJK_SPACES", "EOS_ID", "MANIFEST", "MANIFEST_KEYS", "OFFSET_DTYPE", "OutputDirError",
            "PAD_ID", "PLACEHOLDER", "SIDES", "SPECIAL_IDS", "SPM_MODELS", "TOKEN_DTYPE", "TokenArray",
-           "TrainingLimits", "UNK_ID", "base_lang", "check_output_dir", "has_split", "join_segments",
+           "TrainingLimits", "UNK_ID", "base_lang", "check_output_dir", "file_sha256", "files_checksum",
+           "first_out_of_range", "has_split", "join_segments",
            "json_marker", "load_pair", "normalize", "numbers", "repair", "restore_formulas", "segment", "side_paths"]

@@ -1,18 +1,19 @@
 """The project's embedded default corpus: synthetic English -> Japanese patent claims.
 
     python -m data_prep.demo_corpus --out DIR [--pairs 20000] [--dev 500] [--test 500] [--seed 1] [--report]
-        [--ja-spaces]
+        [--ja-spaces] [--en-tokens]
 
 writes DIR/{train,dev,test}.{en,ja} in the Moses layout (line i of .en pairs with line i of .ja).
 Sentences come from a small claim grammar over the lexicon in `data_prep.demo_lexicon`:
 
-    a device comprising a housing , a sensor coupled to the housing , and a controller
-        configured to adjust the temperature of the chamber .
+    A device comprising a housing, a sensor coupled to the housing, and a controller
+        configured to adjust the temperature of the chamber.
     装置は、筐体、筐体に結合されたセンサ、及びチャンバの温度を調整するように構成された制御部を備える。
 
-The Japanese is written as real patent text is, without spaces (`--ja-spaces` keeps the grammar's
-word boundaries: "装置 は 、 筐体 、 ..."); `generate` returns the word-separated form, which the
-grammar builds and `report` counts.
+Both sides are written as real patent text is: the English capitalised and untokenised (`--en-tokens`
+writes the grammar's tokens, "a device comprising a housing , ..."), the Japanese without spaces
+(`--ja-spaces` keeps the grammar's word boundaries: "装置 は 、 筐体 、 ..."). `generate` returns the
+token- and word-separated forms, which the grammar builds and `report` counts.
 
 Every English word has one Japanese rendering and there is no noise, so the only thing to learn
 is the reordering: verbs go last, modifiers and relative clauses go before their noun, and
@@ -31,6 +32,7 @@ import functools
 import json
 import os
 import random
+import re
 import sys
 from typing import NamedTuple, Sequence
 
@@ -351,15 +353,32 @@ def raw_japanese(ja: str) -> str:
     return ja.replace(" ", "")
 
 
-def as_written(corpus: dict[str, list[tuple[str, str]]], ja_spaces: bool = False) -> dict[str, list[tuple[str, str]]]:
-    return corpus if ja_spaces else {s: [(en, raw_japanese(ja)) for en, ja in rows] for s, rows in corpus.items()}
+_SPACE_BEFORE_PUNCT = re.compile(r" ([,.;:])")
+
+
+def natural_english(en: str) -> str:
+    """The grammar's English tokens as patent text is written: the first letter capitalised and no space
+    before punctuation ("the device according to claim 3 , wherein ..." -> "The device according to claim 3,
+    wherein ..."). A model trained on tokenised, lowercased English misreads such input (it translated "The
+    method according to claim 3, ..." with the wrong subject), and translate does not tokenise."""
+    text = _SPACE_BEFORE_PUNCT.sub(r"\1", en)
+    return text[:1].upper() + text[1:]
+
+
+def as_written(corpus: dict[str, list[tuple[str, str]]], ja_spaces: bool = False,
+               en_tokens: bool = False) -> dict[str, list[tuple[str, str]]]:
+    """The corpus as a file holds it: natural English (`en_tokens`: the grammar's tokens) and raw Japanese
+    (`ja_spaces`: the grammar's words)."""
+    return {s: [(en if en_tokens else natural_english(en), ja if ja_spaces else raw_japanese(ja)) for en, ja in rows]
+            for s, rows in corpus.items()}
 
 
 def write_corpus(out_dir: str, pairs: int = 20000, seed: int = 1, dev: int = 500, test: int = 500,
-                 ja_spaces: bool = False, corpus: dict | None = None) -> dict[str, list[tuple[str, str]]]:
+                 ja_spaces: bool = False, corpus: dict | None = None,
+                 en_tokens: bool = False) -> dict[str, list[tuple[str, str]]]:
     """Writes out_dir/{train,dev,test}.{en,ja} (of `corpus`, default: `generate`'s) and returns what it wrote:
-    the Japanese without spaces unless `ja_spaces`."""
-    corpus = as_written(corpus or generate(pairs=pairs, seed=seed, dev=dev, test=test), ja_spaces)
+    natural English unless `en_tokens`, the Japanese without spaces unless `ja_spaces`."""
+    corpus = as_written(corpus or generate(pairs=pairs, seed=seed, dev=dev, test=test), ja_spaces, en_tokens)
     os.makedirs(out_dir, exist_ok=True)
     for split, rows in corpus.items():
         for i, lang in enumerate(LANGS):
@@ -444,6 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="print corpus statistics and baseline BLEU as JSON")
     parser.add_argument("--ja-spaces", action="store_true",
                         help="write the Japanese with spaces between words (default: raw, as patents are)")
+    parser.add_argument("--en-tokens", action="store_true",
+                        help="write the English as the grammar's lowercase tokens, a space before each comma and "
+                             "period (default: as patents are written, 'The device according to claim 3, wherein')")
     parser.add_argument("--max-words", type=int, default=MAX_TOKENS,
                         help="longest English claim in words (default %(default)s; the quickstart uses shorter ones)")
     parser.add_argument("--baseline-out", default=None, metavar="FILE",
@@ -457,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = dict(pairs=args.pairs, seed=args.seed, dev=args.dev, test=args.test, max_tokens=args.max_words)
     corpus = generate(**sizes)
     if args.out:
-        write_corpus(args.out, ja_spaces=args.ja_spaces, corpus=corpus)
+        write_corpus(args.out, ja_spaces=args.ja_spaces, corpus=corpus, en_tokens=args.en_tokens)
     if args.baseline_out:
         hyps = monotone_baseline([en for en, _ in corpus["test"]])
         with open(args.baseline_out, "w", encoding="utf-8", newline="\n") as f:

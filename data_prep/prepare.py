@@ -58,7 +58,7 @@ from typing import Iterator, Optional
 import sentencepiece as spm
 
 from . import numbers, vocab
-from .binary import SIDES, side_paths
+from .binary import SIDES, file_sha256, files_checksum, side_paths
 from .outdir import OutputDirError, check_output_dir, json_marker
 from .clean import CleaningOptions, add_cleaning_arguments, base_lang
 from .dedup import Deduplicator
@@ -132,13 +132,7 @@ def file_info(path: str) -> dict:
 
 
 def checksum(stage: str, names: list[str]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(names):
-        h.update(name.encode() + b"\0")
-        with open(os.path.join(stage, name), "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    return files_checksum(stage, names)
 
 
 def split_readers(args: argparse.Namespace) -> dict[str, Reader]:
@@ -261,7 +255,12 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
                 ft.write(tgt + "\n")
                 n_eval[split] += 1
     if n_train == 0:
-        raise PrepareError(f"no training pair is left after filtering ({describe(stats['train'])})")
+        hint = ""
+        if stats["train"].rejected["other_pair"] == stats["train"].pairs_read > 0:
+            hint = (f": every row is of another language pair than --src-lang {args.src_lang} --tgt-lang "
+                    f"{args.tgt_lang} (the defaults are en, ja); name the pair to keep, e.g. --src-lang cs "
+                    f"--tgt-lang en for the cs-en rows of a ParaPat file")
+        raise PrepareError(f"no training pair is left after filtering ({describe(stats['train'])}){hint}")
     for split, n in n_eval.items():
         if n == 0:  # the trainer would have nothing to evaluate (dev BLEU over no sentences)
             given = f"--{split}-src {getattr(args, f'{split}_src')}" if not args.split_by_doc else f"--{split}-size"
@@ -309,6 +308,8 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
                   "requested_size": sizes.requested, "src_model": "spm.src.model", "tgt_model": "spm.tgt.model",
                   "model_type": args.model_type, "character_coverage": sizes.coverage, "byte_fallback": True,
                   "split_digits": True, "pretokenize": pretokenize,
+                  "ordinal_pieces": {side: vocab.ORDINAL_PREFIXES.get(base_lang(getattr(args, f"{side}_lang")) or "")
+                                     for side in SIDES},
                   "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
                   "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
         "languages": {"src": base_lang(args.src_lang), "tgt": base_lang(args.tgt_lang)},  # scoring, joining
@@ -326,6 +327,7 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "checksum_files": sorted(binarized),
         "checksum": checksum(stage, binarized),
+        "file_sha256": {name: file_sha256(os.path.join(stage, name)) for name in sorted(binarized)},
     }
     assert manifest["pairs_read"] == manifest["pairs_kept"] + sum(manifest["rejected"].values()), manifest
     return manifest

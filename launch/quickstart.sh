@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: generate the demo patent-claim corpus (English -> raw Japanese,
-# without spaces, as patents are), prepare it (SentencePiece pieces within MeCab's words on the Japanese
-# side, number placeholders, binarized), train with the paper's hybrid
+# The main job on the embedded default: generate the demo patent-claim corpus (English -> Japanese, both
+# written as patents are: capitalised, untokenised English; Japanese without spaces), prepare it (SentencePiece
+# pieces within MeCab's words on the Japanese side, ordinals 第1..第9 as one piece, number placeholders,
+# binarized), train with the paper's hybrid
 # parallelism on 2 local ranks, then translate the test set on one process and print sacreBLEU BLEU/chrF
 # (BLEU tokenized by MeCab, ja-mecab, as for any Japanese target).
 # Prints test BLEU/chrF beside the word-by-word baseline, then three test sentences; writes the training plot.
@@ -20,7 +21,7 @@ RUN=$WORK/runs/demo
 EXTRA=()
 [ -n "${STEPS:-}" ] && EXTRA+=("train.max_steps=$STEPS")
 
-# No GPU: say so, so that DeepSpeed does not probe for one and warn.
+# No GPU: say so, so that DeepSpeed's launcher does not probe for one and warn (README, "Two commands").
 command -v nvidia-smi > /dev/null 2>&1 || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 
 python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1 --max-words "$MAX_WORDS" \

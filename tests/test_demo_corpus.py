@@ -14,8 +14,8 @@ import sacrebleu
 
 from data_prep import demo_lexicon as lex
 from data_prep.demo_corpus import (
-    MAX_TOKENS, MIN_TOKENS, SPLITS, ClaimSampler, configured_to, device_claim, generate, monotone_baseline,
-    noun_phrase, of_phrase, related, write_corpus,
+    MAX_TOKENS, MIN_TOKENS, SPLITS, ClaimSampler, as_written, configured_to, device_claim, generate,
+    monotone_baseline, natural_english, noun_phrase, of_phrase, related, write_corpus,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,7 +190,8 @@ def test_written_japanese_is_raw_text_unless_asked_for_spaces(tmp_path):
     corpus = generate(pairs=50, seed=2, dev=5, test=5)
     raw = write_corpus(str(tmp_path / "raw"), pairs=50, seed=2, dev=5, test=5)
     spaced = write_corpus(str(tmp_path / "spaced"), pairs=50, seed=2, dev=5, test=5, ja_spaces=True)
-    assert spaced == corpus
+    tokens = write_corpus(str(tmp_path / "tokens"), pairs=50, seed=2, dev=5, test=5, ja_spaces=True, en_tokens=True)
+    assert tokens == corpus and spaced == as_written(corpus, ja_spaces=True)
     for split in SPLITS:
         ja = (tmp_path / "raw" / f"{split}.ja").read_text(encoding="utf-8").splitlines()
         assert ja == [row[1] for row in raw[split]] == [row[1].replace(" ", "") for row in corpus[split]]
@@ -208,3 +209,39 @@ def test_report_scores_the_baseline_on_raw_text_with_mecab(tmp_path):
     expected = sacrebleu.corpus_bleu(hyps, [[raw_japanese(r) for r in ref]], tokenize="ja-mecab").score
     assert stats["test_bleu_monotone_baseline"] == round(expected, 2) and 0 < expected < 40
     assert sacrebleu.corpus_bleu(hyps, [[raw_japanese(r) for r in ref]]).score < expected  # 13a: one token a sentence
+
+
+# --- issue 22, item 7: the demo teaches what real text needs ------------------------------------------------
+
+def test_the_english_is_written_as_patents_are(tmp_path):
+    """Capitalised, no space before punctuation: what a user types into translate. A model trained on the
+    grammar's lowercase tokens got "The method according to claim 3, ..." wrong."""
+    assert natural_english("the method according to claim 3 , comprising : a ; and b .") == \
+        "The method according to claim 3, comprising: a; and b."
+    written = write_corpus(str(tmp_path / "c"), pairs=200, seed=1, dev=20, test=20)
+    for split in SPLITS:
+        en = (tmp_path / "c" / f"{split}.en").read_text(encoding="utf-8").splitlines()
+        assert en == [row[0] for row in written[split]]
+        assert all(line[0].isupper() and line.endswith(".") and not line.endswith(" .") for line in en)
+        assert not any(f" {p}" in line for line in en for p in ",.;:")
+    assert any(", wherein " in line for line in (tmp_path / "c" / "train.en").read_text().splitlines())
+
+
+def test_an_ordinal_is_one_target_piece(tiny_data):
+    """第1 ... 第9 are single SentencePiece pieces of a Japanese side: with split digits the ordinal's number was
+    a piece of its own, chosen one step after 第 with the attention already off the source's "first", and the
+    quickstart's model wrote 第4 for every ordinal (a uniform guess: log p -1.4 at that digit)."""
+    import json
+
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tiny_data / "spm.tgt.model"))
+    for text in ("第1の電極", "第２のヒータ", "複数の第4のセンサ"):
+        pieces = sp.encode(text, out_type=str)
+        assert any(p in ("第1", "第２", "第4") for p in pieces), pieces
+        assert sp.decode(sp.encode(text)) == text
+    assert sp.encode("第12の電極", out_type=str)[1:3] == ["第1", "2"]  # longer ordinals still spell out
+    manifest = json.loads((tiny_data / "manifest.json").read_text())
+    assert manifest["vocab"]["ordinal_pieces"] == {"src": None, "tgt": "第"}
+    src = spm.SentencePieceProcessor(model_file=str(tiny_data / "spm.src.model"))
+    assert not any(src.id_to_piece(i).startswith("第") for i in range(src.get_piece_size()))  # English: none

@@ -20,13 +20,14 @@ from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
 from trainer import checkpoint
 
 NODES = ("node-a", "node-b")
+SCHEDULE = "train.schedule_steps=30"  # a run stopped at 20 and resumed to 30 follows the 30-step schedule
 
 
 def _ds_config(tmp_path: Path) -> Path:
-    """The shipped hybrid_2.json with a schedule fixed at 30 steps, so a run stopped at 20 and resumed
-    to 30 follows the same learning rates as one that goes to 30 at once."""
+    """The shipped hybrid_2.json with a short warm-up; the schedule's 30 steps come from the YAML (SCHEDULE), so
+    a run stopped at 20 and resumed to 30 follows the same learning rates as one that goes to 30 at once."""
     ds = json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text())
-    ds["scheduler"]["params"].update(total_num_steps=30, warmup_num_steps=5)
+    ds["scheduler"]["params"].update(warmup_num_steps=5)  # its length: train.schedule_steps=30 (SCHEDULE)
     path = tmp_path / "hybrid_2.json"
     path.write_text(json.dumps(ds))
     return path
@@ -102,7 +103,7 @@ def test_two_nodes_train_save_and_resume(tiny_data, tmp_path, hostfile):
     """hybrid_2 over two nodes: 20 steps, saved; resumed from step 20 to 30. Every loss equals that of
     the same job launched on one node (`deepspeed --num_gpus 2`): the node split changes nothing."""
     ds, run = _ds_config(tmp_path), tmp_path / "run"
-    outs = two_nodes(hostfile, _train_args(tiny_data, run, ds, "train.max_steps=20"), tmp_path / "first")
+    outs = two_nodes(hostfile, _train_args(tiny_data, run, ds, "train.max_steps=20", SCHEDULE), tmp_path / "first")
     for rank, out in enumerate(outs):  # each node's launcher started exactly its own rank
         assert f"nnodes=2, num_local_procs=1, node_rank={rank}" in out, out[-3000:]
     assert "global_rank_mapping=defaultdict(<class 'list'>, {'node-a': [0], 'node-b': [1]})" in outs[0]
@@ -123,7 +124,7 @@ def test_two_nodes_train_save_and_resume(tiny_data, tmp_path, hostfile):
     assert stages == {0: 0, 1: 1}
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 21))
 
-    outs = two_nodes(hostfile, _train_args(tiny_data, run, ds, "train.max_steps=30", "train.resume=auto"),
+    outs = two_nodes(hostfile, _train_args(tiny_data, run, ds, "train.max_steps=30", "train.resume=auto", SCHEDULE),
                      tmp_path / "resume")
     assert f"resume: from {step20} (step 20)" in outs[0]
     rows = read_metrics(run)
@@ -133,7 +134,7 @@ def test_two_nodes_train_save_and_resume(tiny_data, tmp_path, hostfile):
     assert rows[-1]["dev_bleu"] is not None  # rank 0 decoded from files both nodes wrote
 
     one_node = tmp_path / "one_node"
-    run_cli(deepspeed_cmd(2, *_train_args(tiny_data, one_node, ds, "train.max_steps=30")), timeout=240)
+    run_cli(deepspeed_cmd(2, *_train_args(tiny_data, one_node, ds, "train.max_steps=30", SCHEDULE)), timeout=240)
     want = {r["step"]: r["loss"] for r in read_metrics(one_node)}
     got = {r["step"]: r["loss"] for r in rows}
     assert got == want, [(s, want[s], got[s]) for s in want if want[s] != got[s]]

@@ -32,7 +32,7 @@ def ds_config(tmp_path: Path, layout: dict, bf16: bool = False, total_steps: int
     """Adam with warm-up/decay over a fixed `total_steps` (so a run may stop early and continue)."""
     cfg = json.loads((REPO / "ds_configs" / "single.json").read_text())
     cfg.update(train_micro_batch_size_per_gpu=16, bf16={"enabled": bf16}, parallel_layout=layout)
-    cfg["scheduler"]["params"].update(total_num_steps=total_steps, warmup_num_steps=3)
+    cfg["scheduler"]["params"].update(warmup_num_steps=3)  # its length: train.max_steps (or train.schedule_steps)
     path = tmp_path / f"{layout['mode']}_{'bf16' if bf16 else 'fp32'}_{total_steps}.json"
     path.write_text(json.dumps(cfg))
     return str(path)

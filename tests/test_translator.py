@@ -130,7 +130,7 @@ def test_nbest_is_sorted_distinct_and_scored_like_forced_decoding(spm_models):
         forced = Ensemble(t.model).force(one, torch.tensor([one.shape[1]]), torch.tensor([[2] + ids]),
                                          torch.tensor([ids + [EOS_ID]]))
         assert tokens == len(ids) + 1 and logprob == pytest.approx(float(forced.sum()), abs=1e-3) and logprob < 0
-    with pytest.raises(ValueError, match="beam size 0"):
+    with pytest.raises(ValueError, match="--beam 0: the beam size must be >= 1"):
         t.translate(lines, beam=0)
 
 

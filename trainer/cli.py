@@ -39,15 +39,24 @@ def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
     leave(3)
 
 
-def run_dry(ds_config_path: str) -> int:
-    from trainer.ds_config import load_ds_config
-    from trainer.parallel.layout import SECTION, LayoutSpec
-    from trainer.parallel.schedule import format_schedule, global_programs
+def print_config(config_path, overrides) -> int:
+    from trainer.config import describe, load_config
 
-    ds = load_ds_config(ds_config_path, max_steps=1)
-    section = ds.get(SECTION, {})
-    world = section.get("num_pp", 1) * section.get("num_dp", 1)
-    spec = LayoutSpec.from_ds_config(ds, world)
+    print(describe(load_config(config_path, overrides)), end="")
+    return 0
+
+
+def run_dry(config_path, overrides, ds_config_path: str) -> int:
+    """The checks of a real run (config, DeepSpeed JSON, layout against the model and batch), for the world
+    the layout asks for, then every rank's instruction list."""
+    from trainer.config import load_config
+    from trainer.ds_config import layout_world, load_ds_config
+    from trainer.parallel.schedule import format_schedule, global_programs
+    from trainer.session import plan
+
+    cfg = load_config(config_path, overrides)
+    world = layout_world(load_ds_config(ds_config_path, None))
+    _, spec = plan(cfg, ds_config_path, world=world)
     print(f"mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} micro_batches={spec.micro_batches} "
           f"time_chunks={spec.time_chunks} head_parallel={spec.head_parallel}")
     print(format_schedule(global_programs(spec)))
@@ -55,13 +64,16 @@ def run_dry(ds_config_path: str) -> int:
 
 
 def train_main(config_path, overrides, ds_config_path) -> int:
-    from trainer.config import load_config
+    from trainer.config import check_threads, load_config
+    from trainer.data import read_manifest, verify as verify_data
     from trainer.parallel.runtime import ParallelRuntime, is_comm_failure
     from trainer.session import build_session, plan
     from trainer.trainer import Trainer
 
     cfg = load_config(config_path, overrides)
+    check_threads(cfg.train.threads)
     ds, spec = plan(cfg, ds_config_path)  # a bad config or layout fails here, before any process talks
+    verify_data(cfg.data.dir, read_manifest(cfg.data.dir), cfg.data.verify)  # and damaged data
     runtime = session = None
     try:
         runtime = ParallelRuntime.start(spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)

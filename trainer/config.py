@@ -7,7 +7,9 @@ are never repeated here.
 """
 from __future__ import annotations
 
+import dataclasses
 import io
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -28,81 +30,96 @@ class ConfigError(ValueError):
     """A bad configuration value; the message names the key."""
 
 
+def _key(default, help: str):
+    """A config key: its default and what it means (`launch/train.py --print-config` prints both)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class ModelConfig:
-    emb_dim: int = 256
-    hidden: int = 256
-    layers: int = 2
-    bidirectional_bottom: bool = False
-    attention: str = "general"  # dot | general | concat
-    dropout: float = 0.2
-    label_smoothing: float = 0.1
-    tie_embeddings: bool = False
+    emb_dim: int = _key(256, "embedding width (source and target)")
+    hidden: int = _key(256, "LSTM width of every encoder/decoder layer and of the attention")
+    layers: int = _key(2, "encoder/decoder pair layers (each pipeline stage holds at least one)")
+    bidirectional_bottom: bool = _key(False, "the bottom encoder layer reads both directions")
+    attention: str = _key("general", "Luong attention score: dot | general | concat")
+    dropout: float = _key(0.2, "dropout between layers and before the output projection, in [0, 1)")
+    label_smoothing: float = _key(0.1, "label smoothing of the training loss, in [0, 1)")
+    tie_embeddings: bool = _key(False, "share the target embedding with the output projection (single/data only)")
 
 
 @dataclass
 class DataConfig:
-    dir: str = "data/demo"
-    max_tokens: int = 0  # cap on padded src+tgt tokens of a global micro-batch; 0 = sentences only
-    bucket_batches: int = 100  # length-sort windows of this many batches, then shuffle batches
-    min_batch_sentences: int = 8  # smallest batch; the same in every layout so runs stay comparable
+    dir: str = _key("data/demo", "DATA_DIR written by python -m data_prep.prepare")
+    max_tokens: int = _key(0, "cap on padded src+tgt tokens of a global micro-batch; 0 = sentences only")
+    bucket_batches: int = _key(100, "length-sort windows of this many batches, then shuffle batches")
+    min_batch_sentences: int = _key(8, "smallest batch; the same in every layout so runs stay comparable "
+                                       "(a layout needs replicas x max(units, head shards))")
+    verify: str = _key("ids", "check the binarized data at start: ids (every token id inside its vocabulary, "
+                              "cheap) | checksums (also each file's sha256 against the manifest) | none")
 
 
 @dataclass
 class TrainConfig:
-    seed: int = 1
-    max_steps: int = 1000
-    max_epochs: int = 0  # 0 = no limit
-    max_time_min: float = 0.0  # stop (validate, save) after this much training wall time; 0 = no limit
-    eval_every: int = 200
-    save_every: int = 0  # 0 = only at validation and at the end
-    keep_last: int = 2
-    early_stop_patience: int = 0  # validations without dev BLEU improvement; 0 = off
-    log_every: int = 10
-    threads: int = 0  # torch threads per rank; 0 = cores on this host / local ranks
-    resume: str = ""  # "" = a new run (refused if run.dir has checkpoints) | auto = newest good one | a path
-    resume_force: bool = False  # resume even if the model config, data or batching differ (says what)
-    comm_timeout_s: int = 300  # give up on a peer that does not answer for this long (gloo's default: 30 min)
-    max_bad_steps: int = 10  # stop after this many optimizer steps in a row skipped for non-finite loss/grads
-    timeline_every: int = 0  # every N steps: every rank's instruction spans to RUN_DIR/timeline/ (0 = off)
-    profile_steps: int = 0  # torch.profiler over this many steps, per rank, to RUN_DIR/profile/ (0 = off)
-    profile_from: int = 10  # ... starting after this step (past the warm-up)
-    # per-instruction timing (timeline, per-rank fractions, timing files): auto = every step on a CPU; on an
-    # accelerator only logged, sampled and profiled steps, which synchronise the device at every instruction
-    # edge (the others never wait for it) | every = every step, synchronised
-    step_timing: str = "auto"
-    loss_chunk_rows: int = 0  # rows of logits the loss computes at a time; 0 = by device (128 on a CPU, 8192 else)
-    compile_head: bool = False  # torch.compile the attention-softmax head (dynamic shapes)
+    seed: int = _key(1, "seed of weights, batches and dropout masks (0 .. 2**32-1)")
+    max_steps: int = _key(1000, "optimizer steps to train (the run stops here)")
+    schedule_steps: int = _key(0, "steps the LR schedule spans (the DeepSpeed JSON's WarmupDecayLR/WarmupCosineLR "
+                                  "total_num_steps); 0 = train.max_steps. Above max_steps: stop early, continue later")
+    max_epochs: int = _key(0, "stop after this many epochs; 0 = no limit")
+    max_time_min: float = _key(0.0, "stop (validate, save) after this much training wall time; 0 = no limit")
+    eval_every: int = _key(200, "validate (dev loss, dev BLEU) and save every N steps")
+    save_every: int = _key(0, "also save every N steps; 0 = only at validation and at the end")
+    keep_last: int = _key(2, "checkpoints kept (newest), besides the best by dev BLEU")
+    early_stop_patience: int = _key(0, "validations without dev BLEU improvement before stopping; 0 = off")
+    log_every: int = _key(10, "a metrics.jsonl row every N steps")
+    threads: int = _key(0, "torch threads per rank; 0 = cores on this host / local ranks")
+    resume: str = _key("", "'' = a new run (refused if run.dir has checkpoints) | auto = newest good one | a path")
+    resume_force: bool = _key(False, "resume even if the model config, data or batching differ (says what)")
+    comm_timeout_s: int = _key(300, "give up on a peer that does not answer for this long (gloo's default: 30 min)")
+    max_bad_steps: int = _key(10, "stop after this many optimizer steps in a row skipped for non-finite loss/grads")
+    timeline_every: int = _key(0, "every N steps: every rank's instruction spans to RUN_DIR/timeline/ (0 = off)")
+    profile_steps: int = _key(0, "torch.profiler over this many steps, per rank, to RUN_DIR/profile/ (0 = off)")
+    profile_from: int = _key(10, "... starting after this step (past the warm-up)")
+    step_timing: str = _key("auto", "per-instruction timing (timeline, per-rank fractions, timing files): auto = every "
+                                    "step on a CPU; on an accelerator only logged, sampled and profiled steps, which "
+                                    "synchronise the device at every instruction edge | every = every step, synchronised")
+    loss_chunk_rows: int = _key(0, "rows of logits the loss computes at a time; 0 = by device (128 on a CPU, 8192 on "
+                                   "an accelerator)")
+    compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")
 
 
 @dataclass
 class DecodeConfig:
-    beam: int = 5
-    max_len_ratio: float = 2.0
-    max_len_add: int = 10
-    length_penalty: float = 1.0
-    batch_size: int = 64  # sentences per translation batch
-    max_tokens: int = 6000  # and at most this many padded source pieces per batch (beam x inside); 0 = no cap
-    dev_beam: int = 1  # beam used for dev BLEU during training (1 = greedy, fast)
-    dev_max_sentences: int = 500
-    bleu_tokenize: str = "auto"  # auto: by the data's target language (ja-mecab, zh, ko-mecab, else 13a)
+    beam: int = _key(5, "beam size of translate/evaluate (1 = greedy)")
+    max_len_ratio: float = _key(2.0, "longest hypothesis: source pieces x this + decode.max_len_add")
+    max_len_add: int = _key(10, "see decode.max_len_ratio")
+    length_penalty: float = _key(1.0, "rank hypotheses by log-prob / length^this (0 = raw log-prob)")
+    batch_size: int = _key(64, "sentences per translation batch")
+    max_tokens: int = _key(6000, "and at most this many padded source pieces per batch (beam x inside); 0 = no cap")
+    max_line_bytes: int = _key(65536, "translate: a longer input line is not translated (an empty output line, "
+                                      "counted and reported); 0 = no cap")
+    dev_beam: int = _key(1, "beam used for dev BLEU during training (1 = greedy, fast)")
+    dev_max_sentences: int = _key(500, "dev pairs decoded per validation (0 = all)")
+    bleu_tokenize: str = _key("auto", "sacreBLEU tokenizer; auto: by the data's target language "
+                                      "(ja-mecab, zh, ko-mecab, else 13a)")
 
 
 @dataclass
 class RunConfig:
-    dir: str = "runs/demo"
-    name: str = ""
+    dir: str = _key("runs/demo", "the run directory (config, checkpoints, metrics.jsonl, ...)")
+    name: str = _key("", "wandb run name (default: the run directory's name)")
     # A new run refuses a run.dir holding files the trainer did not write (it names one); true: write into it
     # anyway (only the trainer's own names are replaced, never its checkpoints; other files are left alone).
-    overwrite: bool = False
+    overwrite: bool = _key(False, "a new run writes into a run.dir holding files the trainer did not write "
+                                  "(those are left alone)")
 
 
 @dataclass
 class LoggingConfig:
-    wandb_mode: str = "offline"  # online | offline | disabled; online without an API key -> offline
-    wandb_project: str = "hybrid-nmt"
-    progress: bool = True
-    verbose: bool = False  # DeepSpeed's own start-up prints and notices (quiet by default)
+    wandb_mode: str = _key("offline", "online | offline | disabled (off = disabled); online without an API key "
+                                      "-> offline")
+    wandb_project: str = _key("hybrid-nmt", "wandb project")
+    progress: bool = _key(True, "a progress bar on a terminal")
+    verbose: bool = _key(False, "DeepSpeed's own start-up prints and notices (quiet by default)")
 
 
 @dataclass
@@ -117,9 +134,10 @@ class Config:
 
 _CHOICES = {
     "model.attention": ("dot", "general", "concat"),
-    "logging.wandb_mode": ("online", "offline", "disabled"),
+    "logging.wandb_mode": ("online", "offline", "disabled", "off"),
     "train.step_timing": ("auto", "every"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
+    "data.verify": ("ids", "checksums", "none"),
 }
 _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",
              "train.log_every", "train.keep_last", "decode.beam", "decode.dev_beam", "decode.batch_size",
@@ -128,8 +146,9 @@ _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps",
 _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "train.early_stop_patience",
                  "train.threads", "train.timeline_every", "train.profile_steps", "train.profile_from",
                  "train.loss_chunk_rows",
-                 "decode.dev_max_sentences", "decode.max_len_add",
-                 "decode.max_tokens")
+                 "decode.dev_max_sentences", "decode.max_len_add", "train.schedule_steps",
+                 "decode.max_tokens", "decode.max_line_bytes")
+MAX_SEED = 2 ** 32 - 1  # numpy's and torch's generators take it; larger ones overflow torch's
 
 
 def _get(cfg: DictConfig, key: str):
@@ -140,6 +159,10 @@ def validate(cfg: DictConfig) -> None:
     for key, choices in _CHOICES.items():
         if _get(cfg, key) not in choices:
             raise ConfigError(f"{key}={_get(cfg, key)!r}: must be one of {', '.join(choices)}")
+    for section in ("model", "data", "train", "decode"):  # nan/inf pass every comparison below unnoticed
+        for name, value in cfg[section].items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{section}.{name}={value}: must be a finite number")
     for key in _POSITIVE:
         if _get(cfg, key) <= 0:
             raise ConfigError(f"{key}={_get(cfg, key)}: must be > 0")
@@ -151,9 +174,67 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={_get(cfg, key)}: must be in [0, 1)")
     if cfg.decode.max_len_ratio <= 0:
         raise ConfigError(f"decode.max_len_ratio={cfg.decode.max_len_ratio}: must be > 0")
+    if cfg.train.max_time_min < 0:
+        raise ConfigError(f"train.max_time_min={cfg.train.max_time_min}: must be >= 0 (minutes of training; "
+                          f"0 = no limit)")
+    if not 0 <= cfg.train.seed <= MAX_SEED:
+        raise ConfigError(f"train.seed={cfg.train.seed}: must be in 0 .. {MAX_SEED}")
+    if 0 < cfg.train.schedule_steps < cfg.train.max_steps:
+        raise ConfigError(f"train.schedule_steps={cfg.train.schedule_steps} < train.max_steps={cfg.train.max_steps}: "
+                          f"the LR schedule would end before training does; raise it, or 0 (= train.max_steps)")
     problem = tokenizer_problem(cfg.decode.bleu_tokenize)  # auto: checked once the data's language is known
     if problem:
         raise ConfigError(f"decode.bleu_tokenize={cfg.decode.bleu_tokenize}: {problem}")
+
+
+def schedule_steps(train_cfg) -> int:
+    """How many steps the LR schedule spans: train.schedule_steps, else train.max_steps."""
+    return train_cfg.schedule_steps or train_cfg.max_steps
+
+
+def check_threads(threads: int) -> None:
+    """train.threads against this host (not part of `validate`: a run trained on a big machine still
+    translates on a small one)."""
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        raise ConfigError(f"train.threads={threads}: more than the {cores} cores of this host; at most {cores} "
+                          f"per rank (0 = cores / local ranks)")
+
+
+def _schema_type(key: str):
+    """The declared type of a dotted config key (`logging.wandb_mode` -> str), or None if there is none."""
+    section, _, name = key.partition(".")
+    holder = {f.name: f for f in dataclasses.fields(Config)}.get(section)
+    if holder is None or not name:
+        return None
+    fields = {f.name: f for f in dataclasses.fields(holder.default_factory)}
+    return fields[name].type if name in fields else None
+
+
+def _override(item: str) -> DictConfig:
+    """One `key=value` as a config. The value is read as YAML (numbers, true/false), except for a key
+    declared as text: there it is the text as typed, so `logging.wandb_mode=off` is "off", not YAML 1.1's
+    false (which the schema would then refuse as 'False')."""
+    key, _, value = item.partition("=")
+    if _schema_type(key.strip()) in (str, "str"):
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        section, _, name = key.strip().partition(".")
+        return OmegaConf.create({section: {name: value}})
+    return OmegaConf.from_dotlist([item])
+
+
+def _text_keys_read_as_bool(loaded: DictConfig, path: str) -> None:
+    """`wandb_mode: off` in a YAML file is YAML 1.1's false; say how to write the word instead of letting
+    the schema turn it into the text 'False' (or refuse it as that)."""
+    for section, values in loaded.items():
+        if not isinstance(values, DictConfig):
+            continue
+        for name, value in values.items():
+            if isinstance(value, bool) and _schema_type(f"{section}.{name}") in (str, "str"):
+                raise ConfigError(f"{path}: {section}.{name}: YAML reads this value as {str(value).lower()} (a "
+                                  f"boolean), but the key holds text: quote it, e.g. {name}: \"off\"")
 
 
 def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictConfig:
@@ -170,12 +251,14 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
         if "${" in item:
             raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
     loaded = read_yaml(path)
+    _text_keys_read_as_bool(loaded, path)
     try:
         cfg = OmegaConf.structured(Config)
         where = path
         cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line override"
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        for item in overrides:
+            cfg = OmegaConf.merge(cfg, _override(item))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         message = str(e.msg if hasattr(e, "msg") else e).splitlines()[0]  # the rest repeats the key and types
@@ -184,6 +267,17 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
     OmegaConf.set_readonly(cfg, True)
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+def describe(cfg: DictConfig) -> str:
+    """The resolved config as YAML (loadable with --config), each key with its help as a comment."""
+    lines = []
+    for section in dataclasses.fields(Config):
+        lines.append(f"{section.name}:")
+        for f in dataclasses.fields(section.default_factory):
+            value = OmegaConf.to_yaml({f.name: cfg[section.name][f.name]}).strip()
+            lines.append(f"  {value:<34} # {f.metadata.get('help', '')}")
+    return "\n".join(lines) + "\n"
 
 
 def read_yaml(path: str) -> DictConfig:

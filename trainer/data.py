@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data_prep.dataformat import BOS_ID, EOS_ID, MANIFEST, PAD_ID, TokenArray, has_split, load_pair
+from data_prep.dataformat import (BOS_ID, EOS_ID, MANIFEST, PAD_ID, SIDES, TokenArray, file_sha256, files_checksum,
+                                  first_out_of_range, has_split, load_pair, side_paths)
 
 
 @dataclass
@@ -226,7 +227,10 @@ class BatchStream:
             self._batches, self.left_out = make_batches(self.data.src_len, self.data.tgt_len, seed=self.seed,
                                                         epoch=self.epoch, min_batch=self.min_batch, **self.kw)
             if not self._batches:
-                raise ValueError(f"{self.data.data_dir}: no training batch has >= {self.min_batch} sentences")
+                raise ValueError(f"{self.data.data_dir}: no training batch has >= {self.min_batch} sentences "
+                                 f"(data.min_batch_sentences={self.min_batch}; the {self.data.split} split holds "
+                                 f"{len(self.data)} pairs): lower data.min_batch_sentences (a layout needs at least "
+                                 f"replicas x max(units, head shards)) or prepare more data")
         return self._batches
 
     def next_indices(self) -> np.ndarray:
@@ -309,5 +313,53 @@ def read_manifest(data_dir: str) -> dict:
     return manifest
 
 
+def verify(data_dir: str, manifest: dict, mode: str = "ids") -> None:
+    """Refuse damaged binarized data before anything is built (`data.verify`), naming the file and position:
+    "ids" reads every token id once (numpy min/max per chunk) and checks it lies inside its side's vocabulary,
+    which a flipped byte almost always breaks (it would crash the embedding minutes later); "checksums" also
+    compares every file with the sha256 prepare recorded (the whole manifest checksum for older manifests);
+    "none" checks nothing."""
+    if mode == "none":
+        return
+    sizes = {"src": manifest["vocab"]["src_size"], "tgt": manifest["vocab"]["tgt_size"]}
+    splits = [s for s in ("train", "dev", "test") if has_split(data_dir, s)]
+    if mode == "checksums":
+        _verify_checksums(data_dir, manifest)
+    for split in splits:
+        for side in SIDES:
+            array = TokenArray.load(data_dir, split, side)
+            bad = first_out_of_range(array.tokens, sizes[side])
+            if bad is not None:
+                sentence = int(np.searchsorted(array.offsets, bad, side="right")) - 1
+                raise ValueError(
+                    f"{side_paths(data_dir, split, side)[0]}: token {bad} (sentence {sentence}, its token "
+                    f"{bad - int(array.offsets[sentence])}) has id {int(array.tokens[bad])}, outside the "
+                    f"{'source' if side == 'src' else 'target'} vocabulary of {sizes[side]} pieces: the file is "
+                    f"damaged; prepare the data again (data.verify=checksums compares every file with the manifest)")
+
+
+def _verify_checksums(data_dir: str, manifest: dict) -> None:
+    per_file = manifest.get("file_sha256")
+    names = manifest.get("checksum_files") or []
+    if isinstance(per_file, dict) and per_file:
+        for name, want in sorted(per_file.items()):
+            path = os.path.join(data_dir, os.path.basename(str(name)))
+            if not os.path.isfile(path):
+                raise ValueError(f"{path}: missing (the data manifest lists it)")
+            if file_sha256(path) != want:
+                raise ValueError(f"{path}: sha256 differs from the data manifest's: the file changed after prepare "
+                                 f"wrote it; prepare the data again")
+        return
+    if names:  # a manifest from before per-file hashes: one checksum over every file
+        paths = [os.path.join(data_dir, os.path.basename(str(n))) for n in names]
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise ValueError(f"{missing[0]}: missing (the data manifest lists it)")
+        if files_checksum(data_dir, [os.path.basename(str(n)) for n in names]) != manifest.get("checksum"):
+            raise ValueError(f"{data_dir}: the binarized files ({', '.join(names)}) do not match the manifest's "
+                             f"checksum (this older manifest has no per-file sha256 to name the file); prepare the "
+                             f"data again")
+
+
 __all__ = ["Batch", "BatchStream", "ParallelData", "Prefetcher", "collate", "has_split", "make_batches",
-           "read_manifest", "TokenArray"]
+           "read_manifest", "TokenArray", "verify"]

@@ -7,6 +7,7 @@ error names the file and the key.
 from __future__ import annotations
 
 import json
+import math
 import numbers
 import os
 
@@ -22,7 +23,8 @@ def _is_int(v) -> bool:
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+    """A finite number (JSON as Python reads it also has Infinity and NaN)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _check(path: str, key: str, value, ok: bool, what: str) -> None:
@@ -49,7 +51,7 @@ def validate(ds, path: str) -> None:
             _check(path, key, ds[key], _is_int(ds[key]) and ds[key] >= 1, "an integer >= 1")
     if "gradient_clipping" in ds:
         v = ds["gradient_clipping"]
-        _check(path, "gradient_clipping", v, _is_number(v) and v >= 0, "a number >= 0")
+        _check(path, "gradient_clipping", v, _is_number(v) and v >= 0, "a finite number >= 0")
     for key in ("bf16", "fp16"):
         sec = _section(path, ds, key)
         if "enabled" in sec:
@@ -62,6 +64,13 @@ def validate(ds, path: str) -> None:
         if not sec:
             continue
         _check(path, f"{name}.type", sec.get("type"), isinstance(sec.get("type"), str), "a string")
+        from trainer.parallel import deepspeed_adapter as dsa  # DeepSpeed's own lists, read in one place
+
+        known = dsa.optimizer_names() if name == "optimizer" else dsa.scheduler_names()
+        if sec["type"] not in known and not (name == "optimizer" and sec["type"].lower() in known):
+            raise DSConfigError(f"{path}: {name}.type={json.dumps(sec['type'])}: not {'an' if name == 'optimizer' else 'a'} "
+                                f"{name} DeepSpeed knows "
+                                f"(e.g. {', '.join(dsa.PREFERRED[name])})")
         params = sec.get("params", {})
         _check(path, f"{name}.params", params, isinstance(params, dict), "an object")
         for k, v in params.items():
@@ -76,7 +85,7 @@ def validate(ds, path: str) -> None:
             elif k in ("total_num_steps", "warmup_num_steps"):
                 _check(path, key, v, _is_int(v) and v >= 0, "an integer >= 0")
             else:
-                _check(path, key, v, _is_number(v) and v >= 0, "a number >= 0")
+                _check(path, key, v, _is_number(v) and v >= 0, "a finite number >= 0")
     if ds.get("zero_optimization", {}).get("stage", 0) > 0:
         raise DSConfigError(f"{path}: zero_optimization.stage > 0 is not supported: checkpoints keep optimizer "
                             f"state per parameter, which ZeRO's flat partitions do not expose (and the schedule "
@@ -111,12 +120,37 @@ def read_json_file(path: str, *, flag: str, kind: str, max_bytes: int, error: ty
         raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def load_ds_config(path: str, max_steps: int) -> dict:
-    """The DeepSpeed JSON, checked; a WarmupDecayLR without total_num_steps decays over train.max_steps."""
+SCHEDULES_WITH_LENGTH = ("WarmupDecayLR", "WarmupCosineLR")  # DeepSpeed schedules with a total_num_steps
+
+
+def load_ds_config(path: str, max_steps: int | None, where: str = "train.max_steps") -> dict:
+    """The DeepSpeed JSON, checked. The length of a WarmupDecayLR / WarmupCosineLR schedule comes from the
+    YAML (`max_steps`: train.schedule_steps or train.max_steps, named by `where`), never from two places: a
+    `total_num_steps` stated in the JSON is refused unless it is the same number. `max_steps=None` reads the
+    JSON without completing it."""
     ds = read_json_file(path, flag="--deepspeed_config", kind="a DeepSpeed JSON", max_bytes=MAX_BYTES,
                         error=DSConfigError)
     validate(ds, path)
     sched = ds.get("scheduler")
-    if sched and sched.get("type") == "WarmupDecayLR":
-        sched.setdefault("params", {}).setdefault("total_num_steps", max_steps)
+    if max_steps is not None and sched and sched.get("type") in SCHEDULES_WITH_LENGTH:
+        params = sched.setdefault("params", {})
+        stated = params.get("total_num_steps")
+        if stated is not None and stated != max_steps:
+            raise DSConfigError(
+                f"{path}: scheduler.params.total_num_steps={stated} but {where}={max_steps}: the schedule's length "
+                f"comes from the YAML; drop total_num_steps from the JSON (or set train.schedule_steps={stated} to "
+                f"decay over {stated} steps)")
+        params["total_num_steps"] = max_steps
     return ds
+
+
+def layout_world(ds: dict) -> int:
+    """The world size a DeepSpeed JSON's parallel_layout asks for (num_pp x num_dp; 1 without a layout)."""
+    from trainer.parallel.layout import SECTION, LayoutError, check_section
+
+    section = check_section(ds.get(SECTION, {}))
+    degrees = [section.get(k, 1) for k in ("num_pp", "num_dp")]
+    for key, value in zip(("num_pp", "num_dp"), degrees):
+        if not _is_int(value) or value < 1:
+            raise LayoutError(f"{SECTION}.{key}={json.dumps(value)}: must be an integer >= 1")
+    return degrees[0] * degrees[1]

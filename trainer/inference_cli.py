@@ -48,6 +48,9 @@ def add_decode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: decode.batch_size)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="padded source pieces per batch, 0 = no cap (default: decode.max_tokens)")
+    p.add_argument("--max-line-bytes", type=int, default=None,
+                   help="an input line longer than this (UTF-8 bytes) is not translated: its output line is empty, "
+                        "and it is counted and reported on stderr; 0 = no cap (default: decode.max_line_bytes, 65536)")
 
 
 def load_translator(args):
@@ -68,23 +71,62 @@ def load_translator(args):
 
 def _decode_options(args) -> dict:
     return dict(beam=args.beam, max_len_ratio=args.max_len_ratio, length_penalty=args.length_penalty,
-                batch_size=args.batch_size, max_tokens=args.max_tokens)
+                batch_size=args.batch_size, max_tokens=args.max_tokens,
+                max_line_bytes=getattr(args, "max_line_bytes", None))
 
 
-def read_chunks(stream: IO[bytes], name: str, size: int) -> Iterator[list[str]]:
+def check_decode_options(args, translator) -> None:
+    """The decoding flags, checked before any line is read (translate_nbest checks them again)."""
+    translator.decode_settings(args.beam, args.max_len_ratio, args.length_penalty, args.batch_size, args.max_tokens)
+    translator.line_cap(getattr(args, "max_line_bytes", None))
+
+
+class Oversized:
+    """Input lines left untranslated for being longer than the cap: counted, and named on stderr at the end."""
+
+    def __init__(self, translator, args):
+        self.translator, self.cap = translator, translator.line_cap(getattr(args, "max_line_bytes", None))
+        self.lines: list[int] = []
+
+    def note(self, chunk: list[str], first: int, skipped: list[int] = ()) -> None:
+        """`chunk`: lines from line `first` + 1 on; `skipped`: positions in it already left out while reading."""
+        self.lines += [first + i + 1 for i, line in enumerate(chunk)
+                       if i in skipped or self.translator.oversized(line, self.cap)]
+
+    def report(self, name: str) -> None:
+        if self.lines:
+            shown = ", ".join(map(str, self.lines[:10])) + (" ..." if len(self.lines) > 10 else "")
+            print(f"warning: {len(self.lines)} line(s) of {name} longer than --max-line-bytes {self.cap} were not "
+                  f"translated (their output lines are empty): line {shown}", file=sys.stderr, flush=True)
+
+
+def read_chunks(stream: IO[bytes], name: str, size: int, cap: int = 0) -> Iterator[tuple[list[str], list[int]]]:
     """Lists of up to `size` lines ('\\n'-terminated only, as read_lines), decoded as UTF-8 with the line
-    number in the error."""
+    number in the error, and the positions in the list of lines longer than `cap` bytes (0: no cap): those are
+    given as "" and never held in memory whole (read past in 64 KiB pieces, like prepare's readers)."""
     chunk: list[str] = []
-    for number, raw in enumerate(stream, start=1):
-        try:
-            chunk.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{name}:{number}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    oversized: list[int] = []
+    number = 0
+    while True:
+        raw = stream.readline(cap + 1) if cap else stream.readline()
+        if not raw:
+            break
+        number += 1
+        if cap and len(raw) == cap + 1 and not raw.endswith(b"\n"):  # more than `cap` bytes before the newline
+            while raw and not raw.endswith(b"\n"):
+                raw = stream.readline(1 << 16)
+            oversized.append(len(chunk))
+            chunk.append("")
+        else:
+            try:
+                chunk.append(raw.decode("utf-8").rstrip("\n").rstrip("\r"))
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{name}:{number}: not UTF-8 ({e.reason} at byte {e.start})") from None
         if len(chunk) == size:
-            yield chunk
-            chunk = []
+            yield chunk, oversized
+            chunk, oversized = [], []
     if chunk:
-        yield chunk
+        yield chunk, oversized
 
 
 def _open_input(path):
@@ -122,13 +164,17 @@ def translate_main(args) -> int:
         raise ValueError(f"--n-best {args.n_best}: must be >= 1")
     stream, name, total = _open_input(args.input)
     translator = load_translator(args)
-    if args.n_best > (args.beam or translator.decode_cfg.beam):
-        raise ValueError(f"--n-best {args.n_best} must be <= the beam size ({args.beam or translator.decode_cfg.beam})")
+    check_decode_options(args, translator)
+    beam = args.beam if args.beam is not None else translator.decode_cfg.beam
+    if args.n_best > beam:
+        raise ValueError(f"--n-best {args.n_best} must be <= the beam size ({beam})")
+    oversized = Oversized(translator, args)
     out = _open_output(args.output)
     bar = tqdm(total=total, unit="sent", file=sys.stderr, disable=None, dynamic_ncols=True, mininterval=1.0)
     started, sentences, pieces = time.perf_counter(), 0, 0
     try:
-        for chunk in read_chunks(stream, name, args.buffer_size or INPUT_CHUNK):
+        for chunk, skipped in read_chunks(stream, name, args.buffer_size or INPUT_CHUNK, oversized.cap):
+            oversized.note(chunk, sentences, skipped)
             results = translator.translate_nbest(chunk, n_best=args.n_best, alignments=args.alignments,
                                                  **_decode_options(args))
             out.write("".join(format_result(sentences + i, r, args.n_best, args.alignments)
@@ -142,19 +188,34 @@ def translate_main(args) -> int:
         out.close()
         if stream is not sys.stdin.buffer:
             stream.close()
+    oversized.report(name)
     seconds = max(time.perf_counter() - started, 1e-9)
     print(f"translated {sentences} sentences ({pieces} target pieces) in {seconds:.1f} s: "
           f"{sentences / seconds:.2f} sentences/s, {pieces / seconds:.1f} tokens/s", file=sys.stderr, flush=True)
     return 0
 
 
-def _read_pair(src_path: str, ref_path: str, ref_flag: str = "--ref") -> tuple[list[str], list[str]]:
+def _read_lines(flag: str, path: str) -> list[str]:
+    """A text file's lines (as read_lines), or one error naming the flag, the file and the line."""
     from trainer.translator import read_lines
 
-    for flag, path in (("--src", src_path), (ref_flag, ref_path)):
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{flag} {path}: no such file")
-    src, ref = read_lines(src_path), read_lines(ref_path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag} {path}: no such file")
+    try:
+        return read_lines(path)
+    except UnicodeDecodeError:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{flag} {path}:{number}: not UTF-8 ({e.reason} at byte {e.start} of the "
+                                     f"line)") from None
+        raise
+
+
+def _read_pair(src_path: str, ref_path: str, ref_flag: str = "--ref") -> tuple[list[str], list[str]]:
+    src, ref = _read_lines("--src", src_path), _read_lines(ref_flag, ref_path)
     if len(src) != len(ref):
         raise ValueError(f"--src {src_path} has {len(src)} lines but {ref_flag} {ref_path} has {len(ref)}")
     return src, ref
@@ -169,10 +230,16 @@ def evaluate_main(args) -> int:
     from trainer.metrics import check_tokenize, resolve_tokenize, score
 
     src, ref = _read_pair(args.src, args.ref)
+    if not src:  # sacreBLEU has nothing to average over (an IndexError inside it)
+        raise ValueError(f"--src {args.src} and --ref {args.ref} are empty: no sentence to evaluate")
     if args.tokenize:
         check_tokenize(args.tokenize, "--tokenize")
     translator = load_translator(args)
+    check_decode_options(args, translator)
+    oversized = Oversized(translator, args)
+    oversized.note(src, 0)
     hyps = [n[0].text for n in translator.translate_nbest(src, **_decode_options(args))]
+    oversized.report(args.src)
     if args.output:
         _write_lines(args.output, hyps)
     tokenize = resolve_tokenize(args.tokenize or translator.decode_cfg.bleu_tokenize, translator.tgt_lang, ref)

@@ -8,6 +8,7 @@ adds a table of sample translations; an offline run ends by printing its `wandb 
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -20,6 +21,8 @@ SAMPLES_PER_VALIDATION = 8
 
 
 class NullLogger:
+    failed = None  # only rank 0 writes metrics.jsonl
+
     def log(self, row: dict) -> None:
         pass
 
@@ -54,9 +57,11 @@ def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int) -
 
 class RunLogger(NullLogger):
     def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0, extra_config: dict | None = None,
-                 resumed: bool = False):
+                 resumed: bool = False, faults=None):
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._file = run_files.open_write(run_dir, "metrics.jsonl", append=True)
+        self.failed: str | None = None  # why metrics.jsonl could not be written (a full disk); the loop stops
+        self._faults = faults
         self.run_dir, self.total, self.start_step = run_dir, total_steps, start_step
         self.log_every = cfg.train.log_every
         self._started = time.perf_counter()
@@ -70,12 +75,33 @@ class RunLogger(NullLogger):
     def log(self, row: dict) -> None:
         # strict JSON: a non-finite value (a skipped step's loss) is written as null
         row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        self._append(row["step"], (json.dumps(row) + "\n").encode("utf-8"))
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
         if self._bar is None and (row["step"] % self.log_every == 0 or row["step"] == 1) and row.get("loss") is not None:
             self.message(compact_line(row, self.total, time.perf_counter() - self._started, self.start_step))
+
+    def _append(self, step: int, data: bytes) -> None:
+        """One whole row or none: written straight to the descriptor (no buffer to flush later), and a write
+        that fails part-way (a full disk) is cut back to the row before, so the file never ends mid-row.
+        After a failure nothing more is written; `failed` says why and the trainer stops at its next step."""
+        if self.failed is not None:
+            return
+        fd = self._file.fileno()
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            if self._faults is not None and step in self._faults.log_nospace:
+                os.write(fd, view[:len(view) // 2])
+                raise OSError(errno.ENOSPC, "No space left on device (HNMT_FAULTS)")
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            self.failed = f"writing {self.path} failed at step {step}: {e.strerror or e}"
+            try:
+                os.ftruncate(fd, start)  # needs no space; a torn row left by a crash is dropped on resume
+            except OSError:
+                pass
 
     def progress(self, step: int, row: dict) -> None:
         if self._bar is not None:

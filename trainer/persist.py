@@ -93,9 +93,9 @@ class Persistence:
     def load(self, ckpt: str, summary: dict, same_layout: bool) -> None:
         """This rank's weights, optimizer state and (same layout only) RNG states from `ckpt`."""
         for offset, layer in enumerate(self.module.layers):
-            layer.load_state_dict(ck.load(ck.model_file(ckpt, ck.layer_name(self.module.first_layer + offset))))
+            _load_weights(layer, ck.model_file(ckpt, ck.layer_name(self.module.first_layer + offset)))
         if self.module.head is not None:
-            self.module.head.load_state_dict(ck.load(ck.model_file(ckpt, ck.HEAD)))
+            _load_weights(self.module.head, ck.model_file(ckpt, ck.HEAD))
         parts = {}
         for part in self._owned_parts():
             parts[part] = ck.load(ck.optim_file(ckpt, part))
@@ -109,3 +109,24 @@ class Persistence:
     def _owned_parts(self) -> list[str]:
         parts = [ck.layer_name(self.module.first_layer + i) for i in range(len(self.module.layers))]
         return parts + ([ck.HEAD] if self.module.owns_head else [])
+
+
+def _load_weights(module, path: str) -> None:
+    """A checkpoint file's weights into `module`, its names and shapes compared first: another vocabulary
+    or width (a forced resume onto other data or model.*) is one CheckpointError naming the tensor, not
+    torch's size-mismatch traceback."""
+    state = ck.load(path)
+    if not isinstance(state, dict):
+        raise ck.CheckpointError(f"{path}: not a state dict")
+    want = module.state_dict()
+    for name, tensor in want.items():
+        got = state.get(name)
+        if got is None:
+            raise ck.CheckpointError(f"{path}: no {name} (model.* differs from the checkpoint's?)")
+        if tuple(getattr(got, "shape", ())) != tuple(tensor.shape):
+            raise ck.CheckpointError(f"{path}: {name} has shape {tuple(getattr(got, 'shape', ()))}, this run's "
+                                     f"model needs {tuple(tensor.shape)} (another vocabulary or model.* size)")
+    extra = sorted(set(state) - set(want))
+    if extra:
+        raise ck.CheckpointError(f"{path}: holds {extra[0]}, which this run's model does not have (model.* differs)")
+    module.load_state_dict(state)

@@ -100,7 +100,16 @@ def load(session, ckpt: str) -> tuple[TrainState, list[str]]:
     notes += [f"resume: FORCED although {p}" for p in check_compatible(session, ckpt, ts)]
     spec = rt.spec
     same_layout = LayoutSpec.from_dict(ts.layout) == spec and ts.world_size == rt.world_size
-    session.persist.load(ckpt, ts.optimizer, same_layout)
+    error = None
+    try:  # every rank loads its own layers: all of them learn of any rank's failure, or the others would wait
+        session.persist.load(ckpt, ts.optimizer, same_layout)
+    except checkpoint.CheckpointError as e:
+        error = str(e)
+    errors = [e for e in rt.all_gather_object(error) if e]
+    if errors:
+        forced = (" (train.resume_force=true resumes onto other data, batching or model settings, but weights of "
+                  "another shape cannot be loaded: start a new run)" if session.cfg.train.resume_force else "")
+        raise checkpoint.CheckpointError(f"cannot resume from {ckpt}: {errors[0]}{forced}")
     if not same_layout:
         reseed(session.cfg.train.seed, ts.step, rt.rank)
         then = ts.layout
@@ -111,16 +120,37 @@ def load(session, ckpt: str) -> tuple[TrainState, list[str]]:
     engine.load_counters(ts.engine, ts.step)
     session.stream.load_state_dict(ts.stream)  # forced with other batching: same epoch and batch count
     if rt.is_rank0:
-        truncate_metrics(os.path.join(session.run_dir, "metrics.jsonl"), ts.step)
+        note = truncate_metrics(os.path.join(session.run_dir, "metrics.jsonl"), ts.step)
+        if note:
+            notes.append(f"resume: {note}")
     return ts, notes
 
 
-def truncate_metrics(path: str, step: int) -> None:
-    """Drop rows a crashed run logged after the checkpoint it resumes from (they are re-run)."""
+def truncate_metrics(path: str, step: int) -> str | None:
+    """Drop rows a crashed run logged after the checkpoint it resumes from (they are re-run), and rows that
+    are not whole JSON objects: a write cut short (a full disk, a kill mid-write) leaves its last row torn.
+    Says what it dropped besides the later steps, or None."""
     if not os.path.exists(path):
-        return
-    with open(path, encoding="utf-8") as f:
-        rows = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        return None
+    rows, torn = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                torn.append(number)
+                continue
+            if row.get("step", 0) <= step:
+                rows.append(line if line.endswith("\n") else line + "\n")
     with run_files.open_write(os.path.dirname(path), os.path.basename(path) + ".tmp") as f:
         f.writelines(rows)
     os.replace(path + ".tmp", path)
+    if not torn:
+        return None
+    where = ", ".join(map(str, torn[:5])) + (" ..." if len(torn) > 5 else "")
+    return (f"{path}: dropped {len(torn)} unreadable row(s) (line {where}; a write cut short, e.g. by a full "
+            f"disk)")

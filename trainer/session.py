@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer import faults
+from trainer.config import schedule_steps
 from trainer.data import BatchStream, ParallelData, Prefetcher, has_split, read_manifest
 from trainer.ds_config import check_batch, load_ds_config
 from trainer.metrics import dev_tokenize
@@ -25,11 +26,12 @@ from trainer.parallel.runtime import ParallelRuntime, launched_world, set_thread
 from trainer.persist import Persistence
 
 
-def plan(cfg, ds_config_path: str) -> tuple[dict, LayoutSpec]:
-    """The DeepSpeed JSON and the layout for the launched world, checked against the model config;
-    raises before anything is started."""
-    ds = load_ds_config(ds_config_path, cfg.train.max_steps)
-    spec = LayoutSpec.from_ds_config(ds, launched_world()[1])
+def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, LayoutSpec]:
+    """The DeepSpeed JSON and the layout for the launched world (or `world`: a dry run), checked against the
+    model config; raises before anything is started."""
+    ds = load_ds_config(ds_config_path, schedule_steps(cfg.train),
+                        "train.schedule_steps" if cfg.train.schedule_steps else "train.max_steps")
+    spec = LayoutSpec.from_ds_config(ds, launched_world()[1] if world is None else world)
     spec.check_model(cfg.model, cfg.data.min_batch_sentences, ds["train_micro_batch_size_per_gpu"])
     check_batch(ds, ds_config_path, spec.num_dp)
     return ds, spec

@@ -45,13 +45,13 @@ class Trainer:
                               extra_config={"deepspeed": session.ds,
                                             "layout": {**spec.to_dict(), "world_size": self.rt.world_size,
                                                        "threads_per_rank": session.threads}},
-                              resumed=bool(resume_from))
+                              resumed=bool(resume_from), faults=session.faults)
                     if self.rt.is_rank0 else NullLogger())
         self.log.message(f"layout: mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} "
                          f"units={spec.micro_batches} chunks={spec.time_chunks} threads/rank={session.threads} "
                          f"train pairs={len(session.train_data)} global micro-batch<={session.global_micro} "
                          f"gas={self.engine.accumulation_steps}")
-        for line in notes:
+        for line in notes + self._schedule_notes():
             self.log.message(line)
         self.timeline = timeline.TimelineWriter(self.run_dir) if self.rt.is_rank0 else None
         self.profiler = StepProfiler(self.run_dir, self.rt.rank, self.cfg.train.profile_from,
@@ -59,6 +59,17 @@ class Trainer:
         self.interval_wall = 0.0  # seconds of timed steps since the per-rank numbers were last gathered
         self.timed_steps = 0  # timed steps after the warm-up (their op_seconds go to RUN_DIR/timing/)
         self.stop_signal = None  # what stopped the run, for its last message
+
+    def _schedule_notes(self) -> list[str]:
+        """What DeepSpeed would warn once per rank, said once: a schedule shorter than its warm-up."""
+        sched = self.s.ds.get("scheduler") or {}
+        params = sched.get("params") or {}
+        total, warmup = params.get("total_num_steps"), params.get("warmup_num_steps")
+        if isinstance(total, int) and isinstance(warmup, int) and total < warmup:
+            return [f"lr schedule: {sched.get('type')} spans {total} steps (train.max_steps, or train.schedule_steps), "
+                    f"fewer than its warm-up (scheduler.params.warmup_num_steps={warmup}): the learning rate stays "
+                    f"below warmup_max_lr for the whole run"]
+        return []
 
     def _print0(self, text: str) -> None:
         if self.rt.is_rank0:
@@ -190,6 +201,13 @@ class Trainer:
                 self.save()
                 self.log.message(f"stopped by {self.stop_signal} after step {st.step}: saved "
                                  f"{checkpoint.step_name(st.step)}; continue with train.resume=auto")
+            elif stop == "logging":  # metrics.jsonl cannot be written (a full disk): keep this step, then stop
+                self.save()
+                self._end()
+                why = self._logging_failure()
+                self.log.close()
+                raise TrainingError(f"{why}; saved {checkpoint.step_name(st.step)} and stopped: free some space "
+                                    f"and continue with train.resume=auto")
             elif st.step % cfg.eval_every == 0 or last:
                 row.update(self.save(evaluate=True))
                 stop = stop or ("early" if self._early_stop() else None)
@@ -201,15 +219,26 @@ class Trainer:
             self.log.progress(st.step, row)
             if st.step == TIMING_WARMUP_STEPS:
                 self.runner.op_seconds.clear()
-        profile = self.profiler.after(st.step, end=True)  # a window the run ended inside
-        if profile:
-            self.log.message(f"step {st.step}: profile {profile} (the run ended inside the profiled steps)")
-        self.runner.sync_head()
-        self._write_timing()
-        self.log.message(f"done: step {st.step}, best dev BLEU {st.best_bleu:.2f}; pairs left out of the last "
+        self._end()
+        best = f"best dev BLEU {st.best_bleu:.2f}" if self.s.dev_data is not None else "no dev set (no dev BLEU)"
+        self.log.message(f"done: step {st.step}, {best}; pairs left out of the last "
                          f"epoch (fewer than data.min_batch_sentences remained): {self.s.stream.left_out}")
+        failed = self.rt.broadcast_object(self.log.failed, src=0)  # the last row itself may have failed
         self.s.stream.close()
         self.log.close()
+        if failed:
+            raise TrainingError(f"{failed}; the final checkpoint {checkpoint.step_name(st.step)} is saved, the "
+                                f"metrics rows from that step on are missing")
+
+    def _end(self) -> None:
+        profile = self.profiler.after(self.state.step, end=True)  # a window the run ended inside
+        if profile:
+            self.log.message(f"step {self.state.step}: profile {profile} (the run ended inside the profiled steps)")
+        self.runner.sync_head()
+        self._write_timing()
+
+    def _logging_failure(self) -> str:
+        return self.rt.broadcast_object(self.log.failed, src=0) or "writing metrics.jsonl failed on rank 0"
 
     def _announce_stop(self, reason: str) -> None:
         if self.stop_signal is None:  # (not once the ranks have agreed to stop: the step is already chosen)
@@ -229,8 +258,11 @@ class Trainer:
         budget, the epoch limit), agreed on by all ranks in one small all-reduce."""
         cfg = self.cfg.train
         flags = torch.tensor([float(job_control.STOP.reason is not None),
-                              float(bool(cfg.max_time_min) and (time.perf_counter() - started) / 60 >= cfg.max_time_min)])
+                              float(bool(cfg.max_time_min) and (time.perf_counter() - started) / 60 >= cfg.max_time_min),
+                              float(self.log.failed is not None)])
         self.rt.all_reduce(flags, op="max")
+        if flags[2]:
+            return "logging"
         if flags[0]:
             self.stop_signal = job_control.STOP.reason or "a stop request on another rank"
             return "signal"

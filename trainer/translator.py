@@ -15,6 +15,7 @@ What happens to one input line (`Translator.translate_nbest`):
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -260,12 +261,23 @@ class Translator:
     def encode(self, line: str) -> list[int]:
         return self.src_sp.encode(self.mask(normalize(line, **self.norm))[0])
 
-    def _settings(self, beam, max_len_ratio, length_penalty, batch_size, max_tokens) -> dict:
+    def decode_settings(self, beam, max_len_ratio, length_penalty, batch_size, max_tokens) -> dict:
+        """The decoding options (None: the config's), checked; a bad one is a ValueError naming its flag."""
         d = self.decode_cfg
         beam = d.beam if beam is None else beam
         if beam < 1:
-            raise ValueError(f"beam size {beam}: must be >= 1 (1 = greedy)")
-        return dict(beam=beam, max_len_ratio=d.max_len_ratio if max_len_ratio is None else max_len_ratio,
+            raise ValueError(f"--beam {beam}: the beam size must be >= 1 (1 = greedy)")
+        ratio = d.max_len_ratio if max_len_ratio is None else max_len_ratio
+        if not (math.isfinite(ratio) and ratio > 0):  # nan/inf/negative: every hypothesis empty, silently
+            raise ValueError(f"--max-len-ratio {ratio}: must be a finite number > 0 (longest hypothesis = source "
+                             f"pieces x ratio + {d.max_len_add})")
+        penalty = d.length_penalty if length_penalty is None else length_penalty
+        if not math.isfinite(penalty):
+            raise ValueError(f"--length-penalty {penalty}: must be a finite number")
+        for flag, value in (("--batch-size", batch_size), ("--max-tokens", max_tokens)):
+            if value is not None and value < (1 if flag == "--batch-size" else 0):
+                raise ValueError(f"{flag} {value}: must be >= {1 if flag == '--batch-size' else 0}")
+        return dict(beam=beam, max_len_ratio=ratio,
                     max_len_add=d.max_len_add,
                     length_penalty=d.length_penalty if length_penalty is None else length_penalty,
                     batch_size=batch_size or d.batch_size,
@@ -301,14 +313,31 @@ class Translator:
                 out[i] = h
         return out
 
+    def line_cap(self, max_line_bytes: int | None = None) -> int:
+        """The longest input line (UTF-8 bytes) that is translated: `max_line_bytes`, else decode.max_line_bytes
+        (0: no cap)."""
+        cap = getattr(self.decode_cfg, "max_line_bytes", 0) if max_line_bytes is None else max_line_bytes
+        if cap < 0:
+            raise ValueError(f"--max-line-bytes {cap}: must be >= 0 (0 = no cap)")
+        return cap
+
+    @staticmethod
+    def oversized(line: str, cap: int) -> bool:
+        """Longer than `cap` UTF-8 bytes (cap 0: never). Such a line is not translated: it would be cut into
+        thousands of segments, each decoded to the maximum length (a 2 MB line without spaces: 16k segments,
+        no output after minutes), and hold up every line after it."""
+        return bool(cap) and len(line) > cap // 4 and len(line.encode("utf-8", "surrogatepass")) > cap
+
     def translate_nbest(self, lines: list[str], *, n_best: int = 1, beam: int | None = None,
                         max_len_ratio: float | None = None, length_penalty: float | None = None,
                         batch_size: int | None = None, max_tokens: int | None = None,
-                        alignments: bool = False) -> list[list[Translated]]:
+                        alignments: bool = False, max_line_bytes: int | None = None) -> list[list[Translated]]:
         """Per line its `n_best` translations, best first. For a line cut into segments, the k-th
-        translation joins every segment's k-th best."""
-        opts = self._settings(beam, max_len_ratio, length_penalty, batch_size, max_tokens)
-        sources = [self.source(line) for line in lines]
+        translation joins every segment's k-th best. A line over `line_cap` bytes gets an empty translation
+        (the callers count and report it)."""
+        opts = self.decode_settings(beam, max_len_ratio, length_penalty, batch_size, max_tokens)
+        cap = self.line_cap(max_line_bytes)
+        sources = [([], ([], [])) if self.oversized(line, cap) else self.source(line) for line in lines]
         flat = [ids for segments, _ in sources for ids in segments]
         hyps = iter(self.translate_ids(flat, n_best=n_best, **opts))
         out = []
@@ -349,7 +378,7 @@ class Translator:
         the pair is scored whole. An empty source or target scores (0.0, 0)."""
         from trainer.data import collate
 
-        opts = self._settings(None, None, None, batch_size, max_tokens)
+        opts = self.decode_settings(None, None, None, batch_size, max_tokens)
         masked = [self.mask(normalize(s, **self.norm)) for s in src_lines]
         src = [self.src_sp.encode(text) for text, _ in masked]
         tgt = [self.tgt_sp.encode(numbers.mask_target(normalize(t, **self.norm_tgt), nums,

@@ -77,7 +77,7 @@ def start(run_dir: str, cfg, extra_config: dict, resumed: bool):
     """wandb in the configured mode ('online' without an API key falls back to offline, never asks), on a
     detached service; returns (run, service) or (None, None) when disabled."""
     mode = cfg.logging.wandb_mode
-    if mode == "disabled":
+    if mode in ("disabled", "off"):
         return None, None
     if mode == "online" and not os.environ.get("WANDB_API_KEY"):
         mode = "offline"

@@ -12,6 +12,8 @@ Touch points, each wrapped by one function or `Engine` method below:
     engine       deepspeed.initialize with the grid as mpu, `enable_backward_allreduce`, the fp32
                  clipping hook `clip_fp32_gradients` (a no-op) and `optimizer.step` (`lean_step`), the counters
                  `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`
+    names        the optimizer and scheduler types DeepSpeed accepts (`optimizer_names`, `scheduler_names`),
+                 checked when the JSON is read
     optimizer    the bf16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
                  `_hp_mapping` (flat-partitioned optimizers we refuse), `loss_scale_config`, `_skip_invalid_grad_norm`,
                  `_update_scale`; its `step` replaced by `lean_step` (same arithmetic, a third of the
@@ -36,7 +38,10 @@ WRITTEN_FOR = "0.19"  # major.minor of the DeepSpeed these touch points were wri
 # What DeepSpeed says on every start that tells a user nothing: the CPU fallback notice of its
 # accelerator (this trainer runs on CPUs on purpose), WarmupLR's warning that get_lr() ran before the
 # first step (its own constructor calls it), and the prints of PipelineModule and its comm op build.
-NOISE = ("Setting accelerator to CPU", "Attempting to get learning rate from scheduler before it has started")
+# (and WarmupDecayLR's warning, once per rank, that the schedule is shorter than its warm-up: the trainer says
+# that once, in its own words).
+NOISE = ("Setting accelerator to CPU", "Attempting to get learning rate from scheduler before it has started",
+         "is less than warmup_num_steps")
 _verbose = False
 
 
@@ -290,6 +295,32 @@ def _read_global_norm(grads: list, sum_over_stages, along) -> tuple[float, list]
     parts = [norm_sq.double().sqrt().view(1)] + ([along.double().view(-1)] if along is not None else [])
     values = torch.cat(parts).tolist()
     return values[0], values[1:]
+
+
+# ---- the names DeepSpeed accepts in the JSON ----
+PREFERRED = {"optimizer": ("Adam", "AdamW"), "scheduler": ("WarmupDecayLR", "WarmupCosineLR", "WarmupLR")}
+
+
+def optimizer_names() -> frozenset:
+    """What `optimizer.type` may be: DeepSpeed's own optimizers (matched case-insensitively, as its config
+    does) and any torch.optim class (DeepSpeedEngine._is_supported_optimizer). Anything else DeepSpeed only
+    refuses with an AssertionError after the model is built."""
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    torch_names = {n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)
+                   and issubclass(getattr(torch.optim, n), torch.optim.Optimizer) and n != "Optimizer"}
+    return frozenset(DEEPSPEED_OPTIMIZERS) | torch_names
+
+
+def scheduler_names() -> frozenset:
+    """What `scheduler.type` may be: DeepSpeed's schedules (lr_schedules.VALID_LR_SCHEDULES) and any class of
+    torch.optim.lr_scheduler (DeepSpeedEngine._scheduler_from_config looks in both)."""
+    from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
+
+    sched = torch.optim.lr_scheduler
+    torch_names = {n for n in dir(sched) if isinstance(getattr(sched, n), type)
+                   and issubclass(getattr(sched, n), sched.LRScheduler) and n != "LRScheduler" and n[0] != "_"}
+    return frozenset(VALID_LR_SCHEDULES) | torch_names
 
 
 def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None) -> "Engine":

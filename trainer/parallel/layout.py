@@ -79,15 +79,22 @@ class LayoutSpec:
 
     @classmethod
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
-        section = ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"})
+        section = check_section(ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"}))
         known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares",
                  "head_schedule"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
         mode = section.get("mode")
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise LayoutError(f"{SECTION}.mode={mode!r}: unknown mode (one of {', '.join(MODES)})")
+        for key in ("num_pp", "num_dp", "micro_batches", "time_chunks"):
+            value = section.get(key, 1)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise LayoutError(f"{SECTION}.{key}={_short(value)}: must be an integer >= 1")
+        for key in ("partition_method", "head_schedule"):
+            if not isinstance(section.get(key, ""), str):
+                raise LayoutError(f"{SECTION}.{key}={_short(section[key])}: must be a string")
         defaults = {"single": (1, 1), "data": (1, world_size), "pipeline": (world_size, 1),
                     "hybrid": (world_size, 1), "grid": (world_size, 1)}[mode]
         num_pp = section.get("num_pp", defaults[0] if "num_dp" not in section else world_size // section["num_dp"])
@@ -146,6 +153,22 @@ class LayoutSpec:
         if micro_batch_per_rank * self.num_dp < min_batch:
             raise LayoutError(f"train_micro_batch_size_per_gpu={micro_batch_per_rank} x num_dp={self.num_dp} is "
                               f"smaller than data.min_batch_sentences={min_batch}")
+
+
+def check_section(section):
+    """The JSON's parallel_layout, if it is an object (a list or a bare mode name would be read key by key)."""
+    if not isinstance(section, dict):
+        raise LayoutError(f"{SECTION}={_short(section)}: must be an object, e.g. "
+                          f"{{\"mode\": \"hybrid\", \"num_pp\": 2, \"num_dp\": 1}}")
+    return section
+
+
+def _short(value) -> str:
+    """A JSON value as the user wrote it, cut short."""
+    import json
+
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def split_weighted(n: int, weights) -> list[tuple[int, int]]:

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         from trainer.ds_config import load_ds_config
         from trainer.parallel.layout import LayoutSpec
 
-        ds = load_ds_config(args.deepspeed_config, cfg.train.max_steps)
+        ds = load_ds_config(args.deepspeed_config, None)
         section = ds.get("parallel_layout", {"mode": "single"})
         spec = LayoutSpec.from_ds_config(ds, section.get("num_pp", 1) * section.get("num_dp", 1))
         calibrate(cfg, args.out, quick=args.quick, global_batch=ds["train_micro_batch_size_per_gpu"] * spec.num_dp)
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     from trainer.planner.profile import load
 
     profile = load(args.profile)
-    ds = load_ds_config(args.deepspeed_config, cfg.train.max_steps)
+    ds = load_ds_config(args.deepspeed_config, None)  # the schedule is not planned; written without a length
     work = plan.workload(cfg, ds, args.steps)
     ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link)
     print(report(work, profile, args, ranked, one, invalid))
@@ -86,7 +86,9 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
         links = profile["roofline"].get("links", {})
         where += f", link {args.link or profile['roofline'].get('default_link') or sorted(links)[0]}"
     d = work.dims
-    lines = [f"plan: {args.devices} device(s) of {where} ({os.path.basename(args.profile)}); model emb {d.emb} hidden "
+    warning = (profile.get("conditions") or {}).get("warning") if isinstance(profile.get("conditions"), dict) else None
+    lines = [f"WARNING: {args.profile}: {warning}; measure again on a quiet machine (--calibrate)"] if warning else []
+    lines += [f"plan: {args.devices} device(s) of {where} ({os.path.basename(args.profile)}); model emb {d.emb} hidden "
              f"{d.hidden} {d.layers}+{d.layers} layers, vocab {d.src_vocab}/{d.tgt_vocab}; {work.precision}; "
              f"{work.global_batch} pairs per micro-batch x {len(work.windows[0])}; {len(work.windows)} real steps of "
              f"{work.cfg.data.dir}",
@@ -109,4 +111,7 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
     lines.append("")
     lines.append(f"best of each mode on all {args.devices} device(s): "
                  + ", ".join(f"{m} {p.speedup:.2f}x ({p.candidate.label()})" for m, p in best.items()))
+    if warning:  # again under the table, where the eye lands
+        lines.append(f"WARNING: planned with a profile measured on a busy machine ({warning.split(':')[0]}): "
+                     f"these predictions are not worth acting on")
     return "\n".join(lines)

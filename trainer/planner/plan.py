@@ -48,6 +48,11 @@ def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
     world = ds.get("parallel_layout", {}).get("num_pp", 1) * ds.get("parallel_layout", {}).get("num_dp", 1)
     base = LayoutSpec.from_ds_config(ds, world) if "parallel_layout" in ds else LayoutSpec("single", 1, 1)
     global_batch = ds["train_micro_batch_size_per_gpu"] * base.num_dp
+    if not os.path.exists(os.path.join(cfg.data.dir, "manifest.json")):  # a fresh clone has no prepared data
+        raise FileNotFoundError(f"data.dir={cfg.data.dir}: not prepared (no manifest.json); the planner simulates "
+                                f"real batches of it: prepare it first with python -m data_prep.prepare ... --out "
+                                f"{cfg.data.dir} (README, 'Choosing a layout', gives the command for "
+                                f"trainer/configs/paper_size.yaml), or point data.dir= at a prepared corpus")
     vocab = read_manifest(cfg.data.dir)["vocab"]
     stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_batch,
                          max_tokens=cfg.data.max_tokens, seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
@@ -165,6 +170,8 @@ def winner_config(base: dict, winner: Candidate, global_batch: int) -> dict:
     """The base DeepSpeed JSON (optimizer, schedule, precision ...) with the winner's layout and the
     micro-batch per replica that keeps the global micro-batch."""
     ds = json.loads(json.dumps(base))
+    # the schedule's length is the trainer's (train.max_steps of the run that uses the file), never the plan's
+    (ds.get("scheduler") or {}).get("params", {}).pop("total_num_steps", None)
     ds["train_micro_batch_size_per_gpu"] = global_batch // winner.spec.num_dp
     ds.pop("train_batch_size", None)
     ds["parallel_layout"] = winner.layout_json()
@@ -181,6 +188,6 @@ def write_config(path: str, ds: dict, ranks: int) -> None:
     with open(path, "x", encoding="utf-8") as f:
         json.dump(ds, f, indent=2)
         f.write("\n")
-    back = load_ds_config(path, max_steps=1)
+    back = load_ds_config(path, max_steps=None)
     spec = LayoutSpec.from_ds_config(back, ranks)
     check_batch(back, path, spec.num_dp)

@@ -1,0 +1,103 @@
+"""Issue 22, items 17 and 18 (inference): one enormous input line no longer holds up the rest, and decoding
+options or files the checks let through (a NaN or negative length ratio, a negative beam, empty files, a
+reference that is not UTF-8) are one line naming the flag or the file, exit code 2."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.test_hostile import fake_run
+from trainer.inference_cli import add_decode_arguments, add_model_arguments  # noqa: F401 (the flags under test)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return fake_run(tmp_path_factory.mktemp("limits") / "run")
+
+
+def _cli(name: str):
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location(f"launch_{name}", REPO / "launch" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _fails(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.mark.timeout(120)
+def test_an_enormous_line_is_left_out_counted_and_the_others_translated(run, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    lines = ["the cat sees the dog", "x" * 2_000_000, "the bird sees the tree", "y" * 70_000, ""]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    start = time.time()
+    assert _cli("translate")(["--run", str(run), "--input", str(src), "--output", str(out), "--beam", "2"]) == 0
+    assert time.time() - start < 60  # it used to decode 16k segments of the 2 MB line to their maximum length
+    got = out.read_text(encoding="utf-8").split("\n")
+    assert len(got) == len(lines) + 1 and got[-1] == ""  # one output line per input line
+    assert got[1] == "" and got[3] == "" and got[4] == ""
+    err = capsys.readouterr().err
+    assert (f"warning: 2 line(s) of {src} longer than --max-line-bytes 65536 were not translated (their output "
+            f"lines are empty): line 2, 4") in err
+    assert "translated 5 sentences" in err
+    # the cap is in UTF-8 bytes, and can be lowered ("the cat sees the dog" is 20 bytes, the bird line 22)
+    assert _cli("translate")(["--run", str(run), "--input", str(src), "--output", str(out), "--beam", "1",
+                              "--max-line-bytes", "21"]) == 0
+    assert "3 line(s)" in capsys.readouterr().err and out.read_text(encoding="utf-8").split("\n")[0]
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--max-len-ratio", "inf", "--max-len-ratio inf: must be a finite number > 0"),
+    ("--max-len-ratio", "nan", "--max-len-ratio nan: must be a finite number > 0"),
+    ("--max-len-ratio", "-3", "--max-len-ratio -3.0: must be a finite number > 0"),
+    ("--beam", "-1", "--beam -1: the beam size must be >= 1"),
+    ("--beam", "0", "--beam 0: the beam size must be >= 1"),
+    ("--length-penalty", "nan", "--length-penalty nan: must be a finite number"),
+    ("--max-line-bytes", "-1", "--max-line-bytes -1: must be >= 0"),
+])
+def test_decoding_flags_are_checked_before_any_line(run, tmp_path, capsys, flag, value, expected):
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n")
+    err = _fails(_cli("translate"), ["--run", str(run), "--input", str(src), "--output", str(tmp_path / "o"),
+                                     flag, value], capsys)
+    assert err == f"error: {expected}" or err.startswith(f"error: {expected}")
+    err = _fails(_cli("evaluate"), ["--run", str(run), "--src", str(src), "--ref", str(src), flag, value], capsys)
+    assert err.startswith(f"error: {expected}")
+
+
+def test_evaluate_refuses_empty_files_and_names_a_reference_that_is_not_utf8(run, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    err = _fails(_cli("evaluate"), ["--run", str(run), "--src", str(empty), "--ref", str(empty)], capsys)
+    assert err == f"error: --src {empty} and --ref {empty} are empty: no sentence to evaluate"
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("the cat\nthe dog\n")
+    ref.write_bytes("猫\n".encode("utf-8") + b"\xff\xfe dog\n")
+    err = _fails(_cli("evaluate"), ["--run", str(run), "--src", str(src), "--ref", str(ref)], capsys)
+    assert err.startswith(f"error: --ref {ref}:2: not UTF-8 (invalid start byte")
+
+
+def test_an_oversized_line_is_read_past_without_being_held_whole():
+    import io
+    import tracemalloc
+
+    from trainer.inference_cli import read_chunks
+
+    stream = io.BytesIO(b"first\n" + b"z" * (20 << 20) + b"\nlast\n" + b"x" * 65536 + b"\n" + b"y" * 65537)
+    tracemalloc.start()
+    chunks = list(read_chunks(stream, "in", 2, cap=65536))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert chunks == [(["first", ""], [1]), (["last", "x" * 65536], []), ([""], [0])]  # exactly the cap is kept
+    assert peak < 2 << 20, peak  # the 20 MB line was never held (the test's bound, as prepare's)
