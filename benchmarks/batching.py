@@ -14,13 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.data import ParallelData, make_batches  # noqa: E402
+from trainer.data import ParallelData, make_batches
 
 
 def joined(src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@
                                         [--rounds 1]
 
 enja-small, 64 pairs per step, trained through the real CLI with `train.profile_steps` (torch.profiler
-over steps 15-34 of 40; trainer/profiling.py) in three settings, run one after another:
+over steps 15-34 of 40; trainer/observe/profiling.py) in three settings, run one after another:
 
     single        one process, 1 thread: the work of a step
     single x2     two such processes at once: what a process pays when another one shares the machine

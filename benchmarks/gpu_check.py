@@ -51,11 +51,8 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from common import REPO, ds_variant, summarise  # noqa: E402
-import gpu_profile  # noqa: E402
+from common import REPO, ds_variant, summarise
+import gpu_profile
 
 ENJA_YAML = "trainer/configs/enja_small.yaml"
 # per device: model overrides, micro-batch, steps, shapes of the profile, dev sentences decoded at the end
@@ -150,7 +147,7 @@ def placement(device_name: str, data: Path, model_overrides: dict) -> dict:
 
     from trainer.config import ModelConfig
     from trainer.data import ParallelData
-    from trainer.model import build_model
+    from trainer.model.seq2seq import build_model
 
     # the trainer places everything on DeepSpeed's accelerator's current device
     accel, dev = get_accelerator().device_name(), torch.device(get_accelerator().current_device_name())
@@ -273,8 +270,14 @@ def train_run(work: Path, device: str, name: str, precision: str, overrides: dic
         result["error"] = "DeepSpeed fell back to its CPU accelerator"
     if device == "cuda" and not watch.seen_on_gpu:
         result["note"] = "nvidia-smi listed no per-process memory; peak is the whole GPU's use"
+    result.update(run_results(run_dir, steps, out, wandb, resume))
+    return result
+
+
+def run_results(run_dir: Path, steps: int, out: str, wandb: bool, resume: bool) -> dict:
+    """What a finished run measured: speed, first loss, dev BLEU, the profile window, wandb, the resume."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    result.update(summarise(run_dir, warmup=min(3, steps - 2)))
+    result = summarise(run_dir, warmup=min(3, steps - 2))
     result.pop("timing", None)
     result.update(first_loss=rows[0]["loss"], dev_bleu=rows[-1].get("dev_bleu"),
                   finite=all(r["loss"] is not None and math.isfinite(r["loss"]) for r in rows))

@@ -3,7 +3,7 @@
     python benchmarks/head_rows.py [--work /tmp/hybrid-nmt-bench] [--precision bf16|fp32] [--side-by-side]
 
 1. The enja-small head (general attention, attentional layer, 8k projection, label-smoothed loss;
-   `trainer.model.build_head`) forward + backward on one thread at 16, 32, 64 and 128 pairs (source 14,
+   `trainer.model.seq2seq.build_head`) forward + backward on one thread at 16, 32, 64 and 128 pairs (source 14,
    target 16 positions of which 12 real): ms per call, median of 20 after 3 warm-ups. A head whose
    cost were proportional to its rows would double per line; the fixed part is what each replica of the
    hybrid's data-parallel head pays again.
@@ -21,14 +21,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import REPO, ds_variant, prepare_enja, start_train, wait_train  # noqa: E402
+from common import REPO, ds_variant, prepare_enja, start_train, wait_train
 
 
 def head_ms(pairs: int, dtype, reps: int = 20, src_len: int = 14, tgt_len: int = 16, real: int = 12) -> float:
     from trainer.config import load_config
-    from trainer.model import build_head
+    from trainer.model.seq2seq import build_head
 
     cfg = load_config(str(REPO / "trainer" / "configs" / "enja_small.yaml")).model
     head = build_head(cfg, 8000).to(dtype)

@@ -31,14 +31,12 @@ import argparse
 import json
 import random
 import re
-import sys
 import unicodedata
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.metrics import resolve_tokenize, score  # noqa: E402
-from trainer.translator import Translator, read_lines  # noqa: E402
+from trainer.inference.loading import load_run
+from trainer.inference.text import read_lines
+from trainer.metrics import resolve_tokenize, score
 
 DIGITS = re.compile(r"\d+")
 ORDINAL = re.compile(r"第\s*(\d+)")
@@ -118,7 +116,7 @@ def main() -> None:
         return
     if not args.run:
         p.error("--run is required (or --masking)")
-    translator = Translator.from_run(args.run, "best")
+    translator = load_run(args.run, "best")
     src, ref = read_lines(args.src), read_lines(args.ref)
     tokenize = resolve_tokenize("auto", translator.tgt_lang, ref)
     result = {}

@@ -41,9 +41,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, prepare_enja, summarise, train  # noqa: E402
+from common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, prepare_enja, summarise, train
 
 RUNNER = Path(__file__).resolve().parent / "opennmt_runner.py"
 MARKER = ".hybrid-nmt-peer.json"

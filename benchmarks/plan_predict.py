@@ -13,7 +13,7 @@ layout on all N of them, and the planner's pick (which may leave some GPUs out) 
 each full ranking). Scenarios (--scenarios):
 
     shipped     the config as it is (dropout 0.2): the layout-invariant dropout masks are drawn on the
-                device for the whole global micro-batch (trainer/dropout.py), a few elementwise passes per site
+                device for the whole global micro-batch (trainer/model/dropout.py), a few elementwise passes per site
     no_dropout  model.dropout=0: the model's own work
     patent_len  no dropout, every pair's source and target repeated 4 times (~30 source and ~46 target
                 pieces, about a patent sentence; small_parallel_enja's are 8.3 and 12.2 with this
@@ -29,11 +29,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from common import ENJA, REPO, ds_variant  # noqa: E402
+from common import ENJA, REPO, ds_variant
 
 CONFIG = "trainer/configs/paper_size.yaml"
 

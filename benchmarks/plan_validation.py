@@ -24,9 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, ds_variant, prepare_enja, train  # noqa: E402
+from common import REPO, ds_variant, prepare_enja, train
 
 CONFIG = "trainer/configs/enja_small.yaml"
 WARMUP = 3  # as common.summarise
@@ -95,6 +94,13 @@ def main() -> None:
                   f"error {100 * row['error']:+5.1f}%", flush=True)
     load_end = os.getloadavg()
     print(f"\nload average at end: {load_end}")
+    report(results)
+    (args.work / "plan_validation.json").write_text(json.dumps(
+        {"profile": str(profile_path), "load_end": load_end, "rows": results}, indent=1))
+
+
+def report(results: list[dict]) -> None:
+    """The table of predicted against measured, and the instruction types of the rows off by more than 10%."""
     print("\n| precision | run | measured ms/step | predicted ms/step | error |")
     print("|---|---|---:|---:|---:|")
     for r in results:
@@ -113,8 +119,6 @@ def main() -> None:
                                   for op in sorted(set(measured_ops) | set(predicted_ops))
                                   if max(measured_ops.get(op, 0), predicted_ops.get(op, 0)) > 5e-4)
                 print(f"  {r['precision']} {r['label']} rank {rank}: {cells}")
-    (args.work / "plan_validation.json").write_text(json.dumps(
-        {"profile": str(profile_path), "load_end": load_end, "rows": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,6 @@ def base_pairs(source: str) -> list[tuple[str, str]]:
     if source == "enja":
         en, ja = ((ENJA / f"train.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "ja"))
         return list(zip(en, ja))
-    sys.path.insert(0, str(REPO))
     from data_prep.demo_corpus import generate
     return generate(pairs=100_000, dev=0, test=0, seed=1)["train"]
 

@@ -37,8 +37,7 @@ from pathlib import Path
 
 from common import ENJA, REPO, ds_variant, prepare_enja, raw_enja
 
-sys.path.insert(0, str(REPO))
-from trainer.metrics import score  # noqa: E402
+from trainer.metrics import score
 
 LSTM_OPTIMIZER = {"type": "Adam", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
                                              "torch_adam": True, "adam_w_mode": False, "fused": True}}

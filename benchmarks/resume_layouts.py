@@ -18,9 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import REPO, _port  # noqa: E402
+from benchmarks.common import REPO, _port
 
 LAYOUTS = {
     "single": (1, {"mode": "single", "num_pp": 1, "num_dp": 1}),

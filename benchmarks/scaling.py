@@ -8,7 +8,7 @@ pairs per step) on ../shared/data/small_parallel_enja, trained through the real 
 2 threads, data_2 (DeepSpeed's data parallelism), pipeline_2 and hybrid_2 variants (1 thread per
 rank). Every run trains the same batches (same seed); the first 3 steps are warm-up. For each
 precision: a table of median step time, tokens/s, pairs/s, the ratio to single with 1 and with 2
-threads, model GFLOP/s (trainer/flops.py) and its fraction of this machine's measured matmul peak
+threads, model GFLOP/s (trainer/model/flops.py) and its fraction of this machine's measured matmul peak
 (benchmarks/peak.py: the 1-thread peak for one thread, the 2-thread peak for both cores); then per rank
 the busy / waiting / communicating / idle fractions (metrics.jsonl) and ms per step by category.
 Each run's Gantt chart of one step is copied to WORK/scaling/<precision>_<run>.png. Everything goes to

@@ -21,10 +21,9 @@ import tracemalloc
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_prep.readers import open_reader, write_tmx  # noqa: E402
-from data_prep.readers.tmx import open_binary  # noqa: E402
+from data_prep.readers import open_reader, write_tmx
+from data_prep.readers.tmx import open_binary
 
 
 def tus(n: int):

@@ -17,7 +17,7 @@ With placeholders (`prepare --number-placeholders N`, recorded as `manifest["num
   claim number, and masking it too taught the model to write 第⟨n1⟩ for "first" (docs/BENCHMARKS.md
   6.5). Any other number stays digits (the model still learns to write numbers it must not copy);
 - the placeholders are SentencePiece user symbols: always one piece each;
-- translation (trainer.translator) masks the input the same way and puts each placeholder of the output
+- translation (trainer.inference.translator) masks the input the same way and puts each placeholder of the output
   back as its source number, in the target's digit width (`fullwidth`: the width most matched target
   numbers had in the training sample); a placeholder the source has no number for is dropped.
 A number is one digit run: "2.5" is two ("⟨n1⟩.⟨n2⟩"), each copied.

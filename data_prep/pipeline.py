@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 import signal
 import sys
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain, islice
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, TypeVar
+from typing import Callable, Iterable, Iterator, Optional, TypeVar
 
 import numpy as np
 import sentencepiece as spm
@@ -39,8 +38,8 @@ from .filters import LengthFilter
 from .readers import Malformed, Pair, Reader
 from .vocab import sample_flags
 
-if TYPE_CHECKING:
-    from .prepare import RejectLog, SplitStats
+from .rejects import RejectLog, SplitStats
+from .tsv import parse_tsv_line
 
 CHUNK = 2000  # records per task: large enough to amortise the transfer, small enough to keep memory flat
 CHUNK_CHARS = 8 << 20  # ... and at most this much text per task, however long the lines (hostile input)
@@ -50,28 +49,6 @@ Local, Payload, Result = TypeVar("Local"), TypeVar("Payload"), TypeVar("Result")
 def default_workers() -> int:
     """One worker per core this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-# --- the temporary TSV of kept training pairs -----------------------------------------------------------------
-
-_UNESCAPE = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\"}
-_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
-
-
-def escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def unescape(text: str) -> str:
-    return _ESCAPED.sub(lambda m: _UNESCAPE[m.group(1)], text) if "\\" in text else text
-
-
-def tsv_line(fields: Iterable[str]) -> str:
-    return "\t".join(map(escape, fields)) + "\n"
-
-
-def parse_tsv_line(line: str) -> tuple[str, ...]:
-    return tuple(unescape(x) for x in line.rstrip("\n").split("\t"))
 
 
 # --- order-preserving parallel map ----------------------------------------------------------------------------

@@ -51,7 +51,6 @@ import signal
 import sys
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterator, Optional
 
@@ -65,14 +64,15 @@ from .dedup import Deduplicator
 from .filters import MAX_PIECES, RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
 from .normalize import REPAIRS
 from .pipeline import (CleanTask, EncodeTask, Position, Stopped, clean_split, default_workers, encode_split,
-                       escape, read_samples, tsv_line, unescape)
+                       read_samples)
+from .rejects import RejectLog, SplitStats
+from .tsv import escape, tsv_line, unescape
 from .readers import (FORMATS_HELP, READERS, DocSplit, InputLimits, MetaFilter, PrepareError, Reader,
                       add_reader_arguments, check_files_exist, detect_format, open_reader, readers_manifest)
 
 SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 1
 STAGE = ".prepare-tmp"
-EXCERPT_CHARS = 1000  # of each field in rejects.tsv: its size stays proportional to the number of rejects
 # Every name prepare writes into DATA_DIR (data_prep.outdir: anything else there is not ours).
 OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", "rejects.tsv", STAGE, "spm.src.model", "spm.src.vocab",
                 "spm.tgt.model", "spm.tgt.vocab", *(f"{split}.{side}.{ext}" for split in SPLITS for side in SIDES
@@ -80,44 +80,6 @@ OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", "rejects.tsv", STAGE, "spm
                 *(f"{split}.{side}.txt" for split in SPLITS[1:] for side in SIDES))
 # escape / unescape are re-exported: rejects.tsv is escaped the same way as the temporary TSV
 __all__ = ["build_parser", "escape", "main", "prepare", "unescape"]
-
-
-@dataclass
-class SplitStats:
-    pairs_read: int = 0
-    pairs_kept: int = 0
-    rejected: Counter = field(default_factory=Counter)
-    tokens: Counter = field(default_factory=Counter)  # side -> ids written
-    unk: Counter = field(default_factory=Counter)  # side -> <unk> ids written
-    repaired: Counter = field(default_factory=Counter)  # repair (data_prep.normalize) -> pairs it changed
-    long_split: Counter = field(default_factory=Counter)  # --long split: "pairs" split into "segments"
-
-    def as_dict(self) -> dict:
-        return {"pairs_read": self.pairs_read, "pairs_kept": self.pairs_kept,
-                "rejected": {r: self.rejected[r] for r in REASONS},
-                "tokens": {s: self.tokens[s] for s in SIDES}, "unk": {s: self.unk[s] for s in SIDES},
-                "repaired": {r: self.repaired[r] for r in REPAIRS},
-                "long_split": {k: self.long_split[k] for k in ("pairs", "segments")}}
-
-
-class RejectLog:
-    """rejects.tsv: `reason<TAB>origin<TAB>src<TAB>tgt`, header first, tabs and line breaks escaped."""
-
-    def __init__(self, path: str):
-        self._f = open(path, "w", encoding="utf-8")
-        self._f.write("reason\torigin\tsrc\ttgt\n")
-
-    def add(self, stats: SplitStats, reason: str, origin: str, src: str, tgt: str) -> None:
-        stats.rejected[reason] += 1
-        self._f.write("\t".join(escape(excerpt(x)) for x in (reason, origin, src, tgt)) + "\n")
-
-    def close(self) -> None:
-        self._f.close()
-
-
-def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    """`text`, or its first `limit` characters and how many more there were."""
-    return text if len(text) <= limit else f"{text[:limit]}…[{len(text) - limit} more characters]"
 
 
 def file_info(path: str) -> dict:
@@ -225,19 +187,36 @@ def prepare(args: argparse.Namespace, position: Optional[Position] = None) -> di
 
 def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dict], stage: str,
           position: Position) -> dict:
-    tmp = os.path.join(stage, "tmp")
+    """Clean every split into `stage`, train the vocabulary on the kept training pairs, encode every split;
+    returns the manifest."""
     stats = {split: SplitStats() for split in readers}
     rejects = RejectLog(os.path.join(stage, "rejects.tsv"))
+    workers = args.workers or default_workers()
+    cleaning = CleaningOptions.from_args(args)
+    n_train, n_eval = read_splits(args, readers, inputs, stage, cleaning, stats, rejects, workers, position)
+    check_left(args, stats, n_train, n_eval)
+    position.check_stop()
+    position.step, position.origin = "training SentencePiece", ""
+    vocabulary = train_vocabulary(args, stage, n_train)
+    lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
+                           expected_ratio=corpus_ratio(vocabulary["ratio_sample"], vocabulary["models"]))
+    encode_splits(args, stage, vocabulary["models"], lengths, stats, rejects, workers, n_train, n_eval, position)
+    rejects.close()
+    shutil.rmtree(os.path.join(stage, "tmp"))
+    return manifest_of(args, readers, inputs, stage, stats, cleaning, vocabulary, lengths)
+
+
+def read_splits(args, readers: dict[str, Reader], inputs: list[dict], stage: str, cleaning: CleaningOptions,
+                stats: dict, rejects: RejectLog, workers: int, position: Position) -> tuple[int, dict]:
+    """Clean the training pairs into stage/tmp/pairs.tsv (deduplicated) and the other splits into their
+    text files; returns how many of each were kept."""
     lines: dict[str, int] = {}  # progress totals: lines of each split's first file
     for i in inputs:
         lines.setdefault(i["split"], i["lines"])
-    workers = args.workers or default_workers()
-    cleaning = CleaningOptions.from_args(args)
     dedup = Deduplicator(cleaning.dedup, cleaning.near_dedup) if cleaning.dedup or cleaning.near_dedup else None
-    pairs_tsv = os.path.join(tmp, "pairs.tsv")
     n_train = 0
     position.step = "reading train"
-    with open(pairs_tsv, "w", encoding="utf-8") as f:
+    with open(os.path.join(stage, "tmp", "pairs.tsv"), "w", encoding="utf-8") as f:
         for rec in clean_split(readers["train"], CleanTask(cleaning, True), dedup, stats["train"], rejects,
                                args.on_error, workers, lines["train"], "read train", position):
             f.write(tsv_line(rec))
@@ -254,6 +233,11 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
                 fs.write(src + "\n")
                 ft.write(tgt + "\n")
                 n_eval[split] += 1
+    return n_train, n_eval
+
+
+def check_left(args, stats: dict, n_train: int, n_eval: dict) -> None:
+    """Refuse a corpus with no training pair left, or a dev/test set with none (naming the likely fix)."""
     if n_train == 0:
         hint = ""
         if stats["train"].rejected["other_pair"] == stats["train"].pairs_read > 0:
@@ -266,36 +250,46 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
             given = f"--{split}-src {getattr(args, f'{split}_src')}" if not args.split_by_doc else f"--{split}-size"
             raise PrepareError(f"{given}: no {split} pair is left ({describe(stats[split])}); give a {split} set "
                                f"with pairs, or leave it out")
-    position.check_stop()
-    position.step, position.origin = "training SentencePiece", ""
 
+
+def train_vocabulary(args, stage: str, n_train: int) -> dict:
+    """SentencePiece on a seeded sample of the kept training pairs: the models, their sizes, how each side
+    was pre-tokenized, and the sample (for the length ratio and the number placeholders)."""
+    tmp = os.path.join(stage, "tmp")
     pretokenize = {side: vocab.pretokenizer_name(getattr(args, f"{side}_lang"), args.pretokenize) for side in SIDES}
-    slots = args.number_placeholders
-    ratio_sample = read_samples(pairs_tsv, n_train, args.spm_sample, RATIO_SAMPLE, args.seed,
+    ratio_sample = read_samples(os.path.join(tmp, "pairs.tsv"), n_train, args.spm_sample, RATIO_SAMPLE, args.seed,
                                 *vocab.sample_files(tmp, args.joint_vocab),
-                                {side: vocab.word_segmenter(name) for side, name in pretokenize.items()}, slots)
+                                {side: vocab.word_segmenter(name) for side, name in pretokenize.items()},
+                                args.number_placeholders)
     sizes = vocab.train_vocab(tmp, stage, joint=args.joint_vocab, vocab_size=args.vocab_size,
                               model_type=args.model_type, seed=args.seed, src_lang=args.src_lang,
-                              tgt_lang=args.tgt_lang, pretokenize=pretokenize, number_slots=slots)
-    models = {side: os.path.join(stage, f"spm.{side}.model") for side in SIDES}
+                              tgt_lang=args.tgt_lang, pretokenize=pretokenize, number_slots=args.number_placeholders)
+    return {"pretokenize": pretokenize, "ratio_sample": ratio_sample, "sizes": sizes,
+            "models": {side: os.path.join(stage, f"spm.{side}.model") for side in SIDES}}
 
-    lengths = LengthFilter(args.max_len, args.min_len, args.max_ratio,
-                           expected_ratio=corpus_ratio(ratio_sample, models))
+
+def encode_splits(args, stage: str, models: dict, lengths: LengthFilter, stats: dict, rejects: RejectLog,
+                  workers: int, n_train: int, n_eval: dict, position: Position) -> None:
+    """Every split's pairs as token ids (the training pairs through the length filters)."""
+    slots = args.number_placeholders
     position.check_stop()
     position.step = "encoding train"
-    with open(pairs_tsv, encoding="utf-8", newline="\n") as f:
-        encode_split(f, EncodeTask(models, lengths, tsv=True, number_slots=slots), stage, "train", stats["train"], rejects, workers,
-                     n_train, position)
+    with open(os.path.join(stage, "tmp", "pairs.tsv"), encoding="utf-8", newline="\n") as f:
+        encode_split(f, EncodeTask(models, lengths, tsv=True, number_slots=slots), stage, "train", stats["train"],
+                     rejects, workers, n_train, position)
     if stats["train"].pairs_kept == 0:
         raise PrepareError(f"no training pair passes the length filters ({describe(stats['train'])})")
     for split, n in n_eval.items():
         position.check_stop()
         position.step = f"encoding {split}"
-        encode_split(eval_pairs(stage, split), EncodeTask(models, None, tsv=False, number_slots=slots), stage, split, stats[split],
-                     rejects, workers, n, position)
-    rejects.close()
-    shutil.rmtree(tmp)
+        encode_split(eval_pairs(stage, split), EncodeTask(models, None, tsv=False, number_slots=slots), stage, split,
+                     stats[split], rejects, workers, n, position)
 
+
+def manifest_of(args, readers: dict, inputs: list[dict], stage: str, stats: dict, cleaning: CleaningOptions,
+                vocabulary: dict, lengths: LengthFilter) -> dict:
+    """DATA_DIR/manifest.json: counts, the vocabulary, languages, what was applied, inputs and checksums."""
+    sizes = vocabulary["sizes"]
     binarized = [os.path.basename(p) for split in readers for side in SIDES for p in side_paths(stage, split, side)]
     rejected = sum((s.rejected for s in stats.values()), Counter())
     manifest = {
@@ -307,13 +301,13 @@ def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dic
         "vocab": {"joint": args.joint_vocab, "src_size": sizes.src_size, "tgt_size": sizes.tgt_size,
                   "requested_size": sizes.requested, "src_model": "spm.src.model", "tgt_model": "spm.tgt.model",
                   "model_type": args.model_type, "character_coverage": sizes.coverage, "byte_fallback": True,
-                  "split_digits": True, "pretokenize": pretokenize,
+                  "split_digits": True, "pretokenize": vocabulary["pretokenize"],
                   "ordinal_pieces": {side: vocab.ORDINAL_PREFIXES.get(base_lang(getattr(args, f"{side}_lang")) or "")
                                      for side in SIDES},
                   "src_model_sha256": file_info(os.path.join(stage, "spm.src.model"))["sha256"],
                   "tgt_model_sha256": file_info(os.path.join(stage, "spm.tgt.model"))["sha256"]},
         "languages": {"src": base_lang(args.src_lang), "tgt": base_lang(args.tgt_lang)},  # scoring, joining
-        "numbers": number_config(ratio_sample, slots),  # number placeholders (data_prep.numbers) or None
+        "numbers": number_config(vocabulary["ratio_sample"], args.number_placeholders),  # placeholders or None
         "normalize": cleaning.normalize_flags("src"),  # what the trainer applies to translation input
         "normalize_tgt": cleaning.normalize_flags("tgt"),
         "repaired": {r: sum(s.repaired[r] for s in stats.values()) for r in REPAIRS},

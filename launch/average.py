@@ -2,14 +2,10 @@
 one model file (as launch/export.py writes) whose weights are the mean of the run's last N complete
 checkpoints (train with train.keep_last >= N) or of the given ones."""
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import fail  # noqa: E402
-from trainer.inference_cli import average_main  # noqa: E402
+from trainer.artifacts.checkpoint import CheckpointError
+from trainer.entry import fail
+from trainer.inference.cli import average_main
 
 
 def main(argv=None):

@@ -2,14 +2,10 @@
 [--tokenize auto|13a|ja-mecab|zh|ko-mecab|...] [--baseline HYP] [--show N] [--json]`: translates the source and prints sacreBLEU BLEU and
 chrF with their signatures. The tokenizer follows the target language (auto: ja-mecab, zh, ko-mecab, else 13a)."""
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import fail  # noqa: E402
-from trainer.inference_cli import add_decode_arguments, add_model_arguments, evaluate_main  # noqa: E402
+from trainer.artifacts.checkpoint import CheckpointError
+from trainer.entry import fail
+from trainer.inference.cli import add_decode_arguments, add_model_arguments, evaluate_main
 
 
 def main(argv=None):

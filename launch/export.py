@@ -2,13 +2,10 @@
 consolidated file (weights keyed like the whole model, config, SentencePiece models, normalisation)
 that `launch/translate.py --model model.pt` and `launch/evaluate.py --model model.pt` use without the run."""
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import export_main, fail  # noqa: E402
+from trainer.artifacts.checkpoint import CheckpointError
+from trainer.entry import fail
+from trainer.inference.cli import export_main
 
 
 def main(argv=None):

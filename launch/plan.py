@@ -1,12 +1,9 @@
 """Plan the layout: `python launch/plan.py --config MODEL.yaml --devices N --profile PROFILE
 [--deepspeed_config BASE.json] [--write-config OUT.json]` ranks the parallel layouts by predicted step
 time; `python launch/plan.py --calibrate --config MODEL.yaml --out PROFILE` measures this machine."""
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer.cli import fail  # noqa: E402
+from trainer.entry import fail
 
 
 def main(argv=None):

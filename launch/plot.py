@@ -1,12 +1,8 @@
 """Plot: `python launch/plot.py RUN_DIR [--out PNG]`: loss, dev BLEU and tokens/s over steps from
 RUN_DIR/metrics.jsonl (default output RUN_DIR/training.png)."""
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer.cli import fail  # noqa: E402
+from trainer.entry import fail
 
 
 def main(argv=None):
@@ -14,7 +10,7 @@ def main(argv=None):
     p.add_argument("run", help="run directory written by launch/train.py")
     p.add_argument("--out", default=None, help="the PNG to write (default RUN_DIR/training.png)")
     args = p.parse_args(argv)
-    from trainer.plots import plot_run
+    from trainer.observe.plots import plot_run
 
     try:
         print(plot_run(args.run, args.out))

@@ -1,15 +1,11 @@
 """Score: `python launch/score.py (--run RUN_DIR [--checkpoint C ...] | --model FILE ...) --src F --ref F
 [--output F|-] [--json]`: forced decoding, the model's log-probability of each given reference (for reranking
-and data filtering): LOGPROB<TAB>TOKENS<TAB>PER_TOKEN per line (trainer/inference_cli.py)."""
+and data filtering): LOGPROB<TAB>TOKENS<TAB>PER_TOKEN per line (trainer/inference/cli.py)."""
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import fail  # noqa: E402
-from trainer.inference_cli import add_model_arguments, score_main  # noqa: E402
+from trainer.artifacts.checkpoint import CheckpointError
+from trainer.entry import fail
+from trainer.inference.cli import add_model_arguments, score_main
 
 
 def main(argv=None):

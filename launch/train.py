@@ -7,10 +7,9 @@ import os
 import signal
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer import job_control, memory  # noqa: E402
-from trainer.cli import fail, leave, print_config, run_dry, train_main  # noqa: E402
+from trainer.entry import fail
+from trainer.training import job_control, memory
+from trainer.training.cli import leave, print_config, run_dry, train_main
 
 if __name__ == "__main__":
     try:  # before torch is loaded: oneDNN's cache size, and the allocator (the process may exec itself)
@@ -18,11 +17,11 @@ if __name__ == "__main__":
     except FileNotFoundError as e:
         fail(e)
 
-from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError  # noqa: E402
-from trainer.parallel.runtime import RendezvousError  # noqa: E402
-from trainer.run_files import RunFileError  # noqa: E402
-from trainer.trainer import TrainingError  # noqa: E402
+from trainer.artifacts.checkpoint import CheckpointError
+from trainer.artifacts.run_files import RunFileError
+from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError
+from trainer.parallel.runtime import RendezvousError
+from trainer.training.loop import TrainingError
 
 
 def main(argv=None):

@@ -2,16 +2,14 @@
 [--output F|-] [--n-best K] [--alignments] [--beam 5] ...`: one output line per input line (K with --n-best),
 streamed in chunks, so it works in a pipe (omitted or "-": stdin / stdout). Several checkpoints or model
 files decode as an ensemble. Progress on a terminal, sentences/s and tokens/s at the end, on stderr.
-Output formats: trainer/inference_cli.py."""
+Output formats: trainer/inference/cli.py."""
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from trainer.checkpoint import CheckpointError  # noqa: E402
-from trainer.cli import fail  # noqa: E402
-from trainer.inference_cli import add_decode_arguments, add_model_arguments, translate_main  # noqa: E402
+from trainer.artifacts.checkpoint import CheckpointError
+from trainer.entry import fail
+from trainer.inference.cli import add_decode_arguments, add_model_arguments, translate_main
 
 
 def main(argv=None):

@@ -13,7 +13,6 @@ import multiprocessing as mp
 import os
 import queue
 import socket
-import sys
 import traceback
 
 
@@ -108,9 +107,3 @@ class Workers:
                 p.kill()
             p.join(timeout=10)
         self.procs = []
-
-
-def repo_on_path() -> None:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if root not in sys.path:
-        sys.path.insert(0, root)

@@ -13,18 +13,8 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     """Build the run exactly as launch/train.py does (config, plan, runtime, session, Trainer), take
     `steps` optimizer steps, and return the metrics rows and, from replica 0, this rank's parameters
     by global name ('layer_XX.<name>', 'head.<name>') as float32 numpy arrays."""
-    from trainer.config import load_config
-    from trainer.parallel.runtime import ParallelRuntime
-    from trainer.session import build_session, plan
-    from trainer.trainer import Trainer
-
-    path = _ds_file(ds, work)
-    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
-                             "logging.progress=false"])
-    ds_loaded, spec = plan(cfg, path)
-    runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
-    session = build_session(cfg, ds_loaded, runtime)
-    trainer = Trainer(session)
+    trainer = _trainer(overrides, ds, work)
+    runtime, session = trainer.rt, trainer.s
     rows = [trainer.train_step() for _ in range(steps)]
     trainer.runner.sync_head()
     trainer.log.close()
@@ -39,6 +29,22 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
                 params[f"head.{name}"] = p.detach().float().numpy().copy()
     runtime.close()
     return {"rows": rows, "params": params}
+
+
+def _trainer(overrides: list[str], ds: dict, work: str, config: str | None = None, extra: tuple = ()):
+    """A Trainer built exactly as launch/train.py builds one (config, plan, runtime, session); `config`: a YAML,
+    else the demo's defaults."""
+    from trainer.config import load_config
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.training.loop import Trainer
+    from trainer.training.session import build_session, plan
+
+    path = _ds_file(ds, work)
+    cfg = load_config(config, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                               "logging.progress=false", *extra])
+    ds_loaded, spec = plan(cfg, path)
+    runtime = ParallelRuntime.start(spec, comm_timeout_s=300)
+    return Trainer(build_session(cfg, ds_loaded, runtime))
 
 
 def _ds_file(ds: dict, work: str) -> str:
@@ -77,7 +83,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     from trainer.parallel import deepspeed_adapter as dsa
     from trainer.parallel.layout import LayoutSpec, group_members
     from trainer.parallel.runtime import ParallelRuntime
-    from trainer.session import build_session
+    from trainer.training.session import build_session
 
     cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     world = int(os.environ["WORLD_SIZE"])
@@ -145,10 +151,10 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     if not engine.bf16:
         before = [p.detach().clone() for p in owned]
         skipped = engine.skipped_steps
-        session.runner.poison = True
+        session.runner.inject_nan(True)
         engine.begin_window()
         session.runner.run(stream.next(), window_tokens=batch.tgt_tokens, boundary=True)
-        session.runner.poison = False
+        session.runner.inject_nan(False)
         obs["nan_norm_finite"] = math.isfinite(engine.grad_norm())
         obs["nan_step_skipped"] = engine.skipped_steps == skipped + 1
         obs["nan_params_unchanged"] = all(torch.equal(a, p.detach()) for a, p in zip(before, owned))
@@ -179,25 +185,14 @@ def listening_sockets(master_addr: str | None = None) -> dict:
 def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     """`steps` steps with the timeline on every step; returns this rank's gathered per-rank stats
     (the metrics columns) and its program."""
-    from trainer.config import load_config
-    from trainer.parallel.runtime import ParallelRuntime
-    from trainer.session import build_session, plan
-    from trainer.trainer import Trainer
-
-    path = _ds_file(ds, work)
-    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
-                             "logging.progress=false", "train.timeline_every=1"])
-    ds_loaded, spec = plan(cfg, path)
-    runtime = ParallelRuntime.start(spec, comm_timeout_s=60)
-    session = build_session(cfg, ds_loaded, runtime)
-    trainer = Trainer(session)
+    trainer = _trainer(overrides, ds, work, extra=("train.timeline_every=1",))
     for _ in range(steps):
         trainer.train_step()
     stats = trainer._rank_stats()
-    program = [i.op for i in session.runner.programs[True]]
+    program = [i.op for i in trainer.runner.programs[True]]
     trainer.runner.sync_head()
     trainer.log.close()
-    runtime.close()
+    trainer.rt.close()
     return {"stats": stats, "program": program, "run_dir": f"{work}/run"}
 
 
@@ -213,7 +208,7 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
     from trainer.data import BatchStream, ParallelData
     from trainer.parallel.layout import LayoutSpec
     from trainer.parallel.runtime import ParallelRuntime
-    from trainer.session import build_session
+    from trainer.training.session import build_session
 
     cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
@@ -266,27 +261,17 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
 
 
 def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1, config: str | None = None) -> dict:
-    """`warmup` optimizer steps, then one more under trainer.op_counter.OpCounter: the would-be device
+    """`warmup` optimizer steps, then one more under trainer.observe.op_counter.OpCounter: the would-be device
     syncs (op, place) and the operator launches of that step on this rank (`config`: a YAML, else the
     demo's defaults)."""
-    from trainer.config import load_config
-    from trainer.op_counter import OpCounter
-    from trainer.parallel.runtime import ParallelRuntime
-    from trainer.session import build_session, plan
-    from trainer.trainer import Trainer
+    from trainer.observe.op_counter import OpCounter
 
-    path = _ds_file(ds, work)
-    cfg = load_config(config, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
-                               "logging.progress=false"])
-    ds_loaded, spec = plan(cfg, path)
-    runtime = ParallelRuntime.start(spec, comm_timeout_s=300)
-    session = build_session(cfg, ds_loaded, runtime)
-    trainer = Trainer(session)
+    trainer = _trainer(overrides, ds, work, config)
     for _ in range(warmup):
         trainer.train_step()
     with OpCounter() as counter:
         row = trainer.train_step()
     trainer.runner.sync_head()
     trainer.log.close()
-    runtime.close()
+    trainer.rt.close()
     return {"syncs": counter.syncs, "launches": counter.launches, "by_op": dict(counter.by_op), "row": row}

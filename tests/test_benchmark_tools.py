@@ -12,14 +12,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
 
-import common  # noqa: E402
-import opennmt_peer  # noqa: E402
-import opennmt_runner  # noqa: E402
-import peak  # noqa: E402
+import common
+import opennmt_peer
+import opennmt_runner
+import peak
 
-from trainer.config import load_config  # noqa: E402
+from trainer.config import load_config
 
 REFERENCE = REPO / "trainer" / "configs" / "enja_small.yaml"
 SINGLE = REPO / "ds_configs" / "single.json"

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import checkpoint as ck
+from trainer.artifacts import checkpoint as ck
 from trainer.data import BatchStream
-from trainer.faults import parse
-from trainer.state import TrainState, capture_rng, restore_rng
-from trainer.resume import truncate_metrics as _truncate_metrics
+from trainer.training.faults import parse
+from trainer.training.resume import truncate_metrics as _truncate_metrics
+from trainer.training.state import TrainState, capture_rng, restore_rng
 
 
 def make_checkpoint(run_dir, step: int) -> str:
@@ -128,7 +128,13 @@ def test_prefetched_stream_hands_out_the_same_batches_and_the_consumers_position
     for _ in range(12):
         assert torch.equal(plain.next().src, ahead.next().src)
     assert ahead.state_dict() == plain.state_dict() and ahead.epoch == plain.epoch
-    assert ahead._stream.state_dict() != plain.state_dict()  # the thread is ahead, the state is not
+    for pending in ahead._queue:  # let the thread finish reading ahead
+        pending.result()
+    three_on = BatchStream(_Pairs(100), **kw)
+    three_on.load_state_dict(plain.state_dict())
+    for _ in range(3):
+        three_on.next_indices()
+    assert ahead._stream.state_dict() == three_on.state_dict() != ahead.state_dict()  # the thread is ahead, not the state
     restored = Prefetcher(BatchStream(_Pairs(100), **kw), ahead=2)
     restored.load_state_dict(json.loads(json.dumps(ahead.state_dict())))
     for _ in range(20):  # across an epoch boundary

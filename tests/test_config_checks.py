@@ -44,7 +44,7 @@ def test_the_schedule_length_comes_from_the_yaml_and_a_different_one_in_the_json
         load_ds_config(stated, 200)
     assert load_ds_config(stated, 3000)["scheduler"]["params"]["total_num_steps"] == 3000  # the same number: fine
     # a run that stops early and continues later names its schedule in the YAML
-    from trainer.session import plan
+    from trainer.training.session import plan
 
     cfg = load_config(None, ["train.max_steps=20", "train.schedule_steps=30"])
     ds, _ = plan(cfg, plain, world=2)
@@ -96,7 +96,7 @@ def test_a_written_config_trained_to_its_end_decays(tiny_data, tmp_path):
 # ---- item 5: a dry run checks what a run checks; DeepSpeed's warning once, in our words -------------------
 
 def test_dry_run_refuses_what_the_real_run_refuses():
-    from trainer.cli import run_dry
+    from trainer.training.cli import run_dry
 
     with pytest.raises(LayoutError, match=r"num_pp=4: more pipeline stages than model.layers=2"):
         run_dry(None, [], str(REPO / "ds_configs" / "hybrid_4.json"))  # the default YAML: 2 pair layers
@@ -184,7 +184,7 @@ def test_text_keys_take_the_word_typed(tmp_path):
 
 
 def test_wandb_off_starts_no_wandb(tmp_path):
-    from trainer import wandb_run
+    from trainer.observe import wandb_run
 
     assert wandb_run.start(str(tmp_path), load_config(None, ["logging.wandb_mode=off"]), {}, False) == (None, None)
 
@@ -222,7 +222,7 @@ def test_a_parapat_file_of_another_pair_says_to_name_the_languages(tmp_path, cap
 def test_a_layout_of_the_wrong_shape_names_the_key(tmp_path, section, expected):
     with pytest.raises(LayoutError, match=expected):
         LayoutSpec.from_ds_config({"parallel_layout": section}, 2)
-    from trainer.cli import run_dry
+    from trainer.training.cli import run_dry
 
     path = _ds(tmp_path, lambda d: d.__setitem__("parallel_layout", section))
     with pytest.raises(LayoutError, match=expected.split(":")[0]):  # the dry run (world from the JSON) too
@@ -264,7 +264,7 @@ def test_more_threads_than_cores_is_refused_before_anything_starts():
     with pytest.raises(ConfigError, match=rf"train.threads=100000: more than the {os.cpu_count()} cores of this host"):
         check_threads(100000)
     check_threads(1)
-    from trainer.cli import train_main
+    from trainer.training.cli import train_main
 
     with pytest.raises(ConfigError, match="train.threads=100000"):
         train_main(None, ["train.threads=100000"], str(REPO / "ds_configs" / "single.json"))

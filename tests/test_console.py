@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import run_cli
-from trainer.logger import compact_line
+from trainer.observe.logger import compact_line
 
 NOISE = ("Using topology", "SEED_LAYERS", "Attempting to get learning rate", "built successfully",
          "Setting accelerator to CPU", "stage=0 layers=")

@@ -1,5 +1,5 @@
 """A training step never waits on the device but once: the gradient norm's read at the optimizer step
-(which also brings the window's loss sums back). Counted with trainer.op_counter.OpCounter on one
+(which also brings the window's loss sums back). Counted with trainer.observe.op_counter.OpCounter on one
 optimizer step of every layout of the parity harness (2 accumulation micro-batches, dropout on, time
 chunks, several units), on the CPU: what would be a device sync on a GPU is the same operation here.
 The counter itself is tested first, so that a zero cannot come from a counter that sees nothing."""
@@ -14,7 +14,7 @@ import torch
 from tests.conftest import REPO
 from tests.parallel_jobs import count_step_ops
 from tests.test_parallel_parity import LAYOUTS, MODEL
-from trainer.op_counter import OpCounter, host
+from trainer.observe.op_counter import OpCounter, host
 
 LAYOUTS = {"single": (1, 14, {"mode": "single"}), **LAYOUTS,
            "hybrid_2_shares": (2, 13, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
@@ -77,7 +77,7 @@ def test_one_device_sync_per_optimizer_step_in_every_layout(workers, tiny_data, 
 def test_the_heads_launches_do_not_grow_with_tokens_on_an_accelerators_chunk():
     """On a CPU the loss runs in 128-row chunks (in cache), ~15 launches each; with an accelerator's
     chunk (LOSS_CHUNK_ROWS) the head's forward and backward launch the same operators for any count."""
-    from trainer.model import LOSS_CHUNK_ROWS, AttentionSoftmaxHead
+    from trainer.model.seq2seq import LOSS_CHUNK_ROWS, AttentionSoftmaxHead
 
     head = AttentionSoftmaxHead(hidden=8, tgt_vocab=50, attention="general", dropout=0.0, label_smoothing=0.1)
 

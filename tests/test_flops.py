@@ -8,8 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainer.config import ModelConfig
 from trainer.data import collate
-from trainer.flops import batch_flops, forward_flops
-from trainer.model import build_model
+from trainer.model.flops import batch_flops, forward_flops
+from trainer.model.seq2seq import build_model
 
 
 def test_forward_flops_match_torch_flop_counter_for_a_single_sentence():

@@ -14,7 +14,6 @@ import pytest
 
 from tests.conftest import REPO, run_cli
 
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 @pytest.fixture(scope="module")

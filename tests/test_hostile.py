@@ -18,11 +18,11 @@ import sentencepiece as spm
 import torch
 
 from tests.conftest import read_metrics, run_cli
-from trainer import checkpoint as ck
+from trainer.artifacts import checkpoint as ck
+from trainer.artifacts.model_files import ModelFileError
 from trainer.config import ConfigError, load_config, to_yaml
-from trainer.model import build_model
-from trainer.model_files import ModelFileError
-from trainer.translator import Translator
+from trainer.inference.loading import export_model, load_export, load_run
+from trainer.model.seq2seq import build_model
 
 SENTENCES = [f"the {a} sees the {b} in the {c}" for a in ("cat", "dog", "bird", "fish")
              for b in ("tree", "car", "book", "door") for c in ("house", "garden", "street")]
@@ -73,7 +73,7 @@ def rewrite_manifest(run_dir: Path, change) -> None:
 
 def test_a_clean_fake_run_translates(tmp_path):
     run = fake_run(tmp_path / "run")
-    translator = Translator.from_run(str(run))
+    translator = load_run(str(run))
     assert translator.origin["step"] == 5 and len(translator.translate(["the cat sees the tree"], beam=2)) == 1
 
 
@@ -88,7 +88,7 @@ def test_manifest_naming_files_outside_is_refused_without_reading_them(tmp_path,
     problems = ck.verify(str(step_dir(run)))
     assert len(problems) == 1 and expected in problems[0] and "bytes" not in problems[0].split(expected)[1]
     with pytest.raises(ck.CheckpointError, match=expected):
-        Translator.from_run(str(run))
+        load_run(str(run))
 
 
 def test_links_devices_and_unlisted_files_in_a_checkpoint_are_refused(tmp_path):
@@ -131,8 +131,8 @@ def test_malformed_manifest_is_refused_with_a_message(tmp_path, content, expecte
     [problem] = ck.verify(str(step_dir(run)))
     assert problem.startswith(str(path)) and expected in problem
     with pytest.raises(ck.CheckpointError, match="--allow-unverified"):
-        Translator.from_run(str(run))
-    assert Translator.from_run(str(run), allow_unverified=True).origin["step"] == 5  # the user said so
+        load_run(str(run))
+    assert load_run(str(run), allow_unverified=True).origin["step"] == 5  # the user said so
 
 
 @pytest.mark.slow
@@ -144,7 +144,7 @@ def test_a_checkpoint_without_manifest_is_refused_unless_allowed(tmp_path):
     weights = {k: v + 1 for k, v in weights.items()}
     torch.save(weights, layer)  # tampered weights: nothing can tell without checksums
     with pytest.raises(ck.CheckpointError, match="manifest.json: missing.*--allow-unverified"):
-        Translator.from_run(str(run))
+        load_run(str(run))
     out = tmp_path / "out.txt"
     (tmp_path / "in.txt").write_text("the cat\n")
     args = ["--run", run, "--input", tmp_path / "in.txt", "--output", out]
@@ -160,12 +160,12 @@ def test_an_unfinished_save_of_the_run_itself_loads_for_the_dev_decode(tmp_path)
     shutil.copytree(step_dir(run), tmp)
     (tmp / ck.MANIFEST).unlink()  # as during a save: the manifest comes after the dev decode
     assert ck.is_unfinished_save(str(run), str(tmp))
-    assert Translator.from_run(str(run), str(tmp)).origin["checkpoint"] == "step_00000007.tmp"
+    assert load_run(str(run), str(tmp)).origin["checkpoint"] == "step_00000007.tmp"
     elsewhere = tmp_path / "step_00000007.tmp"
     shutil.copytree(tmp, elsewhere)
     assert not ck.is_unfinished_save(str(run), str(elsewhere))
     with pytest.raises(ck.CheckpointError, match="missing"):
-        Translator.from_run(str(run), str(elsewhere))
+        load_run(str(run), str(elsewhere))
 
 
 @pytest.mark.parametrize("pointer", ["../../../etc", "/etc", "step_5/../../x", "latest", "x" * 300])
@@ -173,7 +173,7 @@ def test_best_and_latest_pointers_must_name_a_checkpoint_of_the_run(tmp_path, po
     run = fake_run(tmp_path / "run")
     (run / "checkpoints" / "best").write_text(pointer + "\n")
     with pytest.raises(ck.CheckpointError, match="best: names .*not a checkpoint directory of this run"):
-        Translator.from_run(str(run))
+        load_run(str(run))
     assert ck.read_pointer(str(run), "latest") == "step_00000005"
 
 
@@ -184,12 +184,12 @@ def test_pointer_and_step_links_out_of_the_run_are_refused(tmp_path):
     best.unlink()
     best.symlink_to("/dev/zero")
     with pytest.raises(ck.CheckpointError, match="best: a link to /dev/zero"):
-        Translator.from_run(str(run))
+        load_run(str(run))
     best.unlink()
     (run / "checkpoints" / "step_00000009").symlink_to(step_dir(other))
     best.write_text("step_00000009\n")
     with pytest.raises(ck.CheckpointError, match="best: names 'step_00000009'.*not a checkpoint directory"):
-        Translator.from_run(str(run))
+        load_run(str(run))
     assert ck.complete_checkpoints(str(run)) == ["step_00000005"]  # auto-resume never follows it either
 
 
@@ -198,7 +198,7 @@ def test_pointer_and_step_links_out_of_the_run_are_refused(tmp_path):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("export")
-    Translator.from_run(str(fake_run(root / "run"))).export(str(root / "model.pt"))
+    export_model(load_run(str(fake_run(root / "run"))), str(root / "model.pt"))
     return root / "model.pt"
 
 
@@ -242,9 +242,9 @@ def set_config(key: str, value):
 def test_exported_model_is_validated_before_anything_is_built(exported, tmp_path, change, expected):
     path = tampered(exported, tmp_path, change)
     with pytest.raises(ValueError, match=expected) as e:
-        Translator.from_export(path)
+        load_export(path)
     assert str(e.value).startswith(f"--model {path}")
-    assert Translator.from_export(str(exported)).translate(["the cat"], beam=1)  # the untouched file still loads
+    assert load_export(str(exported)).translate(["the cat"], beam=1)  # the untouched file still loads
 
 
 def test_exported_model_errors_are_one_line_on_the_cli(exported, tmp_path):
@@ -266,11 +266,11 @@ def test_a_run_whose_config_does_not_fit_its_weights_is_refused(tmp_path):
     config = run / "config.yaml"
     config.write_text(config.read_text().replace("hidden: 8", "hidden: 60000"))
     with pytest.raises(ModelFileError, match=r"layer_01-model_states.pt: .* has shape .*model.hidden=60000"):
-        Translator.from_run(str(run))
+        load_run(str(run))
     config.write_text(config.read_text().replace("hidden: 60000", "hidden: 8"))
     (run / "spm.tgt.model").write_bytes(b"garbage")
     with pytest.raises(ModelFileError, match="spm.tgt.model: not a SentencePiece model"):
-        Translator.from_run(str(run))
+        load_run(str(run))
 
 
 # --- the YAML config --------------------------------------------------------------------------------------------
@@ -623,7 +623,7 @@ def test_a_stop_whose_exception_was_swallowed_is_still_noticed(tmp_path):
 
 def test_a_new_run_refuses_a_run_dir_holding_foreign_files(tmp_path):
     from data_prep.dataformat import OutputDirError
-    from trainer.resume import check_new_run_dir
+    from trainer.training.resume import check_new_run_dir
 
     run = tmp_path / "run"
     check_new_run_dir(str(run), overwrite=False)  # not there yet

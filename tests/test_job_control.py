@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli
 from tests.test_reliability import HYBRID, ds_config, losses, train_cmd
-from trainer import checkpoint
+from trainer.artifacts import checkpoint
 
 
 MARK = "HNMT_TEST_JOB"  # set in a job's environment, so that whatever it leaves running can be found and ended
@@ -177,7 +177,7 @@ def terminal():
 
 # ---- stop requests and the launcher watch, in small processes --------------------------------------------------
 def test_a_stop_signal_before_training_leaves_at_once_and_once_training_is_a_request():
-    from trainer import job_control
+    from trainer.training import job_control
 
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     job_control.install()
@@ -198,7 +198,7 @@ def test_a_stop_signal_before_training_leaves_at_once_and_once_training_is_a_req
 
 
 WATCHED = """import sys, time
-from trainer import job_control
+from trainer.training import job_control
 job_control.STOP.begin_training(lambda reason: print(reason, flush=True))
 print('watching', [label for _, label in job_control.watch_launcher(interval=0.1)], flush=True)
 time.sleep(30)

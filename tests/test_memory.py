@@ -1,4 +1,4 @@
-"""trainer.memory: a training process sets oneDNN's cache size and runs again with mimalloc preloaded
+"""trainer.training.memory: a training process sets oneDNN's cache size and runs again with mimalloc preloaded
 (before torch is loaded), unless told otherwise."""
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from tests.conftest import REPO, run_cli
-from trainer import memory
+from trainer.training import memory
 
 PROBE = """
 import json, os, sys
-from trainer import memory
+from trainer.training import memory
 memory.prepare()
 maps = open("/proc/self/maps").read()
 print(json.dumps({"torch": "torch" in sys.modules, "preload": os.environ.get("LD_PRELOAD", ""),

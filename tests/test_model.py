@@ -1,4 +1,4 @@
-"""trainer.model: padding never leaks, the loss and attention match a hand computation, time chunks
+"""trainer.model.seq2seq: padding never leaks, the loss and attention match a hand computation, time chunks
 and packing give the same states as one whole call, and per-layer seeding is stable."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from data_prep.binary import BOS_ID, EOS_ID, PAD_ID
 from trainer.config import ModelConfig
 from trainer.data import collate
-from trainer.model import (AttentionSoftmaxHead, EncoderDecoderLayer, build_model, projected_cross_entropy,
+from trainer.model.seq2seq import (AttentionSoftmaxHead, EncoderDecoderLayer, build_model, projected_cross_entropy,
                            token_positions)
 
 torch.set_num_threads(1)

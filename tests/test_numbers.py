@@ -12,10 +12,11 @@ from data_prep import numbers, vocab
 from data_prep.binary import load_pair
 from data_prep.demo_corpus import generate, raw_japanese
 from data_prep.prepare import main as prepare_main
+from trainer.artifacts.model_files import ModelFileError, number_slots
 from trainer.config import DecodeConfig, ModelConfig
-from trainer.model import build_model
-from trainer.model_files import ModelFileError, number_slots
-from trainer.translator import Translator
+from trainer.inference.text import TextPipeline
+from trainer.inference.translator import Translator
+from trainer.model.seq2seq import build_model
 
 torch.set_num_threads(1)
 
@@ -139,11 +140,11 @@ def test_translator_masks_the_input_and_puts_numbers_back(tmp_path):
             model.head.proj.weight.zero_()
             model.head.proj.bias.fill_(-10.0)
             model.head.proj.bias[tgt_sp.piece_to_id(piece)] = 10.0
-        return Translator(model, src_sp, tgt_sp, {}, DecodeConfig(), "cpu", tgt_lang="ja",
-                          number_slots=manifest["numbers"])
+        return Translator(model, TextPipeline(src_sp, tgt_sp, {}, tgt_lang="ja", number_slots=manifest["numbers"]),
+                          DecodeConfig(), "cpu")
 
     t = biased("⟨n2⟩")
-    segments, (_, nums) = t.source(line)
+    segments, (_, nums) = t.text.source(line)
     assert nums == ["12", "7"] and src_sp.decode(segments[0]) == "the housing ⟨n1⟩ according to claim ⟨n2⟩ ."
     text = t.translate([line], beam=1, max_len_ratio=0.1)[0]
     assert text and set(text) == {"７"}  # ⟨n2⟩ -> the second number, in the target's (full) width

@@ -1,7 +1,7 @@
 """Checkpoints you can trust, through the real CLIs as multi-process gloo jobs (docs/RELIABILITY.md).
 
 Every run here is tiny (2 pair layers of width 16, 600 demo pairs); failures are injected with
-HNMT_FAULTS (trainer.faults) where they must happen at a known step, and with real signals from
+HNMT_FAULTS (trainer.training.faults) where they must happen at a known step, and with real signals from
 outside where timing is the point (kill -9, SIGSTOP, SIGTERM).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
-from trainer import checkpoint
+from trainer.artifacts import checkpoint
 
 HYBRID = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}
 SINGLE = {"mode": "single", "num_pp": 1, "num_dp": 1}

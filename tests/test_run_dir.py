@@ -18,12 +18,12 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli
 from tests.test_hostile import fake_run, step_dir
-from trainer import checkpoint as ck
+from trainer.artifacts import checkpoint as ck
 
 
 @pytest.fixture(scope="module")
 def run_files():
-    from trainer import run_files
+    from trainer.artifacts import run_files
 
     return run_files
 
@@ -31,7 +31,7 @@ def run_files():
 @pytest.fixture(scope="module")
 def owned():
     """What the trainer writes into run.dir: (files, directories -> names inside)."""
-    from trainer.resume import RUN_DIR_DIRS, RUN_DIR_FILES
+    from trainer.artifacts.run_dir import RUN_DIR_DIRS, RUN_DIR_FILES
 
     return RUN_DIR_FILES, RUN_DIR_DIRS
 
@@ -168,7 +168,7 @@ def test_the_lock_is_held_and_released_in_process(tmp_path, run_files):
     holder = json.loads((run / "train.lock").read_text())
     assert holder["pid"] == os.getpid()
     # another process: refused while this one holds it
-    probe = ("import sys; from trainer import run_files\n"
+    probe = ("import sys; from trainer.artifacts import run_files\n"
              "try:\n    run_files.lock_run_dir(sys.argv[1])\nexcept run_files.RunDirBusy as e:\n    print(e)")
     r = run_cli([sys.executable, "-c", probe, str(run)])
     assert f"is in use by another trainer (pid {os.getpid()} on " in r.stdout

@@ -1,8 +1,7 @@
-"""trainer.search.beam_search: exact on a tiny model where greedy is not optimal, greedy at beam 1,
+"""trainer.model.search.beam_search: exact on a tiny model where greedy is not optimal, greedy at beam 1,
 batched = one sentence at a time, and per-sentence max_len respected."""
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from itertools import product
 
@@ -11,8 +10,8 @@ import torch
 
 from data_prep.binary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from trainer.config import ModelConfig
-from trainer.model import build_model
-from trainer.search import Ensemble, Hypothesis, _normalize, beam_search, beam_search_nbest
+from trainer.model.search import Ensemble, Hypothesis, _normalize, beam_search, beam_search_nbest
+from trainer.model.seq2seq import build_model
 
 torch.set_num_threads(1)
 

@@ -11,8 +11,8 @@ import torch
 
 from tests.conftest import REPO
 from tests.parallel_jobs import timeline_job
-from trainer.profiling import StepProfiler
-from trainer.timeline import CATEGORIES, fractions, gantt
+from trainer.observe.profiling import StepProfiler
+from trainer.observe.timeline import CATEGORIES, fractions, gantt
 
 
 def test_fractions_add_up_and_idle_is_the_rest():

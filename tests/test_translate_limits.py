@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.test_hostile import fake_run
-from trainer.inference_cli import add_decode_arguments, add_model_arguments  # noqa: F401 (the flags under test)
+from trainer.inference.cli import add_decode_arguments, add_model_arguments  # noqa: F401 (the flags under test)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_an_oversized_line_is_read_past_without_being_held_whole():
     import io
     import tracemalloc
 
-    from trainer.inference_cli import read_chunks
+    from trainer.inference.cli import read_chunks
 
     stream = io.BytesIO(b"first\n" + b"z" * (20 << 20) + b"\nlast\n" + b"x" * 65536 + b"\n" + b"y" * 65537)
     tracemalloc.start()

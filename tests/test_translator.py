@@ -1,4 +1,4 @@
-"""trainer.translator on tiny models without training: empty lines, output that stays one line, formulas
+"""trainer.inference.translator on tiny models without training: empty lines, output that stays one line, formulas
 put back, long inputs segmented within the training limits, n-best and alignments, ensembles, batching and
 forced-decoding scores that agree with the search."""
 from __future__ import annotations
@@ -14,9 +14,11 @@ from data_prep.normalize import PLACEHOLDER
 from data_prep.segment import TrainingLimits
 from data_prep.vocab import train_model
 from trainer.config import DecodeConfig, ModelConfig
-from trainer.model import build_model
-from trainer.search import Ensemble, beam_search_nbest
-from trainer.translator import Translator, one_line
+from trainer.inference.loading import ensemble
+from trainer.inference.text import TextPipeline, one_line
+from trainer.inference.translator import Translator
+from trainer.model.search import Ensemble, beam_search_nbest
+from trainer.model.seq2seq import build_model
 
 torch.set_num_threads(1)
 
@@ -47,7 +49,7 @@ def translator(spm_models, seed=0, limits=TrainingLimits(), decode=DecodeConfig(
             model.head.proj.bias.fill_(-10.0)
             for rank, piece in enumerate(bias):
                 model.head.proj.bias[piece] = 10.0 - rank
-    return Translator(model, src_sp, tgt_sp, NORM, decode, "cpu", tgt_lang="ja", limits=limits)
+    return Translator(model, TextPipeline(src_sp, tgt_sp, NORM, tgt_lang="ja", limits=limits), decode, "cpu")
 
 
 def test_empty_and_blank_lines_translate_to_empty_lines(spm_models):
@@ -90,7 +92,7 @@ def test_long_inputs_are_cut_within_the_training_limits_and_rejoined(spm_models)
     sentences = [en for en, _ in generate(pairs=30, dev=1, test=1)["train"] if len(src_sp.encode(en)) > 20][:3]
     line = " ".join(s[0].upper() + s[1:] for s in sentences)
     t = translator(spm_models, limits=limits, bias=[spm_models[1].piece_to_id("の")])
-    segments, _ = t.source(line)
+    segments, _ = t.text.source(line)
     assert len(segments) >= 3 and all(len(ids) <= 20 for ids in segments)
     assert " ".join(src_sp.decode(ids) for ids in segments).split() == line.split()  # nothing lost or repeated
     out = t.translate_nbest([line], beam=1, max_len_ratio=0.1, alignments=True)[0][0]
@@ -99,14 +101,14 @@ def test_long_inputs_are_cut_within_the_training_limits_and_rejoined(spm_models)
     assert {s for s, _ in out.alignment} <= set(range(sum(len(ids) for ids in segments)))
     assert [t for _, t in out.alignment] == list(range(out.pieces))
     short = "a sensor ."
-    assert t.source(short)[0] == [src_sp.encode(short)]  # a line that fits stays whole
+    assert t.text.source(short)[0] == [src_sp.encode(short)]  # a line that fits stays whole
 
 
 def test_nbest_is_sorted_distinct_and_scored_like_forced_decoding(spm_models):
     t = translator(spm_models, seed=3)
     lines = ["a sensor coupled to the housing .", "the method according to claim 2 ."]
     results = t.translate_nbest(lines, n_best=4, beam=4, max_len_ratio=0.5)
-    src = torch.tensor([t.encode(lines[0]) + [EOS_ID]])
+    src = torch.tensor([t.text.encode(lines[0]) + [EOS_ID]])
     hyps = beam_search_nbest(t.model, src, torch.tensor([src.shape[1]]), beam=4, max_len=10, n_best=4)[0]
     assert len({tuple(h.tokens) for h in hyps}) == 4  # four different hypotheses
     for nbest in results:
@@ -125,8 +127,8 @@ def test_nbest_is_sorted_distinct_and_scored_like_forced_decoding(spm_models):
     scored = t.score(lines + ["x"], refs + [""])
     assert scored[2] == (0.0, 0)
     for line, ref, (logprob, tokens) in zip(lines, refs, scored):
-        ids = t.tgt_sp.encode(ref)
-        one = torch.tensor([t.encode(line) + [EOS_ID]])
+        ids = t.text.tgt_sp.encode(ref)
+        one = torch.tensor([t.text.encode(line) + [EOS_ID]])
         forced = Ensemble(t.model).force(one, torch.tensor([one.shape[1]]), torch.tensor([[2] + ids]),
                                          torch.tensor([ids + [EOS_ID]]))
         assert tokens == len(ids) + 1 and logprob == pytest.approx(float(forced.sum()), abs=1e-3) and logprob < 0
@@ -136,7 +138,7 @@ def test_nbest_is_sorted_distinct_and_scored_like_forced_decoding(spm_models):
 
 def test_ensemble_averages_probabilities(spm_models):
     a, b = (translator(spm_models, seed=s) for s in (1, 2))
-    src = torch.tensor([a.encode("a sensor .") + [EOS_ID]])
+    src = torch.tensor([a.text.encode("a sensor .") + [EOS_ID]])
     lengths = torch.tensor([src.shape[1]])
     pair, alone = Ensemble([a.model, b.model]), [Ensemble(a.model), Ensemble(b.model)]
     last = torch.full((1, 1), 2)
@@ -147,7 +149,7 @@ def test_ensemble_averages_probabilities(spm_models):
     once = beam_search_nbest(a.model, src, lengths, beam=3, max_len=8)
     assert twice[0][0].tokens == once[0][0].tokens
     assert twice[0][0].logprob == pytest.approx(once[0][0].logprob, abs=1e-4)
-    both = Translator.ensemble([a, b], ["a", "b"])
+    both = ensemble([a, b], ["a", "b"])
     assert len(both.models) == 2 and both.translate(["a sensor ."], beam=2)
 
 
@@ -160,7 +162,7 @@ def test_ensemble_refuses_other_vocabularies(spm_models, tmp_path):
     a = translator(spm_models)
     b = translator((spm_models[0], other_sp))
     with pytest.raises(ValueError, match="target SentencePiece model"):
-        Translator.ensemble([a, b], ["one.pt", "two.pt"])
+        ensemble([a, b], ["one.pt", "two.pt"])
 
 
 def test_batches_respect_sentence_and_token_caps(spm_models):
@@ -178,9 +180,9 @@ def test_device_defaults_to_cuda_when_torch_sees_one(spm_models, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     src_sp, tgt_sp = spm_models
     model = build_model(TINY, src_sp.get_piece_size(), tgt_sp.get_piece_size())
-    assert Translator(model, src_sp, tgt_sp, NORM, DecodeConfig()).device.type == "cpu"
+    assert Translator(model, TextPipeline(src_sp, tgt_sp, NORM), DecodeConfig()).device.type == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    from trainer.translator import default_device
+    from trainer.inference.translator import default_device
 
     assert default_device() == "cuda"
 

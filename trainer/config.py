@@ -85,6 +85,8 @@ class TrainConfig:
     loss_chunk_rows: int = _key(0, "rows of logits the loss computes at a time; 0 = by device (128 on a CPU, 8192 on "
                                    "an accelerator)")
     compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")
+    count_ops: bool = _key(False, "the train.profile_steps window counts operator launches and would-be device "
+                                  "syncs per step (by place) instead of running torch.profiler")
 
 
 @dataclass

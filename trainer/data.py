@@ -13,6 +13,7 @@ import torch
 
 from data_prep.dataformat import (BOS_ID, EOS_ID, MANIFEST, PAD_ID, SIDES, TokenArray, file_sha256, files_checksum,
                                   first_out_of_range, has_split, load_pair, side_paths)
+from trainer.model.tensors import round_count, to_device
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Batch:
     tgt_out (batch, tgt_len) = y + EOS, PAD elsewhere: tensors, on the host or on the device.
     src_len, tgt_len: the same lengths as host numpy arrays (tgt_len counts y + EOS). Everything a step
     decides from lengths (trimming, token counts, packed sequences, the head's token positions) reads
-    these, so nothing waits for the device to hand a length back (trainer.op_counter).
+    these, so nothing waits for the device to hand a length back (trainer.observe.op_counter).
     """
 
     src: torch.Tensor
@@ -95,25 +96,6 @@ class Batch:
             flat = flat.copy()
             flat[np.flatnonzero(~flat)[:extra]] = True
         return np.flatnonzero(flat)
-
-
-def round_count(n: int, bits: int = 4) -> int:
-    """n rounded up to a number whose binary digits below the top `bits` are zero: at most
-    2 ** (bits - 1) distinct counts per power of two, at most 1 / 2 ** (bits - 1) more. The head's GEMMs
-    then see a few dozen distinct shapes instead of a new one every batch: oneDNN creates (JIT-compiles)
-    and caches a primitive per shape, ~4 ms and ~0.4 MB each, which was 15% of a step and most of the
-    resident memory's growth."""
-    return n + (-n % (1 << max(0, n.bit_length() - bits)))
-
-
-def to_device(t, device, dtype=None) -> torch.Tensor:
-    """A host tensor or array on `device` without a device sync: through pinned memory and a
-    non-blocking copy on an accelerator (a pageable copy makes the host wait), as is on the CPU."""
-    t = torch.as_tensor(t, dtype=dtype)
-    device = torch.device(device)
-    if device.type == "cpu" or t.device.type != "cpu":
-        return t.to(device)
-    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
 
 
 def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
@@ -299,7 +281,7 @@ class Prefetcher:
 
 def read_manifest(data_dir: str) -> dict:
     """DATA_DIR/manifest.json, checked for what the trainer reads from it (size-capped, like any user file)."""
-    from trainer.checkpoint import read_json
+    from trainer.artifacts.checkpoint import read_json
 
     path = os.path.join(data_dir, MANIFEST)
     if not os.path.exists(path):

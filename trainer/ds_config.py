@@ -95,10 +95,16 @@ def validate(ds, path: str) -> None:
                             f"parameter, which DeepSpeed's fp16 optimizer does not expose")
 
 
+def global_micro_batch(ds: dict, num_dp: int) -> int:
+    """Sentences of a global micro-batch (at most): train_micro_batch_size_per_gpu per replica x replicas. Every
+    rank builds the same global micro-batches and cuts out its rows (trainer.parallel.cut)."""
+    return ds["train_micro_batch_size_per_gpu"] * num_dp
+
+
 def check_batch(ds: dict, path: str, num_dp: int) -> None:
     """DeepSpeed refuses (with a traceback) a train_batch_size that is not micro x accumulation x replicas."""
     if "train_batch_size" in ds:
-        want = ds["train_micro_batch_size_per_gpu"] * ds.get("gradient_accumulation_steps", 1) * num_dp
+        want = global_micro_batch(ds, num_dp) * ds.get("gradient_accumulation_steps", 1)
         if ds["train_batch_size"] != want:
             raise DSConfigError(f"{path}: train_batch_size={ds['train_batch_size']} != train_micro_batch_size_per_gpu "
                                 f"x gradient_accumulation_steps x replicas (num_dp) = {want}; drop it or fix it")

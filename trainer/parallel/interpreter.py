@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from trainer.data import Batch, to_device
-from trainer.dropout import DropoutKeys, keyed
-from trainer.model import Embeddings, EncoderDecoderLayer
-from trainer.op_counter import host
+from trainer.data import Batch
+from trainer.model.dropout import DropoutKeys, keyed
+from trainer.model.seq2seq import Embeddings, EncoderDecoderLayer
+from trainer.model.tensors import to_device
+from trainer.observe.op_counter import host
 from trainer.parallel import deepspeed_adapter as dsa
-from trainer.parallel.cut import ReplicaCut, cut_replica
 from trainer.parallel.comm import AsyncCollective
+from trainer.parallel.cut import ReplicaCut, cut_replica
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
 from trainer.parallel.schedule import KIND_CATEGORY, OPS, Instr, eval_program, rank_programs
 
@@ -92,7 +93,7 @@ class StepRunner:
         self.eval_program = eval_program(self.programs[True])
         self.sync = None if self.device.type == "cpu" else dsa.accelerator().synchronize  # timed steps only
         self.op_seconds: dict[str, float] = {}  # wall time per instruction type (receives include waiting)
-        self.kind_seconds: dict[str, float] = {}  # ... per timeline category (trainer.timeline)
+        self.kind_seconds: dict[str, float] = {}  # ... per timeline category (trainer.observe.timeline)
         self.spans: list | None = None  # when a list: (op, start, end) of every instruction (the timeline)
         self.span_origin = 0.0
         self.pending: dict = {}  # async op name -> its handle in flight, until the op that completes it
@@ -134,6 +135,34 @@ class StepRunner:
             return None
         loss_sum, nll_sum = reduced.tolist()
         return {"loss_sum": loss_sum, "nll_sum": nll_sum}
+
+    # ---- what the training loop asks of the interpreter ----
+    @property
+    def synchronises(self) -> bool:
+        """Whether timing an instruction waits for the device (an accelerator) or costs nothing (a CPU)."""
+        return self.sync is not None
+
+    def inject_nan(self, on: bool) -> None:
+        """Fault injection (trainer.training.faults): the next micro-steps' losses are non-finite."""
+        self.poison = on
+
+    def record_spans(self, origin: float) -> None:
+        """Keep every instruction's (op, start, end) from now on, relative to `origin` (the timeline)."""
+        self.spans, self.span_origin = [], origin
+
+    def take_spans(self) -> list:
+        """The spans recorded since `record_spans`; recording stops."""
+        spans, self.spans = self.spans or [], None
+        return spans
+
+    def take_kind_seconds(self) -> dict:
+        """Seconds per timeline category since the last call."""
+        kinds, self.kind_seconds = self.kind_seconds, {}
+        return kinds
+
+    def restart_op_seconds(self) -> None:
+        """Forget the per-op totals so far (the warm-up steps)."""
+        self.op_seconds.clear()
 
     def _execute(self, ins: Instr) -> None:
         """One instruction under the rules of its op (schedule.OPS, as trainer.parallel.walk applies them): an
@@ -282,7 +311,7 @@ class StepRunner:
         self.sync_head()
         positions = to_device(rows.token_positions(), self.device)
         loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out, positions)
-        if self.poison and ms.train:  # fault injection (trainer.faults): a non-finite loss
+        if self.poison and ms.train:  # fault injection (trainer.training.faults): a non-finite loss
             loss_sum = loss_sum * float("nan")
         ms.metrics += torch.stack([loss_sum.detach(), nll_sum]).double()
         if not ms.train:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from trainer.model import HEAD_SEED_OFFSET, EncoderDecoderLayer, build_head, layer_builders
+from trainer.model.seq2seq import HEAD_SEED_OFFSET, EncoderDecoderLayer, build_head, layer_builders
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.layout import LayoutError, LayoutSpec
 

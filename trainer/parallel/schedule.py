@@ -54,7 +54,7 @@ class Op:
 
 
 KINDS = ("compute", "send", "recv", "collective", "wait")
-# where an instruction's time goes on a timeline (trainer.timeline): computing, blocked on a peer's
+# where an instruction's time goes on a timeline (trainer.observe.timeline): computing, blocked on a peer's
 # message (pipeline bubbles + transfer), or communicating (sends, collectives, waits for them)
 KIND_CATEGORY = {"compute": "busy", "recv": "waiting", "send": "communicating", "collective": "communicating",
                  "wait": "communicating"}

@@ -40,7 +40,7 @@ class RankTime:
     busy: float = 0.0
     waiting: float = 0.0
     communicating: float = 0.0
-    spans: list = field(default_factory=list)  # (op, start, end) like trainer.timeline
+    spans: list = field(default_factory=list)  # (op, start, end) like trainer.observe.timeline
     async_done: float = 0.0  # when this rank's last async collective completes
     detail: list = field(default_factory=list)  # keep_spans: (index in program, category, start, end) pieces
 

@@ -12,30 +12,19 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 
 import numpy as np
 import torch
 
 from trainer.data import BatchStream, ParallelData, read_manifest
-from trainer.dropout import DropoutKeys, keep_mask, keyed
-from trainer.model import _run_packed, build_head
+from trainer.model.dropout import DropoutKeys, keep_mask, keyed
+from trainer.model.seq2seq import _run_packed, build_head
+from trainer.planner import calibrate_ranks
 from trainer.planner.shapes import ModelDims
+from trainer.planner.timing import dtype_of, timed_ms
 
 QUIET_LOAD = 1.5  # load average above which the numbers are flagged
-
-
-def _ms(fn, reps: int, warmup: int = 2, setup=None) -> float:
-    """Median milliseconds of fn() (setup() before each, untimed)."""
-    times = []
-    for i in range(warmup + reps):
-        arg = setup() if setup else None
-        t = time.perf_counter()
-        fn(arg) if setup else fn()
-        if i >= warmup:
-            times.append(1000 * (time.perf_counter() - t))
-    return round(statistics.median(times), 5)
 
 
 class Sizes:
@@ -58,10 +47,6 @@ class Sizes:
             self.elements, self.copy_bytes = (1 << 12, 1 << 14), (1 << 12, 1 << 16)
 
 
-def _dtype(precision: str):
-    return torch.bfloat16 if precision == "bf16" else torch.float32
-
-
 # ---- one component at a time (also run by the background process of calibrate_ranks) ----
 def lstm_points(in_dim: int, hidden: int, dtype, sizes: Sizes) -> dict:
     torch.manual_seed(0)
@@ -73,11 +58,11 @@ def lstm_points(in_dim: int, hidden: int, dtype, sizes: Sizes) -> dict:
             state = tuple(torch.randn(1, rows, hidden, dtype=dtype, requires_grad=True) for _ in range(2))
             lengths = np.full(rows, steps, dtype=np.int64)
             for name, run in (("fused", lambda: lstm(x, state)), ("packed", lambda: _run_packed(lstm, x, lengths, state))):
-                out[f"{name}_fwd"].append([rows, steps, _ms(run, sizes.reps)])
+                out[f"{name}_fwd"].append([rows, steps, timed_ms(run, sizes.reps)])
 
                 def backward(y, run=run):
                     torch.autograd.backward(y[0], torch.ones_like(y[0]))
-                out[f"{name}_bwd"].append([rows, steps, _ms(backward, sizes.reps, setup=run)])
+                out[f"{name}_bwd"].append([rows, steps, timed_ms(backward, sizes.reps, setup=run)])
     return out
 
 
@@ -89,8 +74,8 @@ def embedding_points(dims: ModelDims, dtype, sizes: Sizes) -> dict:
         fwd, bwd = [], []
         for tokens in sizes.tokens:
             ids = torch.randint(4, vocab, (1, tokens))
-            fwd.append([tokens, _ms(lambda: table(ids), sizes.reps)])
-            bwd.append([tokens, _ms(lambda y: y.backward(torch.ones_like(y)), sizes.reps, setup=lambda: table(ids))])
+            fwd.append([tokens, timed_ms(lambda: table(ids), sizes.reps)])
+            bwd.append([tokens, timed_ms(lambda y: y.backward(torch.ones_like(y)), sizes.reps, setup=lambda: table(ids))])
         out[f"{side}_fwd"], out[f"{side}_bwd"] = fwd, bwd
     return out
 
@@ -98,14 +83,14 @@ def embedding_points(dims: ModelDims, dtype, sizes: Sizes) -> dict:
 def mask_points(dtype, sizes: Sizes) -> list:
     def draw(n):
         return keep_mask((n,), 0.8, 12345).to(dtype).mul_(1.25)
-    return [[n, _ms(lambda: draw(n), sizes.reps)] for n in sizes.elements]
+    return [[n, timed_ms(lambda: draw(n), sizes.reps)] for n in sizes.elements]
 
 
 def copy_points(sizes: Sizes) -> list:
     out = []
     for nbytes in sizes.copy_bytes:
         src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
-        out.append([2 * nbytes, _ms(lambda: dst.copy_(src), sizes.reps)])  # bytes read + written
+        out.append([2 * nbytes, timed_ms(lambda: dst.copy_(src), sizes.reps)])  # bytes read + written
     return out
 
 
@@ -138,13 +123,13 @@ def head_points(cfg, dims: ModelDims, dtype, pieces: list, sizes: Sizes) -> list
                 (loss * 1e-3).backward()
         step()  # draws the mask once, as the first head of a micro-step does (priced separately)
         out.append([piece.size, int(piece.src.shape[1]), int(piece.tgt_in.shape[1]), piece.tgt_tokens,
-                    _ms(step, sizes.reps)])
+                    timed_ms(step, sizes.reps)])
     return out
 
 
 def micro_step_ms(batch, sizes: Sizes) -> float:
     """The interpreter's work before a micro-step's first instruction: the replica and its units cut."""
-    return _ms(lambda: [batch.rows(a, a + 16) for a in range(0, batch.size, 16)], sizes.reps)
+    return timed_ms(lambda: [batch.rows(a, a + 16) for a in range(0, batch.size, 16)], sizes.reps)
 
 
 def interpreter_overhead(table: dict, dims: ModelDims, precision: str, threads: int, batches: list,
@@ -176,10 +161,29 @@ def interpreter_overhead(table: dict, dims: ModelDims, precision: str, threads: 
     return {op: round(max(0.0, 1000 * s / n), 5) for op, (s, n) in residual.items() if n}
 
 
+def layer_table(cfg, dims, precision: str, threads: int, sizes: Sizes, pieces: list, batches: list,
+                quick: bool) -> dict:
+    """Every component's timings at one precision and thread count, and what the interpreter adds."""
+    dtype = dtype_of(precision)
+    torch.set_num_threads(threads)
+    _say(f"{precision}, {threads} thread(s): layers")
+    lstm_dims = sorted({(dims.pair_input(k), dims.hidden) for k in range(dims.layers)}
+                       | ({(dims.emb, dims.hidden // 2)} if dims.bidirectional_bottom else set()))
+    table = {"lstm": {f"{i}x{h}": lstm_points(i, h, dtype, sizes) for i, h in lstm_dims},
+             "embedding": embedding_points(dims, dtype, sizes), "mask": mask_points(dtype, sizes),
+             "copy": copy_points(sizes), "head": head_points(cfg, dims, dtype, pieces, sizes),
+             "overhead": {"micro_step_ms": micro_step_ms(batches[0], sizes)}}
+    opt = calibrate_ranks.optimizer_points(cfg, dims, precision, threads, quick)
+    table["optimizer"], table["overhead"]["backward_ms"] = opt["points"], opt["backward_ms"]
+    _say(f"{precision}, {threads} thread(s): the interpreter on one rank")
+    runs = calibrate_ranks.interpreter_runs(cfg, dims, precision, threads, batches, sizes.settings)
+    table["interpreter_runs"] = runs
+    table["overhead"]["instruction_ms"] = interpreter_overhead(table, dims, precision, threads, batches, runs)
+    return table
+
+
 def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -> dict:
     """Measure and write the profile; `global_batch`: the largest head piece (rows) to time."""
-    from trainer.planner import calibrate_ranks
-
     if os.path.exists(out_path):
         raise FileExistsError(f"--out {out_path}: exists; choose another path (calibration never overwrites a file)")
     if not os.path.isdir(os.path.dirname(os.path.abspath(out_path))):
@@ -195,26 +199,10 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
                          max_tokens=cfg.data.max_tokens, seed=cfg.train.seed + 1, bucket_batches=cfg.data.bucket_batches,
                          min_batch=cfg.data.min_batch_sentences)
     batches = [stream.next() for _ in range(sizes.interpreter_batches)]
-    lstm_dims = sorted({(dims.pair_input(k), dims.hidden) for k in range(dims.layers)}
-                       | ({(dims.emb, dims.hidden // 2)} if dims.bidirectional_bottom else set()))
     layers: dict = {"model": dims.describe()}
     for precision in ("bf16", "fp32"):
-        dtype = _dtype(precision)
-        layers[precision] = {}
-        for threads in sizes.threads:
-            torch.set_num_threads(threads)
-            _say(f"{precision}, {threads} thread(s): layers")
-            table = {"lstm": {f"{i}x{h}": lstm_points(i, h, dtype, sizes) for i, h in lstm_dims},
-                     "embedding": embedding_points(dims, dtype, sizes), "mask": mask_points(dtype, sizes),
-                     "copy": copy_points(sizes), "head": head_points(cfg, dims, dtype, pieces, sizes),
-                     "overhead": {"micro_step_ms": micro_step_ms(batches[0], sizes)}}
-            opt = calibrate_ranks.optimizer_points(cfg, dims, precision, threads, quick)
-            table["optimizer"], table["overhead"]["backward_ms"] = opt["points"], opt["backward_ms"]
-            _say(f"{precision}, {threads} thread(s): the interpreter on one rank")
-            runs = calibrate_ranks.interpreter_runs(cfg, dims, precision, threads, batches, sizes.settings)
-            table["interpreter_runs"] = runs
-            table["overhead"]["instruction_ms"] = interpreter_overhead(table, dims, precision, threads, batches, runs)
-            layers[precision][str(threads)] = table
+        layers[precision] = {str(threads): layer_table(cfg, dims, precision, threads, sizes, pieces, batches, quick)
+                             for threads in sizes.threads}
     torch.set_num_threads(threads_before)
     _say("two ranks at once (contention) and gloo transfers")
     contention = {p: calibrate_ranks.contention(cfg, dims, p, quick) for p in ("bf16", "fp32")}

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from trainer.planner.calibrate import _dtype, _ms
+from trainer.planner.timing import dtype_of, timed_ms
 
 COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer")
 _runtime = None  # this process's world of one, started once
@@ -40,7 +40,7 @@ def _ds_config(precision: str) -> dict:
 def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> dict:
     """DeepSpeed's step (the trainer's engine, clipping on) for modules of several sizes:
     [[params, tensors, ms]]; and the cost of engine.backward around a trivial autograd call."""
-    from trainer.model import build_model
+    from trainer.model.seq2seq import build_model
     from trainer.parallel import deepspeed_adapter as dsa
 
     rt = _world_of_one()
@@ -57,11 +57,11 @@ def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> di
         def grads():
             for p in engine.module.parameters():
                 p.grad = torch.randn_like(p) * 1e-3
-        points.append([sum(p.numel() for p in params), len(params), _ms(lambda _: engine.step(), reps, setup=grads)])
+        points.append([sum(p.numel() for p in params), len(params), timed_ms(lambda _: engine.step(), reps, setup=grads)])
         if module is model:
             x = torch.zeros(4, requires_grad=True, dtype=next(engine.module.parameters()).dtype)
-            plain = _ms(lambda: (x * 2).sum().backward(), reps * 4)
-            wrapped = _ms(lambda: engine.backward((x * 2).sum()), reps * 4)
+            plain = timed_ms(lambda: (x * 2).sum().backward(), reps * 4)
+            wrapped = timed_ms(lambda: engine.backward((x * 2).sum()), reps * 4)
             backward_ms = round(max(0.0, wrapped - plain), 5)
     return {"points": points, "backward_ms": backward_ms}
 
@@ -71,13 +71,13 @@ def component(name: str, model_cfg: dict, src_vocab: int, tgt_vocab: int, precis
     """A zero-argument callable running one representative piece of `name`."""
     from omegaconf import OmegaConf
 
-    from trainer.dropout import keep_mask
-    from trainer.model import build_head
+    from trainer.model.dropout import keep_mask
+    from trainer.model.seq2seq import build_head
     from trainer.planner.shapes import ModelDims
 
     cfg = OmegaConf.create(model_cfg)
     dims = ModelDims.build(cfg, src_vocab, tgt_vocab)
-    dtype = _dtype(precision)
+    dtype = dtype_of(precision)
     torch.manual_seed(0)
     rows, steps = 32, 16
     if name == "lstm":
@@ -138,12 +138,12 @@ def contention(cfg, dims, precision: str, quick: bool) -> dict:
     try:
         for name in COMPONENTS:
             fn = component(name, model_cfg, dims.src_vocab, dims.tgt_vocab, precision)
-            alone = _ms(fn, reps, warmup=3)
+            alone = timed_ms(fn, reps, warmup=3)
             running.set()
             parent.send(name)
             if not parent.poll(600) or parent.recv() != "ready":
                 raise RuntimeError(f"calibration: the background process did not start {name}")
-            shared = _ms(fn, reps, warmup=3)
+            shared = timed_ms(fn, reps, warmup=3)
             running.clear()
             parent.recv()
             out[name] = round(max(1.0, shared / alone), 4)
@@ -257,7 +257,7 @@ def interpreter_runs(cfg, dims, precision: str, threads: int, batches: list, set
         runner = StepRunner(dataclasses.replace(rt, layout=ParallelLayout(spec, 0)), engine, module, dims.hidden)
         ops: dict = {}
         for i, batch in enumerate([batches[0], *batches]):
-            runner.op_seconds = {}
+            runner.restart_op_seconds()
             engine.begin_window()
             runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(cfg.train.seed, i + 1, 0))
             if i == 0:

@@ -46,13 +46,12 @@ def main(argv=None) -> int:
 
         if not args.out:
             raise ValueError("--calibrate needs --out PROFILE (the file to write)")
-        from trainer.ds_config import load_ds_config
+        from trainer.ds_config import global_micro_batch, layout_world, load_ds_config
         from trainer.parallel.layout import LayoutSpec
 
         ds = load_ds_config(args.deepspeed_config, None)
-        section = ds.get("parallel_layout", {"mode": "single"})
-        spec = LayoutSpec.from_ds_config(ds, section.get("num_pp", 1) * section.get("num_dp", 1))
-        calibrate(cfg, args.out, quick=args.quick, global_batch=ds["train_micro_batch_size_per_gpu"] * spec.num_dp)
+        spec = LayoutSpec.from_ds_config(ds, layout_world(ds))
+        calibrate(cfg, args.out, quick=args.quick, global_batch=global_micro_batch(ds, spec.num_dp))
         return 0
     if args.devices is None or args.devices < 1:
         raise ValueError(f"--devices {args.devices}: give the number of devices to plan for (>= 1)")

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from trainer.data import BatchStream, ParallelData, read_manifest
-from trainer.ds_config import check_batch, load_ds_config
+from trainer.ds_config import check_batch, global_micro_batch, layout_world, load_ds_config
 from trainer.parallel.layout import LayoutSpec, group_members
 from trainer.parallel.simulate import simulate, simulate_shared
 from trainer.planner import profile as profiles
@@ -45,9 +45,9 @@ class Workload:
 def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
     """The first `skip + steps` steps' batches of the training stream (the trainer's own batching),
     the last `steps` of them kept."""
-    world = ds.get("parallel_layout", {}).get("num_pp", 1) * ds.get("parallel_layout", {}).get("num_dp", 1)
+    world = layout_world(ds)
     base = LayoutSpec.from_ds_config(ds, world) if "parallel_layout" in ds else LayoutSpec("single", 1, 1)
-    global_batch = ds["train_micro_batch_size_per_gpu"] * base.num_dp
+    global_batch = global_micro_batch(ds, base.num_dp)
     if not os.path.exists(os.path.join(cfg.data.dir, "manifest.json")):  # a fresh clone has no prepared data
         raise FileNotFoundError(f"data.dir={cfg.data.dir}: not prepared (no manifest.json); the planner simulates "
                                 f"real batches of it: prepare it first with python -m data_prep.prepare ... --out "

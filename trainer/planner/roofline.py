@@ -3,7 +3,7 @@ every kernel takes max(FLOPs / matrix rate, bytes / memory bandwidth), and a pie
 longer of its kernels' GPU time and the host's time to launch them (eager PyTorch launches
 asynchronously, so whichever is slower sets the pace). The LSTM recurrence runs step after step, each
 step at least `lstm_step_us` (cuDNN's per-step kernels). Dropout masks are drawn on the device
-(trainer/dropout.py: a generator keyed like the host one; a few elementwise passes per site). The
+(trainer/model/dropout.py: a generator keyed like the host one; a few elementwise passes per site). The
 optimizer step reads the gradient norm back once (the step's one device sync, tests/test_device_syncs.py),
 and the head's loss runs in chunks of LOSS_CHUNK_ROWS["accelerator"] rows.
 
@@ -27,11 +27,11 @@ from functools import lru_cache
 
 import torch
 
-from trainer.model import LOSS_CHUNK_ROWS
+from trainer.model.seq2seq import LOSS_CHUNK_ROWS
 from trainer.planner.profile import ProfileError, _get
 
 COUNT_CHUNK = LOSS_CHUNK_ROWS["cpu"]  # the chunk op_counts counts the head's loss in
-CHUNK = LOSS_CHUNK_ROWS["accelerator"]  # rows per chunk of the head's loss on a GPU (trainer.model._chunked_loss)
+CHUNK = LOSS_CHUNK_ROWS["accelerator"]  # rows per chunk of the head's loss on a GPU (trainer.model.seq2seq._chunked_loss)
 MASK_OPS = 4  # a device-side dropout mask: rand, compare, cast, scale
 
 
@@ -68,7 +68,7 @@ def _count(fn) -> int:
 def op_counts(attention: str) -> dict:
     """aten ops per call of each component at tiny sizes on the CPU (sizes do not change the count,
     except the head's per-chunk loop): what the host launches on a GPU."""
-    from trainer.model import AttentionSoftmaxHead, Embeddings
+    from trainer.model.seq2seq import AttentionSoftmaxHead, Embeddings
 
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(4, 4, batch_first=True)

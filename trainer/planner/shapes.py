@@ -10,7 +10,7 @@ from functools import cached_property
 import torch
 
 from trainer.data import Batch
-from trainer.model import EncoderDecoderLayer, build_head, layer_builders
+from trainer.model.seq2seq import EncoderDecoderLayer, build_head, layer_builders
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.cut import ReplicaCut, cut_replica
 from trainer.parallel.layout import LayoutError, LayoutSpec

@@ -54,19 +54,18 @@ def add_decode_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_translator(args):
-    from trainer.translator import Translator
+    from trainer.inference.loading import ensemble, load_export, load_run
 
     if args.model:
         if args.checkpoint:
             raise ValueError("--checkpoint goes with --run (a model file holds one set of weights)")
-        members = [Translator.from_export(path, args.device) for path in args.model]
+        members = [load_export(path, args.device) for path in args.model]
         names = args.model
     else:
         names = args.checkpoint or ["best"]
-        members = [Translator.from_run(args.run, which, args.device,
-                                       allow_unverified=getattr(args, "allow_unverified", False))
+        members = [load_run(args.run, which, args.device, allow_unverified=getattr(args, "allow_unverified", False))
                    for which in names]
-    return members[0] if len(members) == 1 else Translator.ensemble(members, names)
+    return members[0] if len(members) == 1 else ensemble(members, names)
 
 
 def _decode_options(args) -> dict:
@@ -197,7 +196,7 @@ def translate_main(args) -> int:
 
 def _read_lines(flag: str, path: str) -> list[str]:
     """A text file's lines (as read_lines), or one error naming the flag, the file and the line."""
-    from trainer.translator import read_lines
+    from trainer.inference.text import read_lines
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{flag} {path}: no such file")
@@ -286,8 +285,8 @@ def score_main(args) -> int:
 
 
 def average_main(args) -> int:
-    from trainer import checkpoint
-    from trainer.translator import Translator
+    from trainer.artifacts import checkpoint
+    from trainer.inference.loading import export_model, load_average
 
     if args.checkpoints:
         names = args.checkpoints
@@ -299,7 +298,18 @@ def average_main(args) -> int:
             raise ValueError(f"{checkpoint.root(args.run)} holds {len(found)} complete checkpoints, fewer than "
                              f"--last {args.last} (train with train.keep_last >= {args.last})")
         names = [os.path.join(checkpoint.root(args.run), n) for n in found[-args.last:]]
-    translator = Translator.averaged(args.run, names, device="cpu")
-    translator.export(args.out)
+    translator = load_average(args.run, names, device="cpu")
+    export_model(translator, args.out)
     print(f"averaged {', '.join(translator.origin['averaged'])} of {translator.origin['run_dir']} -> {args.out}")
+    return 0
+
+
+def export_main(args) -> int:
+    from trainer.inference.loading import export_model, load_run
+
+    translator = load_run(args.run, args.checkpoint, device="cpu",
+                          allow_unverified=getattr(args, "allow_unverified", False))
+    export_model(translator, args.out)
+    o = translator.origin
+    print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")
     return 0

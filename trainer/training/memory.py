@@ -3,7 +3,7 @@
 What held the memory of a long run (docs/BENCHMARKS.md, "Resident memory over a long run"): oneDNN keeps a
 primitive (JIT-compiled kernels, ~0.3 MB) for every GEMM and LSTM shape it has met, up to 1024 of them, and
 glibc's malloc keeps the freed memory of tensors whose sizes change from batch to batch, more of it the
-longer a run goes. The model bounds the first by rounding the head's row count (`trainer.model`); here:
+longer a run goes. The model bounds the first by rounding the head's row count (`trainer.model.seq2seq`); here:
 
 - ONEDNN_PRIMITIVE_CACHE_CAPACITY (unless already set) = PRIMITIVE_CACHE: the shapes one step meets
   stay cached, rare ones are made again. oneDNN reads it once, when it makes its first primitive.

@@ -1,5 +1,5 @@
 """The training loop around a `TrainState`: step, validate, save, stop. Everything it uses was built
-by `trainer.session`; the same loop runs every layout."""
+by `trainer.training.session`; the same loop runs every layout."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,13 +11,16 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from trainer import checkpoint, evaluation, faults, job_control, resume, run_files, timeline
-from trainer.profiling import StepProfiler
-from trainer.flops import batch_flops
+from trainer.artifacts import checkpoint, run_files
+from trainer.artifacts.run_dir import DATA_MANIFEST, RUN_FILES
 from trainer.config import to_yaml
-from trainer.logger import NullLogger, RunLogger
-from trainer.state import TrainState
-from trainer.translator import DATA_MANIFEST, RUN_FILES
+from trainer.model.flops import batch_flops
+from trainer.observe import timeline
+from trainer.observe.logger import NullLogger, RunLogger
+from trainer.observe.op_counter import host
+from trainer.observe.profiling import StepProfiler
+from trainer.training import faults, job_control, resume
+from trainer.training.state import TrainState
 
 TIMING_WARMUP_STEPS = 3
 
@@ -32,14 +35,16 @@ class Trainer:
         self.cfg, self.rt, self.engine, self.runner = session.cfg, session.runtime, session.engine, session.runner
         self.run_dir = session.run_dir
         self.state = TrainState()
-        resume_from = resume.find(session, log=self._print0)
+        resume_from = resume.find(self.rt, self.run_dir, self.cfg.train.resume, self.cfg.run.overwrite,
+                                  log=self._print0)
         if self.rt.is_rank0:
             self._init_run_dir()
         self.rt.barrier()
         self._check_shared_run_dir()
         notes = []
         if resume_from:
-            self.state, notes = resume.load(session, resume_from)
+            self.state, notes = resume.load(resume_from, identity=session.identity(), rt=self.rt, engine=self.engine,
+                                            persist=session.persist, stream=session.stream, run_dir=self.run_dir)
         spec = self.rt.spec
         self.log = (RunLogger(self.run_dir, self.cfg, self.cfg.train.max_steps, start_step=self.state.step,
                               extra_config={"deepspeed": session.ds,
@@ -55,7 +60,7 @@ class Trainer:
             self.log.message(line)
         self.timeline = timeline.TimelineWriter(self.run_dir) if self.rt.is_rank0 else None
         self.profiler = StepProfiler(self.run_dir, self.rt.rank, self.cfg.train.profile_from,
-                                     self.cfg.train.profile_steps)
+                                     self.cfg.train.profile_steps, count_ops=self.cfg.train.count_ops)
         self.interval_wall = 0.0  # seconds of timed steps since the per-rank numbers were last gathered
         self.timed_steps = 0  # timed steps after the warm-up (their op_seconds go to RUN_DIR/timing/)
         self.stop_signal = None  # what stopped the run, for its last message
@@ -76,7 +81,7 @@ class Trainer:
             print(text, flush=True)
 
     def _init_run_dir(self) -> None:
-        """The run's own files (regular files of run.dir only: trainer.run_files)."""
+        """The run's own files (regular files of run.dir only: trainer.artifacts.run_files)."""
         run_files.make_dirs(self.run_dir, checkpoint.CKPT_DIR)
         run_files.write_text(self.run_dir, "config.yaml", to_yaml(self.cfg))
         run_files.write_text(self.run_dir, "ds_config.json", json.dumps(self.s.ds, indent=1))
@@ -102,14 +107,15 @@ class Trainer:
         st, engine, stream = self.state, self.engine, self.s.stream
         batches = [stream.next() for _ in range(engine.accumulation_steps)]
         window_tokens = sum(b.tgt_tokens for b in batches)
-        self.runner.poison = (st.step + 1) in self.s.faults.nan_steps
+        self.runner.inject_nan((st.step + 1) in self.s.faults.nan_steps)
         engine.begin_window()
         skipped_before = engine.skipped_steps
         every = self.cfg.train.timeline_every
         sampled = bool(every) and (st.step + 1) % every == 0
         timed = self._timed(st.step + 1, sampled)
         start = time.perf_counter()
-        self.runner.spans, self.runner.span_origin = ([] if sampled else None), start
+        if sampled:
+            self.runner.record_spans(start)
         for micro, b in enumerate(batches):
             out = self.runner.run(b, window_tokens=window_tokens, boundary=engine.is_boundary(),
                                   key=(self.cfg.train.seed, st.step + 1, micro), timed=timed)
@@ -133,8 +139,7 @@ class Trainer:
         if skipped:
             row.update(skipped=True, bad_steps=st.bad_steps)
         if sampled:
-            self._write_timeline(st.step, self.runner.spans, elapsed)
-        self.runner.spans = None
+            self._write_timeline(st.step, self.runner.take_spans(), elapsed)
         return row
 
     def _timed(self, step: int, sampled: bool) -> bool:
@@ -142,7 +147,7 @@ class Trainer:
         synchronises the device at each instruction edge, so only the steps whose numbers are used
         (not the profiled ones: the profiler has the device's own times)."""
         cfg = self.cfg.train
-        if cfg.step_timing == "every" or self.runner.sync is None:
+        if cfg.step_timing == "every" or not self.runner.synchronises:
             return True
         if self.profiler.covers(step):  # the profiler times these itself; its sync count must see ours only
             return False
@@ -161,11 +166,11 @@ class Trainer:
     def _rank_stats(self) -> dict:
         """Every rank's busy / waiting / communicating / idle fractions since the last call, and its
         resident memory, as metrics columns (a collective: every rank calls it on the same steps)."""
-        mine = {**timeline.fractions(self.runner.kind_seconds, self.interval_wall), **timeline.memory_mb()}
-        self.runner.kind_seconds, self.interval_wall = {}, 0.0
+        mine = {**timeline.fractions(self.runner.take_kind_seconds(), self.interval_wall), **timeline.memory_mb()}
+        self.interval_wall = 0.0
         keys = list(mine)  # the same keys, in the same order, on every rank: one small tensor travels
-        every = self.rt.all_gather(torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64))
-        return timeline.rank_columns([dict(zip(keys, map(float, row))) for row in every])
+        every = self.rt.all_gather(host(torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64)))
+        return timeline.rank_columns([dict(zip(keys, row)) for row in host(every).tolist()])
 
     def fit(self) -> None:
         cfg, st = self.cfg.train, self.state
@@ -179,46 +184,7 @@ class Trainer:
             stop = "signal"
             self.log.message(f"stopped by {self.stop_signal} before step {st.step + 1}: nothing new to save")
         while st.step < cfg.max_steps and not stop:
-            self.profiler.before(st.step + 1)
-            row = self.train_step()
-            profile = self.profiler.after(st.step)
-            if profile:
-                self.log.message(f"step {st.step}: profile {profile}")
-            if row.get("skipped"):
-                self.log.message(f"step {st.step}: non-finite loss or gradients; update skipped "
-                                 f"({st.bad_steps} in a row, {st.skipped_steps} in total)")
-            if st.step in self.s.faults.exit_steps_for(self.rt.rank):
-                faults.hard_exit(self.rt.rank, st.step)
-            stop = self._stop_reason(started)
-            last = st.step == cfg.max_steps or stop is not None
-            if st.bad_steps >= cfg.max_bad_steps:
-                self.log.log(row)
-                raise TrainingError(
-                    f"{st.bad_steps} optimizer steps in a row had a non-finite loss or gradients (up to step "
-                    f"{st.step}; train.max_bad_steps={cfg.max_bad_steps}); stopping. The weights were not "
-                    f"updated by those steps; the newest checkpoint is {checkpoint.read_pointer(self.run_dir, 'latest')}")
-            if stop == "signal":
-                self.save()
-                self.log.message(f"stopped by {self.stop_signal} after step {st.step}: saved "
-                                 f"{checkpoint.step_name(st.step)}; continue with train.resume=auto")
-            elif stop == "logging":  # metrics.jsonl cannot be written (a full disk): keep this step, then stop
-                self.save()
-                self._end()
-                why = self._logging_failure()
-                self.log.close()
-                raise TrainingError(f"{why}; saved {checkpoint.step_name(st.step)} and stopped: free some space "
-                                    f"and continue with train.resume=auto")
-            elif st.step % cfg.eval_every == 0 or last:
-                row.update(self.save(evaluate=True))
-                stop = stop or ("early" if self._early_stop() else None)
-            elif cfg.save_every and st.step % cfg.save_every == 0:
-                self.save()
-            if st.step % cfg.log_every == 0 or "dev_loss" in row or last or st.step == 1 or row.get("skipped"):
-                row.update(self._rank_stats())
-                self.log.log(row)
-            self.log.progress(st.step, row)
-            if st.step == TIMING_WARMUP_STEPS:
-                self.runner.op_seconds.clear()
+            stop = self._one_step(started)
         self._end()
         best = f"best dev BLEU {st.best_bleu:.2f}" if self.s.dev_data is not None else "no dev set (no dev BLEU)"
         self.log.message(f"done: step {st.step}, {best}; pairs left out of the last "
@@ -229,6 +195,52 @@ class Trainer:
         if failed:
             raise TrainingError(f"{failed}; the final checkpoint {checkpoint.step_name(st.step)} is saved, the "
                                 f"metrics rows from that step on are missing")
+
+    def _one_step(self, started: float) -> str | None:
+        """A training step and what follows it: stop checks, saving and validating, the metrics row.
+        Returns why the run stops after it, or None."""
+        cfg, st = self.cfg.train, self.state
+        self.profiler.before(st.step + 1)
+        row = self.train_step()
+        profile = self.profiler.after(st.step)
+        if profile:
+            self.log.message(f"step {st.step}: profile {profile}")
+        if row.get("skipped"):
+            self.log.message(f"step {st.step}: non-finite loss or gradients; update skipped "
+                             f"({st.bad_steps} in a row, {st.skipped_steps} in total)")
+        if st.step in self.s.faults.exit_steps_for(self.rt.rank):
+            faults.hard_exit(self.rt.rank, st.step)
+        stop = self._stop_reason(started)
+        last = st.step == cfg.max_steps or stop is not None
+        if st.bad_steps >= cfg.max_bad_steps:
+            self.log.log(row)
+            raise TrainingError(
+                f"{st.bad_steps} optimizer steps in a row had a non-finite loss or gradients (up to step "
+                f"{st.step}; train.max_bad_steps={cfg.max_bad_steps}); stopping. The weights were not "
+                f"updated by those steps; the newest checkpoint is {checkpoint.read_pointer(self.run_dir, 'latest')}")
+        if stop == "signal":
+            self.save()
+            self.log.message(f"stopped by {self.stop_signal} after step {st.step}: saved "
+                             f"{checkpoint.step_name(st.step)}; continue with train.resume=auto")
+        elif stop == "logging":  # metrics.jsonl cannot be written (a full disk): keep this step, then stop
+            self.save()
+            self._end()
+            why = self._logging_failure()
+            self.log.close()
+            raise TrainingError(f"{why}; saved {checkpoint.step_name(st.step)} and stopped: free some space "
+                                f"and continue with train.resume=auto")
+        elif st.step % cfg.eval_every == 0 or last:
+            row.update(self.save(evaluate=True))
+            stop = stop or ("early" if self._early_stop() else None)
+        elif cfg.save_every and st.step % cfg.save_every == 0:
+            self.save()
+        if st.step % cfg.log_every == 0 or "dev_loss" in row or last or st.step == 1 or row.get("skipped"):
+            row.update(self._rank_stats())
+            self.log.log(row)
+        self.log.progress(st.step, row)
+        if st.step == TIMING_WARMUP_STEPS:
+            self.runner.restart_op_seconds()
+        return stop
 
     def _end(self) -> None:
         profile = self.profiler.after(self.state.step, end=True)  # a window the run ended inside
@@ -247,26 +259,26 @@ class Trainer:
 
     def _stop_requested(self) -> bool:
         """Whether any rank was asked to stop (one small all-reduce; every rank calls it together)."""
-        flag = torch.tensor([float(job_control.STOP.reason is not None)])
-        self.rt.all_reduce(flag, op="max")
-        if flag[0]:
+        flag = host(torch.tensor([float(job_control.STOP.reason is not None)]))
+        (stop,) = self.rt.all_reduce(flag, op="max").tolist()
+        if stop:
             self.stop_signal = job_control.STOP.reason or "a stop request on another rank"
-        return bool(flag[0])
+        return bool(stop)
 
     def _stop_reason(self, started: float) -> str | None:
         """Why every rank stops after this step (a signal to any rank or its launcher's exit, the time
         budget, the epoch limit), agreed on by all ranks in one small all-reduce."""
         cfg = self.cfg.train
-        flags = torch.tensor([float(job_control.STOP.reason is not None),
-                              float(bool(cfg.max_time_min) and (time.perf_counter() - started) / 60 >= cfg.max_time_min),
-                              float(self.log.failed is not None)])
-        self.rt.all_reduce(flags, op="max")
-        if flags[2]:
+        flags = host(torch.tensor([float(job_control.STOP.reason is not None),
+                                   float(bool(cfg.max_time_min) and (time.perf_counter() - started) / 60 >= cfg.max_time_min),
+                                   float(self.log.failed is not None)]))
+        signalled, out_of_time, logging_failed = self.rt.all_reduce(flags, op="max").tolist()
+        if logging_failed:
             return "logging"
-        if flags[0]:
+        if signalled:
             self.stop_signal = job_control.STOP.reason or "a stop request on another rank"
             return "signal"
-        if flags[1]:
+        if out_of_time:
             return "time"
         if cfg.max_epochs and self.s.stream.epoch >= cfg.max_epochs:
             return "epochs"
@@ -315,8 +327,8 @@ class Trainer:
         self.runner.sync_head()  # no async collective may be in flight when a save fails and the ranks exit
         tmp = self.s.persist.write_rank_files(st.step)
         row, best = {}, False
-        if evaluate and self.s.dev_data is not None:
-            row, samples = evaluation.evaluate(self.s, tmp)
+        if evaluate and self.s.validator is not None:
+            row, samples = self.s.validator.evaluate(tmp)
             self.log.samples(st.step, samples)
             loss = row.get("dev_loss")
             self.log.message(f"step {st.step}: dev loss {loss if loss is None else round(loss, 4)} "

@@ -15,7 +15,8 @@ import os
 import sys
 import time
 
-from trainer import run_files, wandb_run
+from trainer.artifacts import run_files
+from trainer.observe import wandb_run
 
 SAMPLES_PER_VALIDATION = 8
 

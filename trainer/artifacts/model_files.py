@@ -19,9 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, numbers
-from trainer import run_files
+from trainer.artifacts import run_files
 from trainer.config import Config, ConfigError, validate
-from trainer.model import Seq2Seq, build_model
+from trainer.model.seq2seq import Seq2Seq, build_model
 
 NORMALIZE_FLAGS = {"nfkc": bool, "lowercase": bool, "entities": bool, "markup": bool, "cjk_spaces": str}
 
@@ -146,3 +146,44 @@ def build_checked(cfg: DictConfig, src_vocab: int, tgt_vocab: int,
         except RuntimeError as e:
             raise ModelFileError(f"{where}: {str(e).splitlines()[0][:300]}") from None
     return model
+
+
+# ---- the exported model file (launch/export.py writes it, translate --model reads it) ----
+EXPORT_FORMAT = "hybrid-nmt/model"
+EXPORT_VERSION = 1
+EXPORT_KEYS = ("version", "config", "model", "spm_src", "spm_tgt", "normalize", "origin")
+
+
+def bytes_tensor(data: bytes) -> torch.Tensor:
+    """Bytes (a SentencePiece model) as a 1-d uint8 tensor: a model file holds tensors and plain values only,
+    so that torch.load(weights_only=True) reads it."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+def tensor_bytes(t, where: str) -> bytes:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 1:
+        raise ModelFileError(f"{where}: expected the model's bytes (a 1-d uint8 tensor)")
+    return t.numpy().tobytes()
+
+
+def read_export(path: str) -> dict:
+    """An exported model file, loaded with weights_only and checked for its format, version and keys."""
+    import os
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--model {path}: no such file")
+    if not os.path.isfile(path):
+        raise ValueError(f"--model {path}: not a regular file")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"--model {path}: not a readable model file ({type(e).__name__}: {e})") from None
+    if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
+        raise ValueError(f"--model {path}: not a model exported by launch/export.py")
+    missing = [k for k in EXPORT_KEYS if k not in blob]
+    if missing:
+        raise ModelFileError(f"--model {path}: incomplete model file: no {', '.join(missing)}")
+    if blob["version"] != EXPORT_VERSION:
+        raise ModelFileError(f"--model {path}: format version {blob['version']!r}; this program reads version "
+                             f"{EXPORT_VERSION}")
+    return blob

@@ -3,8 +3,11 @@
 writes RUN_DIR/profile/rank{R}.json and rank{R}.txt, and the window as a trace, rank{R}.trace.json.gz (host
 operators and, on CUDA, the kernels on their streams: open it in Perfetto or chrome://tracing). On CUDA the
 window also counts the device syncs by place (torch.cuda.set_sync_debug_mode): `device_syncs_per_step`.
+`train.count_ops=true` counts instead, on any device, the window's operator launches and the operations that
+would force a device sync (trainer.observe.op_counter), per step and by place: what benchmarks/step_ops.py
+tabulates per layout.
 
-The timeline (trainer.timeline) says *when* each instruction ran and who waited for whom; this says
+The timeline (trainer.observe.timeline) says *when* each instruction ran and who waited for whom; this says
 *what* the busy time was made of, per operator: self CPU milliseconds and calls per step, plus the
 minor page faults and the step wall time over the profiled steps. Two runs' files side by side
 (benchmarks/cpu_accounting.py) show where a parallel layout does more work than one process.
@@ -17,7 +20,7 @@ import resource
 import time
 import warnings
 
-from trainer import run_files
+from trainer.artifacts import run_files
 
 PROFILE_DIR = "profile"
 
@@ -26,11 +29,11 @@ class StepProfiler:
     """Wraps the profiled window of steps: `before(step)` / `after(step)` around every training step
     (`step` = the number of the step about to run / just finished)."""
 
-    def __init__(self, run_dir: str, rank: int, start: int, steps: int):
+    def __init__(self, run_dir: str, rank: int, start: int, steps: int, count_ops: bool = False):
         self.run_dir, self.dir = run_dir, os.path.join(run_dir, PROFILE_DIR)
         self.rank, self.first, self.last = rank, start + 1, start + steps
-        self.enabled = steps > 0
-        self._prof = None
+        self.enabled, self.count_ops = steps > 0, count_ops
+        self._prof = self._counter = None
         self._faults = self._started = 0.0
         self.cuda = False
 
@@ -38,7 +41,13 @@ class StepProfiler:
         return self.enabled and self.first <= step <= self.last
 
     def before(self, step: int) -> None:
-        if self.enabled and step == self.first:
+        if self.enabled and step == self.first and self.count_ops:
+            from trainer.observe.op_counter import OpCounter
+
+            self._counter = OpCounter()
+            self._counter.__enter__()
+            self._started = time.perf_counter()
+        elif self.enabled and step == self.first:
             import torch
             from torch.profiler import ProfilerActivity, profile
 
@@ -56,9 +65,11 @@ class StepProfiler:
     def after(self, step: int, end: bool = False) -> str | None:
         """Writes the files after the window's last step, or at the run's `end` inside the window (the
         steps done so far); returns the JSON's path then."""
-        if self._prof is None or (step != self.last and not end):
+        if (self._prof is None and self._counter is None) or (step != self.last and not end):
             return None
         self.last = step
+        if self._counter is not None:
+            return self._write_counts()
         wall = time.perf_counter() - self._started
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults
         prof, self._prof = self._prof, None
@@ -86,6 +97,23 @@ class StepProfiler:
                 f.write(events.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=60))
         self._write_trace(prof)
         return path
+
+    def _write_counts(self) -> str:
+        """train.count_ops: the window's operator launches and would-be device syncs per step
+        (trainer.observe.op_counter), by operator and by place, to rank{R}.json."""
+        counter, self._counter = self._counter, None
+        counter.__exit__(None, None, None)
+        steps = self.last - self.first + 1
+        sites: dict = {}
+        for op, where in counter.syncs:
+            sites[f"{op} at {where}"] = sites.get(f"{op} at {where}", 0) + 1
+        with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json") as f:
+            json.dump({"rank": self.rank, "steps": [self.first, self.last], "counted": "ops",
+                       "wall_ms_per_step": 1000 * (time.perf_counter() - self._started) / steps,
+                       "syncs_per_step": len(counter.syncs) / steps, "sync_sites": sites,
+                       "launches_per_step": counter.launches / steps,
+                       "launches_by_op": {k: v / steps for k, v in counter.by_op.most_common()}}, f, indent=1)
+        return os.path.join(self.dir, f"rank{self.rank}.json")
 
     def _sync_sites(self) -> dict:
         """CUDA: the window's device syncs by place ("file:line: message"), from torch's sync debug mode."""

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from data_prep.dataformat import BOS_ID, EOS_ID, PAD_ID
-from trainer.model import Seq2Seq
+from trainer.model.seq2seq import Seq2Seq
 
 
 @dataclass

@@ -69,7 +69,7 @@ class TimelineWriter:
     def write(self, step: int, spans_by_rank: list[list[tuple]], labels: list[str]) -> str:
         """spans_by_rank[r]: (op, start_s, end_s) relative to the step's start on rank r's clock
         (ranks start the step together: each step begins after the previous one's collectives)."""
-        from trainer import run_files
+        from trainer.artifacts import run_files
 
         events = []
         for rank, spans in enumerate(spans_by_rank):

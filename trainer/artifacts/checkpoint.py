@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from trainer import run_files
+from trainer.artifacts import run_files
 
 CKPT_DIR = "checkpoints"
 HEAD = "head"
@@ -97,7 +97,7 @@ def _fsync_dir(path: str) -> None:
 
 
 def write_bytes(path: str, data: bytes) -> dict:
-    """Write `data` to `path` (a regular file: never through a link, trainer.run_files) and fsync it;
+    """Write `data` to `path` (a regular file: never through a link, trainer.artifacts.run_files) and fsync it;
     returns its manifest entry."""
     with run_files.open_write(os.path.dirname(path), os.path.basename(path), binary=True) as f:
         f.write(data)

@@ -17,7 +17,7 @@ is killed leaves its ranks training, orphaned, to the end. So:
 * `watch_launcher`: a thread notices when a launcher process above this rank is gone (SIGKILL, the OOM
   killer, a SIGINT to the runner alone) and makes that a stop request, so no rank trains on as an orphan.
 
-wandb's service is started outside the rank's process tree (`trainer.wandb_run`), so that no launcher's
+wandb's service is started outside the rank's process tree (`trainer.observe.wandb_run`), so that no launcher's
 kill reaches it before the last rows and the finish of the run.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ import string
 import subprocess
 import sys
 
-from trainer import run_files
+from trainer.artifacts import run_files
 
 ID_FILE = "wandb_run_id"
 IDLE_TIMEOUT = "30s"  # also the longest wait between the service's start and rank 0's connection

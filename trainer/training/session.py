@@ -6,24 +6,28 @@
       -> RankModule (this rank's layers and head) -> DeepSpeed engine (through the adapter)
       -> StepRunner (the schedule's interpreter) and Persistence (collective checkpoints)
 
-`Session` only holds what was built; the loop (`trainer.trainer`) uses it.
+`Session` only holds what was built; the loop (`trainer.training.loop`) uses it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer import faults
+from omegaconf import OmegaConf
+
 from trainer.config import schedule_steps
 from trainer.data import BatchStream, ParallelData, Prefetcher, has_split, read_manifest
-from trainer.ds_config import check_batch, load_ds_config
+from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
 from trainer.metrics import dev_tokenize
-from trainer.model import LOSS_CHUNK_ROWS
+from trainer.model.seq2seq import LOSS_CHUNK_ROWS
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.rank_module import RankModule, build_rank_module
 from trainer.parallel.runtime import ParallelRuntime, launched_world, set_threads
-from trainer.persist import Persistence
+from trainer.training import faults
+from trainer.training.persist import Persistence
+from trainer.training.resume import RunIdentity
+from trainer.training.validation import Validator
 
 
 def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, LayoutSpec]:
@@ -54,10 +58,17 @@ class Session:
     global_micro: int  # sentences of a global micro-batch, at most
     faults: faults.Faults
     bleu_tokenize: str  # sacreBLEU tokenizer of dev BLEU (decode.bleu_tokenize resolved for the target language)
+    validator: Validator | None  # None without a dev set
 
     @property
     def run_dir(self) -> str:
         return self.cfg.run.dir
+
+    def identity(self) -> RunIdentity:
+        """What a checkpoint must match to be resumed into this run (trainer.training.resume)."""
+        return RunIdentity(model=OmegaConf.to_container(self.cfg.model), data_dir=self.cfg.data.dir,
+                           data_checksum=self.manifest.get("checksum"), batching=self.batching(),
+                           seed=self.cfg.train.seed, force=self.cfg.train.resume_force)
 
     def batching(self) -> dict:
         """What fixes the sequence of global batches: a checkpoint's data position means nothing if it differs."""
@@ -93,13 +104,16 @@ def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
         tune_head(module.head, cfg.train, runtime.device())
     engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum())
     runner = StepRunner(runtime, engine, module, cfg.model.hidden)
-    global_micro = ds["train_micro_batch_size_per_gpu"] * spec.num_dp
+    global_micro = global_micro_batch(ds, spec.num_dp)
     stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
                                     seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
                                     min_batch=cfg.data.min_batch_sentences),
                         ahead=engine.accumulation_steps)  # the next optimizer step's batches
     fault_plan = faults.from_env()
     persist = Persistence(cfg.run.dir, runtime, module, engine, fault_plan)
+    validator = None if dev_data is None else Validator(
+        runtime=runtime, runner=runner, module=module, dev_data=dev_data, global_micro=global_micro,
+        decode_cfg=cfg.decode, data_dir=cfg.data.dir, run_dir=cfg.run.dir, bleu_tokenize=bleu_tokenize)
     return Session(cfg=cfg, ds=ds, runtime=runtime, threads=threads, manifest=manifest, train_data=train_data,
                    dev_data=dev_data, module=module, engine=engine, runner=runner, stream=stream, persist=persist,
-                   global_micro=global_micro, faults=fault_plan, bleu_tokenize=bleu_tokenize)
+                   global_micro=global_micro, faults=fault_plan, bleu_tokenize=bleu_tokenize, validator=validator)

@@ -1,4 +1,4 @@
-"""Saving and loading a whole training state across ranks (the file format is `trainer.checkpoint`).
+"""Saving and loading a whole training state across ranks (the file format is `trainer.artifacts.checkpoint`).
 
 A save is three collective phases, each ending with every rank learning whether any rank failed
 (a full disk, an unwritable run directory), so that all of them stop together with the same error
@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from trainer import checkpoint as ck
-from trainer.state import capture_rng, gather_optimizer_state, restore_rng, scatter_optimizer_state
+from trainer.artifacts import checkpoint as ck
+from trainer.training.state import capture_rng, gather_optimizer_state, restore_rng, scatter_optimizer_state
 
 
 class Persistence:
@@ -25,6 +25,7 @@ class Persistence:
         self.faults = faults
         self.rank = runtime.rank
         self.files: dict = {}
+        self.optimizer_summary: dict = {}  # the optimizer's step, hyperparameters and loss scaler, as of the last save
 
     def _agree(self, error: Optional[str], step: int, what: str, payload=None) -> list:
         """Every rank learns every rank's error (and `payload`); all raise the same CheckpointError if

@@ -3,24 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-
-from omegaconf import OmegaConf
+from dataclasses import dataclass
 
 from data_prep.dataformat import OutputDirError, check_output_dir, json_marker
-from trainer import checkpoint, run_files
+from trainer.artifacts import checkpoint, run_files
+from trainer.artifacts.run_dir import METRICS, RUN_DIR_DIRS, RUN_DIR_FILES, RUN_DIR_MARKER, RUN_DIR_NAMES
 from trainer.parallel.layout import LayoutSpec
-from trainer.state import TrainState, reseed
+from trainer.training.state import TrainState, reseed
 
 
-# What the trainer writes into run.dir: files at the top, and directories -> the names it writes inside
-# (fnmatch patterns); none of them may be a link or a special file (trainer.run_files).
-RUN_DIR_FILES = ("config.yaml", "ds_config.json", "data_manifest.json", "data_manifest.json.tmp", "spm.src.model",
-                 "spm.tgt.model", "metrics.jsonl", "metrics.jsonl.tmp", "wandb_run_id", run_files.LOCK_FILE)
-RUN_DIR_DIRS = {checkpoint.CKPT_DIR: ("latest", "best", "*.tmp"), "timing": ("*",), "timeline": ("*",),
-                "profile": ("*",), "wandb": ()}
-# ... and its tools (fnmatch patterns); the data manifest, written first, marks a directory as an earlier run's.
-RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, "training.png", "test.hyp")
-RUN_DIR_MARKER = "data_manifest.json"
 
 
 def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
@@ -36,11 +27,22 @@ def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
         os.remove(metrics)  # an earlier run's rows (it saved no checkpoint): this run starts the file anew
 
 
-def find(session, log=print) -> str | None:
+@dataclass(frozen=True)
+class RunIdentity:
+    """What makes a checkpoint's run this run: a resume onto anything else is refused unless forced."""
+
+    model: dict  # the model config (plain values)
+    data_dir: str
+    data_checksum: str | None
+    batching: dict  # what fixes the sequence of global batches (Session.batching)
+    seed: int
+    force: bool  # train.resume_force
+
+
+def find(rt, run_dir: str, which: str, overwrite: bool, log=print) -> str | None:
     """Rank 0 holds run.dir for the run (one trainer per run.dir), checks that none of the names the run
-    writes is a link or a special file, picks the checkpoint (train.resume), checks that a new run may
-    write into run.dir, and every rank gets its answer or its error."""
-    rt, cfg, run_dir = session.runtime, session.cfg, session.run_dir
+    writes is a link or a special file, picks the checkpoint (`which`: train.resume), checks that a new run
+    may write into run.dir (`overwrite`: run.overwrite), and every rank gets its answer or its error."""
     answer = (None, None)
     if rt.is_rank0:
         try:
@@ -48,7 +50,7 @@ def find(session, log=print) -> str | None:
             note = run_files.lock_run_dir(run_dir)
             if note:
                 log(note)
-            which, existing = cfg.train.resume, checkpoint.complete_checkpoints(run_dir)
+            existing = checkpoint.complete_checkpoints(run_dir)
             found = None
             if which:
                 found = checkpoint.find_resume(run_dir, which, log=log)
@@ -59,7 +61,7 @@ def find(session, log=print) -> str | None:
                     f"run.dir={run_dir} already holds checkpoints (newest {existing[-1]}): continue "
                     f"that run with train.resume=auto, or choose another run.dir")
             if found is None:
-                check_new_run_dir(run_dir, cfg.run.overwrite)
+                check_new_run_dir(run_dir, overwrite)
             answer = (found, None)
         except (checkpoint.CheckpointError, OutputDirError, run_files.RunFileError, run_files.RunDirBusy) as e:
             answer = (None, str(e))
@@ -69,58 +71,57 @@ def find(session, log=print) -> str | None:
     return found
 
 
-def check_compatible(session, ckpt: str, ts: TrainState) -> list[str]:
+def check_compatible(identity: RunIdentity, ckpt: str, ts: TrainState) -> list[str]:
     """What differs between the checkpoint's run and this one; refused unless train.resume_force."""
-    cfg, manifest = session.cfg, session.manifest
     problems = []
-    model_now = OmegaConf.to_container(cfg.model)
+    model_now = identity.model
     model_then = ts.config.get("model", {})
     diff = [f"model.{k}: {model_then.get(k)!r} -> {v!r}" for k, v in model_now.items() if model_then.get(k) != v]
     if diff:
         problems.append("model config differs (" + ", ".join(diff) + ")")
-    if ts.data_checksum != manifest.get("checksum"):
+    if ts.data_checksum != identity.data_checksum:
         problems.append(f"training data differs: the checkpoint's data checksum is {ts.data_checksum[:12]}..., "
-                        f"{cfg.data.dir} has {str(manifest.get('checksum'))[:12]}...")
-    now = session.batching()
+                        f"{identity.data_dir} has {str(identity.data_checksum)[:12]}...")
+    now = identity.batching
     diff = [f"{k}: {ts.batching.get(k)!r} -> {v!r}" for k, v in now.items() if ts.batching.get(k) != v]
     if diff:
         problems.append("batching differs, so the saved data position would be meaningless (" + ", ".join(diff) + ")")
-    if problems and not cfg.train.resume_force:
+    if problems and not identity.force:
         raise checkpoint.CheckpointError(f"cannot resume from {ckpt}: " + "; ".join(problems) +
                                          ". Set train.resume_force=true to resume anyway.")
     return problems
 
 
-def load(session, ckpt: str) -> tuple[TrainState, list[str]]:
-    """Load `ckpt` into this rank (weights, optimizer, LR schedule, counters, data position, RNG);
-    returns its TrainState and what to tell the user."""
-    rt, engine = session.runtime, session.engine
+def load(ckpt: str, *, identity: RunIdentity, rt, engine, persist, stream, run_dir: str
+         ) -> tuple[TrainState, list[str]]:
+    """Load `ckpt` into this rank (weights and optimizer through `persist`, the engine's LR schedule and
+    counters, the data position of `stream`, RNG); returns its TrainState and what to tell the user."""
     ts = TrainState.from_dict(checkpoint.read_json(os.path.join(ckpt, checkpoint.TRAIN_STATE)))
     notes = [f"resume: from {ckpt} (step {ts.step})"]
-    notes += [f"resume: FORCED although {p}" for p in check_compatible(session, ckpt, ts)]
+    notes += [f"resume: FORCED although {p}" for p in check_compatible(identity, ckpt, ts)]
     spec = rt.spec
     same_layout = LayoutSpec.from_dict(ts.layout) == spec and ts.world_size == rt.world_size
     error = None
     try:  # every rank loads its own layers: all of them learn of any rank's failure, or the others would wait
-        session.persist.load(ckpt, ts.optimizer, same_layout)
+        persist.load(ckpt, ts.optimizer, same_layout)
     except checkpoint.CheckpointError as e:
         error = str(e)
     errors = [e for e in rt.all_gather_object(error) if e]
     if errors:
         forced = (" (train.resume_force=true resumes onto other data, batching or model settings, but weights of "
-                  "another shape cannot be loaded: start a new run)" if session.cfg.train.resume_force else "")
+                  "another shape cannot be loaded: start a new run)" if identity.force else "")
         raise checkpoint.CheckpointError(f"cannot resume from {ckpt}: {errors[0]}{forced}")
     if not same_layout:
-        reseed(session.cfg.train.seed, ts.step, rt.rank)
+        reseed(identity.seed, ts.step, rt.rank)
         then = ts.layout
         notes.append(f"resume: layout changed ({then.get('mode')} {then.get('num_pp')}x{then.get('num_dp')} on "
                      f"{ts.world_size} ranks -> {spec.mode} {spec.num_pp}x{spec.num_dp}): weights and optimizer "
                      f"state restored, RNG streams reseeded")
     engine.load_lr_scheduler_state(ts.lr_scheduler)
     engine.load_counters(ts.engine, ts.step)
-    session.stream.load_state_dict(ts.stream)  # forced with other batching: same epoch and batch count
+    stream.load_state_dict(ts.stream)  # forced with other batching: same epoch and batch count
     if rt.is_rank0:
-        note = truncate_metrics(os.path.join(session.run_dir, "metrics.jsonl"), ts.step)
+        note = truncate_metrics(os.path.join(run_dir, METRICS), ts.step)
         if note:
             notes.append(f"resume: {note}")
     return ts, notes

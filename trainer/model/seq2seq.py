@@ -20,8 +20,8 @@ import torch.nn as nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from data_prep.dataformat import PAD_ID
-from trainer.data import round_count, to_device
-from trainer.dropout import KeyedDropout
+from trainer.model.tensors import round_count, to_device
+from trainer.model.dropout import KeyedDropout
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
 
@@ -400,5 +400,5 @@ def build_model(cfg, src_vocab: int, tgt_vocab: int, seed: int = 0) -> Seq2Seq:
 
 HEAD_SEED_OFFSET = 10_000
 LOSS_CHUNK_ROWS = {"cpu": 128, "accelerator": 8192}  # AttentionSoftmaxHead.loss_chunk_rows by device
-# dropout sites (trainer.dropout): the same numbers in every layout
+# dropout sites (trainer.model.dropout): the same numbers in every layout
 SITE_EMB_SRC, SITE_EMB_TGT, SITE_PAIRS, SITE_HEAD = 0, 1, 2, 1_000

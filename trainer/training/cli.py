@@ -1,22 +1,17 @@
-"""What the thin entry points in launch/ call."""
+"""What launch/train.py calls: train, --dry-run, --print-config, and how a training process leaves."""
 from __future__ import annotations
 
 import os
 import sys
 
 
-def fail(err: Exception, code: int = 2, exit=sys.exit) -> None:
-    """A user error (exit code 2) or a stop with a reason (1): one line on stderr, no traceback."""
-    print(f"error: {err}", file=sys.stderr, flush=True)
-    exit(code)
-
-
 def leave(code: int) -> None:
     """End a training process once its work is done and its files are closed, skipping interpreter
     teardown: there, gloo/DeepSpeed background threads have now and then aborted a finished process
     ("terminate called without an active exception", exit -6), turning a clean run into a failure.
-    A terminal this rank took (trainer.job_control) goes back to the job first, and run.dir's lock is let go."""
-    from trainer import job_control, run_files
+    A terminal this rank took (trainer.training.job_control) goes back to the job first, and run.dir's lock is let go."""
+    from trainer.training import job_control
+    from trainer.artifacts import run_files
 
     run_files.release_run_dir()
     job_control.flush_and_release()
@@ -26,7 +21,7 @@ def leave(code: int) -> None:
 def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
     """A peer died or stopped answering: say who and what was kept, then leave at once (exit 3)
     without the collective teardown, which would wait on the lost peer."""
-    from trainer import checkpoint
+    from trainer.artifacts import checkpoint
     from trainer.parallel.runtime import current_rank
 
     lines = [f"error: rank {current_rank()}: lost contact with a peer rank: {str(err).splitlines()[0][:400]}"]
@@ -52,7 +47,7 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
     from trainer.config import load_config
     from trainer.ds_config import layout_world, load_ds_config
     from trainer.parallel.schedule import format_schedule, global_programs
-    from trainer.session import plan
+    from trainer.training.session import plan
 
     cfg = load_config(config_path, overrides)
     world = layout_world(load_ds_config(ds_config_path, None))
@@ -67,8 +62,8 @@ def train_main(config_path, overrides, ds_config_path) -> int:
     from trainer.config import check_threads, load_config
     from trainer.data import read_manifest, verify as verify_data
     from trainer.parallel.runtime import ParallelRuntime, is_comm_failure
-    from trainer.session import build_session, plan
-    from trainer.trainer import Trainer
+    from trainer.training.session import build_session, plan
+    from trainer.training.loop import Trainer
 
     cfg = load_config(config_path, overrides)
     check_threads(cfg.train.threads)
@@ -88,15 +83,4 @@ def train_main(config_path, overrides, ds_config_path) -> int:
             runtime.close(together=False)
         raise
     runtime.close()
-    return 0
-
-
-def export_main(args) -> int:
-    from trainer.translator import Translator
-
-    translator = Translator.from_run(args.run, args.checkpoint, device="cpu",
-                                     allow_unverified=getattr(args, "allow_unverified", False))
-    translator.export(args.out)
-    o = translator.origin
-    print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")
     return 0

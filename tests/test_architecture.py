@@ -1,0 +1,176 @@
+"""The package walls of trainer/ as tests: the module graph (every import, those inside functions and under
+TYPE_CHECKING included) has no cycle; inference never reaches training, the parallel runtime or the planner;
+the model knows nothing of ranks, files or runs; nothing in trainer/ or data_prep/ imports launch/ or
+benchmarks/; and every import the table of each package allows is all it uses. Each check is shown to find
+what it looks for on a graph with the fault in it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+TOPS = ("trainer", "data_prep", "launch", "benchmarks")
+
+# What each package of trainer/ may import from the project (prefixes of module names); the README's
+# architecture map says the same.
+MAY_IMPORT = {
+    "trainer.model": ("trainer.model", "data_prep.dataformat"),
+    "trainer.artifacts": ("trainer.artifacts", "trainer.config", "trainer.data", "trainer.model", "data_prep.dataformat"),
+    "trainer.observe": ("trainer.observe", "trainer.artifacts", "trainer.parallel.schedule", "trainer.config",
+                        "data_prep.dataformat"),
+    "trainer.inference": ("trainer.inference", "trainer.artifacts", "trainer.model", "trainer.config", "trainer.data",
+                          "trainer.metrics", "data_prep.dataformat"),
+    "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
+                         "data_prep.dataformat"),
+}
+NEVER = {  # package -> what it must never reach, even through others (the transitive closure)
+    "trainer.inference": ("trainer.training", "trainer.parallel", "trainer.planner"),
+    "trainer.model": ("trainer.training", "trainer.parallel", "trainer.planner", "trainer.inference",
+                      "trainer.artifacts", "trainer.observe", "trainer.data"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {_module_name(p): p for top in TOPS for p in sorted((REPO / top).rglob("*.py"))}
+
+
+def _resolve(name: str, known) -> str | None:
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        if ".".join(parts[:k]) in known:
+            return ".".join(parts[:k])
+    return None
+
+
+def imports_of(module: str, path: Path, known) -> set[str]:
+    """Every project module `module` imports, wherever the import statement stands."""
+    out = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {r for a in node.names if (r := _resolve(a.name, known))}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for a in node.names:  # `from pkg import module` names a module; `from module import name` a name
+                r = _resolve(f"{base}.{a.name}", known) if f"{base}.{a.name}" in known else _resolve(base, known)
+                if r:
+                    out.add(r)
+    out.discard(module)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: imports_of(m, p, mods) for m, p in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def reach(g: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in g.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_no_import_cycles_anywhere():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("import b\n")
+    b.write_text("def f():\n    from a import x\n")
+    known = {"a": a, "b": b}
+    g = {"a": imports_of("a", a, known), "b": imports_of("b", b, known)}
+    assert g == {"a": {"b"}, "b": {"a"}} and cycles(g) == [["a", "b"]]
+
+
+def test_packages_import_only_what_their_table_allows():
+    g = graph()
+    offenders = {}
+    for module, deps in g.items():
+        for package, allowed in MAY_IMPORT.items():
+            if _in(module, package):
+                bad = sorted(d for d in deps if not any(_in(d, a) for a in allowed))
+                if bad:
+                    offenders[module] = bad
+    assert offenders == {}
+
+
+@pytest.mark.parametrize("package", sorted(NEVER))
+def test_inference_and_the_model_never_reach_training(package):
+    g = graph()
+    for module in (m for m in g if _in(m, package)):
+        reached = sorted(m for m in reach(g, module) if any(_in(m, p) for p in NEVER[package]))
+        assert reached == [], f"{module} reaches {reached}"
+
+
+def test_nothing_in_the_packages_imports_launch_or_benchmarks():
+    g = graph()
+    bad = {m: sorted(d for d in deps if d.split(".")[0] in ("launch", "benchmarks"))
+           for m, deps in g.items() if m.split(".")[0] in ("trainer", "data_prep")}
+    assert {m: d for m, d in bad.items() if d} == {}
+
+
+def test_the_walls_see_a_forbidden_import(tmp_path):
+    """A translator module that imports the training loop inside a function is caught by the reach check."""
+    g = graph()
+    g["trainer.inference.translator"] = g["trainer.inference.translator"] | {"trainer.training.loop"}
+    assert "trainer.training.loop" in reach(g, "trainer.inference.cli")
+    assert imports_of("trainer.inference.fake", _write(tmp_path, "def f():\n    from trainer.training import loop\n"),
+                      modules()) == {"trainer.training.loop"}
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "fake.py"
+    path.write_text(text)
+    return path

@@ -1,0 +1,31 @@
+"""The run directory's contract: the names of the files a training run writes into `run.dir` and that
+translation, export, plotting and resuming read. Names users' scripts rely on; change none of them.
+
+    config.yaml          the resolved YAML config            ds_config.json    the DeepSpeed JSON
+    data_manifest.json   DATA_DIR/manifest.json as trained   spm.src/tgt.model the SentencePiece models
+    metrics.jsonl        one row per logged step             checkpoints/      step_N/, best, latest
+    timing/ timeline/ profile/   per-rank timing, traces     train.lock        the running trainer
+    wandb_run_id         the wandb run a resume continues    wandb/            wandb's own files
+"""
+from __future__ import annotations
+
+from data_prep.dataformat import SPM_MODELS
+from trainer.artifacts.checkpoint import CKPT_DIR
+from trainer.artifacts.run_files import LOCK_FILE
+
+CONFIG = "config.yaml"
+DS_CONFIG = "ds_config.json"
+DATA_MANIFEST = "data_manifest.json"  # the data's manifest (DATA_DIR/manifest.json) as the run trained on it
+METRICS = "metrics.jsonl"
+RUN_FILES = (SPM_MODELS["src"], SPM_MODELS["tgt"])  # copied from DATA_DIR: the run translates on its own
+WANDB_RUN_ID = "wandb_run_id"
+
+# What the trainer writes into run.dir: files at the top, and directories -> the names it writes inside
+# (fnmatch patterns); none of them may be a link or a special file (trainer.artifacts.run_files).
+RUN_DIR_FILES = (CONFIG, DS_CONFIG, DATA_MANIFEST, DATA_MANIFEST + ".tmp", *RUN_FILES, METRICS, METRICS + ".tmp",
+                 WANDB_RUN_ID, LOCK_FILE)
+RUN_DIR_DIRS = {CKPT_DIR: ("latest", "best", "*.tmp"), "timing": ("*",), "timeline": ("*",), "profile": ("*",),
+                "wandb": ()}
+# ... and its tools (fnmatch patterns); the data manifest, written first, marks a directory as an earlier run's.
+RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, "training.png", "test.hyp")
+RUN_DIR_MARKER = DATA_MANIFEST

@@ -1,0 +1,150 @@
+"""Where a translator's model comes from: a run directory's checkpoint, the mean of several checkpoints, an
+exported model file, or several translators as one ensemble; and writing the exported file.
+
+Every file is a user file: checkpoints must verify (trainer.artifacts.checkpoint) and everything is checked
+before the model is built (trainer.artifacts.model_files)."""
+from __future__ import annotations
+
+import os
+
+import torch
+from omegaconf import OmegaConf
+
+from data_prep.dataformat import TrainingLimits
+from trainer.artifacts import checkpoint, model_files, run_dir as run_names, run_files
+from trainer.config import load_config
+from trainer.inference.text import TextPipeline
+from trainer.inference.translator import Translator, default_device
+from trainer.metrics import manifest_lang
+
+
+def load_run(run_dir: str, which: str = "best", device=None, *, allow_unverified: bool = False) -> Translator:
+    """The model of a run directory's checkpoint (`which`: best | last | a path). The checkpoint must verify
+    unless `allow_unverified`, or it is the run's own save in progress (the trainer's dev decode)."""
+    cfg = load_config(os.path.join(run_dir, run_names.CONFIG))
+    manifest_path = os.path.join(run_dir, run_names.DATA_MANIFEST)
+    manifest = checkpoint.read_json(manifest_path)
+    if not isinstance(manifest, dict):
+        raise model_files.ModelFileError(f"{manifest_path}: not a prepare manifest (a JSON object)")
+    src_sp, tgt_sp = (model_files.sentencepiece(os.path.join(run_dir, n), path=os.path.join(run_dir, n))
+                      for n in run_names.RUN_FILES)
+    ckpt = checkpoint.resolve(run_dir, which)
+    checkpoint.check_trusted(ckpt, allow_unverified=allow_unverified or checkpoint.is_unfinished_save(run_dir, ckpt))
+    files = [checkpoint.model_file(ckpt, checkpoint.layer_name(i)) for i in range(cfg.model.layers + 1)]
+    files.append(checkpoint.model_file(ckpt, checkpoint.HEAD))
+    for index, path in enumerate(files[:-1]):
+        if not os.path.lexists(path):
+            raise FileNotFoundError(f"{path}: missing layer {index} (checkpoint incomplete or model.layers differs)")
+    model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
+                                      ((path, checkpoint.load(path)) for path in files))
+    meta_path = os.path.join(ckpt, checkpoint.META)
+    meta = checkpoint.read_json(meta_path) if os.path.lexists(meta_path) else {}
+    meta = meta if isinstance(meta, dict) else {}
+    text = TextPipeline(src_sp, tgt_sp, model_files.normalize_flags(manifest.get("normalize", {}), manifest_path),
+                        tgt_lang=manifest_lang(manifest), limits=TrainingLimits.from_manifest(manifest),
+                        norm_tgt=model_files.normalize_flags(manifest.get("normalize_tgt", {}), manifest_path),
+                        number_slots=model_files.number_slots(manifest.get("numbers"), manifest_path))
+    translator = Translator(model, text, cfg.decode, device)
+    translator.origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt),
+                         "step": meta.get("step"), "dev_bleu": meta.get("dev_bleu"),
+                         "data_checksum": manifest.get("checksum"), "config": OmegaConf.to_container(cfg)}
+    return translator
+
+
+def load_average(run_dir: str, checkpoints: list[str], device=None) -> Translator:
+    """One model whose weights are the mean of these checkpoints' (of one run: the same shapes), each
+    verified and checked against the config like a single one."""
+    if not checkpoints:
+        raise ValueError("no checkpoint to average")
+    translator = load_run(run_dir, checkpoints[0], device="cpu")
+    total = {k: v.detach().double().clone() for k, v in translator.model.state_dict().items()}
+    names = [translator.origin["checkpoint"]]
+    for which in checkpoints[1:]:
+        other = load_run(run_dir, which, device="cpu")
+        names.append(other.origin["checkpoint"])
+        for k, v in other.model.state_dict().items():
+            total[k] += v.double()
+    translator.model.load_state_dict({k: v / len(checkpoints) for k, v in total.items()})
+    translator.device = torch.device(device or default_device())
+    translator.models = [translator.model.to(translator.device)]
+    translator.origin.update(checkpoint="average(" + ",".join(names) + ")", averaged=names, dev_bleu=None)
+    return translator
+
+
+def load_export(path: str, device=None) -> Translator:
+    """A model file written by `export_model`, checked like a run before it is built."""
+    blob = model_files.read_export(path)
+    where = f"--model {path}"
+    cfg = model_files.config_from(blob["config"], where)
+    src_sp, tgt_sp = (model_files.sentencepiece(f"{where}: {k}", proto=model_files.tensor_bytes(blob[k], f"{where}: {k}"))
+                      for k in ("spm_src", "spm_tgt"))
+    model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
+                                      [(where, blob["model"])], whole=True)
+    limits = blob.get("limits") or {}
+    if not isinstance(limits, dict):
+        raise model_files.ModelFileError(f"{where}: limits: expected a mapping")
+    tgt_lang = blob.get("tgt_lang")
+    if tgt_lang is not None and not isinstance(tgt_lang, str):
+        raise model_files.ModelFileError(f"{where}: tgt_lang: expected a language code")
+    text = TextPipeline(src_sp, tgt_sp, model_files.normalize_flags(blob["normalize"], f"{where}: normalize"),
+                        tgt_lang=tgt_lang, limits=TrainingLimits.from_manifest({"filters": limits}),
+                        norm_tgt=model_files.normalize_flags(blob.get("normalize_tgt", {}), f"{where}: normalize_tgt"),
+                        number_slots=model_files.number_slots(blob.get("numbers"), where))
+    translator = Translator(model, text, cfg.decode, device)
+    origin = blob["origin"] if isinstance(blob["origin"], dict) else {}
+    translator.origin = dict(origin, config=OmegaConf.to_container(cfg))
+    return translator
+
+
+def ensemble(members: list[Translator], names: list[str]) -> Translator:
+    """The members' models decoding as one (`trainer.model.search.Ensemble`); the first member's text
+    handling and decoding settings apply. Members must share both vocabularies and normalisation."""
+    first = members[0]
+    for m, name in zip(members[1:], names[1:]):
+        for what, a, b in (("source SentencePiece model", first.text.src_sp, m.text.src_sp),
+                           ("target SentencePiece model", first.text.tgt_sp, m.text.tgt_sp)):
+            if a.serialized_model_proto() != b.serialized_model_proto():
+                raise ValueError(f"ensemble: {name} has another {what} than {names[0]}: members must come "
+                                 f"from the same data (DATA_DIR)")
+        if m.text.norm != first.text.norm or m.text.numbers != first.text.numbers:
+            raise ValueError(f"ensemble: {name} normalises its input differently from {names[0]}")
+    first.models = [model.to(first.device) for m in members for model in m.models]
+    first.origin = dict(first.origin, ensemble=names)
+    return first
+
+
+def export_model(translator: Translator, path: str) -> None:
+    """One self-contained file for inference: weights (fp32), config, both SentencePiece models, the
+    normalisation flags, the target language, the training length limits and where it came from. Written to
+    a temporary name, then renamed; never onto the run it came from."""
+    text = translator.text
+    blob = {"format": model_files.EXPORT_FORMAT, "version": model_files.EXPORT_VERSION,
+            "config": translator.origin["config"],
+            "model": {k: v.detach().float().cpu() for k, v in translator.model.state_dict().items()},
+            "spm_src": model_files.bytes_tensor(text.src_sp.serialized_model_proto()),
+            "spm_tgt": model_files.bytes_tensor(text.tgt_sp.serialized_model_proto()),
+            "normalize": dict(text.norm), "normalize_tgt": dict(text.norm_tgt), "tgt_lang": text.tgt_lang,
+            "limits": text.limits.as_dict(), "numbers": text.numbers,
+            "origin": {k: v for k, v in translator.origin.items() if k != "config"}}
+    _check_output(translator.origin.get("run_dir"), path)
+    tmp = path + ".tmp"
+    with run_files.open_write(os.path.dirname(path) or ".", os.path.basename(tmp), binary=True, where="--out") as f:
+        torch.save(blob, f)
+    os.replace(tmp, path)
+
+
+def _check_output(run_dir: str | None, path: str) -> None:
+    """An exported model never lands on the run it came from: not inside its checkpoints (a checkpoint file
+    written over fails its checksum; a new one makes the checkpoint fail `verify`), and not on the files the
+    run translates with."""
+    if not run_dir:
+        return
+    out = os.path.realpath(path)
+    ckpts = os.path.realpath(checkpoint.root(run_dir))
+    if out == ckpts or out.startswith(ckpts + os.sep):
+        raise ValueError(f"--out {path}: inside the run's checkpoints ({checkpoint.root(run_dir)}), which only the "
+                         f"trainer writes; write the model file elsewhere")
+    own = {os.path.realpath(os.path.join(run_dir, n))
+           for n in (*run_names.RUN_FILES, run_names.DATA_MANIFEST, run_names.CONFIG)}
+    if out in own:
+        raise ValueError(f"--out {path}: a file of the run ({os.path.basename(out)}); write the model file elsewhere")

@@ -1,0 +1,112 @@
+"""The GPU profile format the planner reads (trainer/planner/roofline.py), and how it is made: datasheet
+peaks of the GPUs we may be lent, this workplace's measurements, stated estimates for what no GPU run has
+measured yet, and `roofline(profile)`, which turns a device profile measured by the GPU check
+(benchmarks/gpu_check.py -> device_profile.json; format in benchmarks/gpu_profile.py) into the "roofline"
+section: measured numbers where the profile has them, the datasheet's or an estimate (each with its source)
+elsewhere. `python benchmarks/gpu_profile.py --planner-profile OUT.json [--from device_profile.json]` writes it.
+"""
+from __future__ import annotations
+
+# Dense (no sparsity) peaks. The datasheets print tensor-core rates "with sparsity"; dense is half.
+DATASHEETS = {
+    "NVIDIA H200 NVL": dict(peak_tflops={"bf16": 835.5, "tf32": 417.5, "fp32": 60.0}, memory_tb_s=4.8,
+                            links_gb_s={"nvlink": 900.0, "pcie": 128.0},
+                            source="NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), "
+                                   "H200 NVL column: BF16 1,671 TFLOPS and TF32 835 TFLOPS with sparsity, FP32 60 "
+                                   "TFLOPS, 4.8 TB/s, NVLink 900 GB/s, PCIe Gen5 128 GB/s"),
+    "NVIDIA H200": dict(peak_tflops={"bf16": 989.5, "tf32": 494.7, "fp32": 67.0}, memory_tb_s=4.8,
+                        links_gb_s={"nvlink": 900.0, "pcie": 128.0},
+                        source="NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200), "
+                               "H200 SXM column: BF16 1,979 TFLOPS and TF32 989 TFLOPS with sparsity, FP32 67 "
+                               "TFLOPS, 4.8 TB/s, NVLink 900 GB/s, PCIe Gen5 128 GB/s"),
+    "NVIDIA H100 80GB HBM3": dict(peak_tflops={"bf16": 989.5, "tf32": 494.7, "fp32": 67.0}, memory_tb_s=3.35,
+                                  links_gb_s={"nvlink": 900.0, "pcie": 128.0},
+                                  source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column"),
+    "NVIDIA A100-SXM4-80GB": dict(peak_tflops={"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}, memory_tb_s=2.039,
+                                  links_gb_s={"nvlink": 600.0, "pcie": 64.0},
+                                  source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column"),
+}
+
+
+def datasheet(name: str) -> dict | None:
+    """The entry whose name is the longest prefix of the device's name (H200 NVL before H200)."""
+    for key in sorted(DATASHEETS, key=len, reverse=True):
+        if name.startswith(key):
+            return {"name": key, **DATASHEETS[key]}
+    return None
+
+
+# ---- the planner's roofline section ----
+KINDS_MEASUREMENT = ("measured: this workplace's H200 (device tool, KINDS.md, 2026-10-28 and 2026-11-04): bf16 "
+                     "8192^3 torch matmul on random data 769-798 TFLOP/s; device-to-device copy 4.3 TB/s (read + write)")
+ESTIMATES = {
+    "op_overhead_us": (5.0, "estimate: PyTorch eager dispatch + cudaLaunchKernel per aten op on a server host "
+                            "(typically 4-10 us); measured by benchmarks/gpu_profile.py on the next GPU run (host.op_overhead_us)"),
+    "lstm_step_us": (6.0, "estimate: cuDNN LSTM forward time step (a recurrent GEMM and a gate kernel launched back to "
+                          "back, ~3 us each at these sizes); from compute.lstm once measured (slope over time steps)"),
+    "instruction_us": (20.0, "estimate: the interpreter's own Python per instruction (timing, handler dispatch, "
+                             "slicing), about what it costs on the CPU machine's calibration"),
+    "backward_call_us": (60.0, "estimate: DeepSpeed engine.backward's Python around the autograd call"),
+    "sync_us": (15.0, "estimate: one device sync per optimizer step (the gradient norm read back): the host "
+                      "waits for the queue to drain, then a small device-to-host copy (~10-20 us round trip)"),
+    "host_collective_us": (100.0, "estimate: a 16-byte gloo all-reduce between the ranks' processes on one host "
+                                  "(the per-step loss sums stay on the CPU: cpu:gloo,cuda:nccl)"),
+}
+LINK_ESTIMATES = {"efficiency": (0.8, "estimate: NCCL reaches about 80% of a link's rate on large messages"),
+                  "latency_us": {"nvlink": (10.0, "estimate: NCCL small-message latency between GPUs over NVLink"),
+                                 "pcie": (20.0, "estimate: NCCL small-message latency between GPUs over PCIe")}}
+
+
+def _num(value, source: str) -> dict:
+    return {"value": value, "source": source}
+
+
+def roofline(profile: dict) -> dict:
+    """The planner's rates (trainer/planner/roofline.py) from a device profile: measured numbers where
+    the profile has them, the datasheet's and this workplace's measurements, stated estimates else."""
+    sheet = profile.get("datasheet") or {}
+    compute = profile.get("compute") or {}
+    out = {"gemm_tflops": {}, "lstm_gemm_tflops": {}}
+    for precision in ("bf16", "fp32"):
+        gemms = compute.get(precision, {}).get("gemm") or []
+        if gemms:
+            best = max(gemms, key=lambda g: g["tflops"])
+            out["gemm_tflops"][precision] = _num(best["tflops"], f"measured: largest torch matmul of compute.{precision}.gemm "
+                                                                 f"({best['m']}x{best['n']}x{best['k']})")
+        elif precision == "bf16" and sheet.get("name", "").startswith("NVIDIA H200"):
+            out["gemm_tflops"]["bf16"] = _num(788.0, KINDS_MEASUREMENT)
+        else:
+            ratio = 788.0 / 989.5  # achieved / datasheet, bf16 on this workplace's H200
+            out["gemm_tflops"][precision] = _num(round(sheet["peak_tflops"][precision] * ratio, 1),
+                                                 f"estimate: datasheet {sheet['peak_tflops'][precision]} TFLOP/s x "
+                                                 f"{ratio:.3f} (measured / datasheet bf16 ratio)")
+        out["lstm_gemm_tflops"][precision] = out["gemm_tflops"][precision]
+    if "tf32" in (sheet.get("peak_tflops") or {}):
+        tf32 = compute.get("tf32", {}).get("gemm") or []
+        value = max(g["tflops"] for g in tf32) if tf32 else round(sheet["peak_tflops"]["tf32"] * 788.0 / 989.5, 1)
+        out["lstm_gemm_tflops"]["fp32"] = _num(value, "cuDNN runs fp32 LSTMs on TF32 by default (torch.backends.cudnn."
+                                                      "allow_tf32): " + ("measured compute.tf32.gemm" if tf32 else
+                                                                         "estimate: datasheet TF32 x 0.796"))
+    copy = (profile.get("memory") or {}).get("copy_tb_s")
+    out["memory_tb_s"] = (_num(copy, "measured: memory.copy_tb_s") if copy and (profile.get("device") or {}).get("type") == "cuda"
+                          else _num(4.3, KINDS_MEASUREMENT))
+    for key, (value, source) in ESTIMATES.items():
+        out[key] = _num(value, source)
+    overhead = (profile.get("host") or {}).get("op_overhead_us")
+    if overhead:
+        out["op_overhead_us"] = _num(overhead, "measured: host.op_overhead_us")
+    steps = [x for x in (compute.get("bf16", {}).get("lstm") or []) if x["hidden"] >= 1024]
+    if len({x["time"] for x in steps}) > 1:
+        t0, t1 = min(steps, key=lambda x: x["time"]), max(steps, key=lambda x: x["time"])
+        per_step = (t1["ms_fwd_bwd"] - t0["ms_fwd_bwd"]) / (t1["time"] - t0["time"]) / 3 * 1000
+        out["lstm_step_us"] = _num(round(per_step, 2), "measured: compute.bf16.lstm, forward+backward ms per extra time "
+                                                       f"step at batch {t0['batch']}, hidden {t0['hidden']}, / 3")
+    links = sheet.get("links_gb_s") or {}
+    out["links"] = {}
+    for name, total in links.items():
+        out["links"][name] = {
+            "gb_s": _num(total / 2, f"datasheet: {total} GB/s in both directions together, half each way ({sheet.get('source')})"),
+            "efficiency": _num(*LINK_ESTIMATES["efficiency"]),
+            "latency_us": _num(*LINK_ESTIMATES["latency_us"].get(name, (15.0, "estimate")))}
+    out["default_link"] = "nvlink" if "nvlink" in out["links"] else next(iter(out["links"]), None)
+    return out

@@ -1,0 +1,69 @@
+"""Validation during training: dev loss on every rank (the forward-only schedule), dev BLEU on rank 0
+(a beam search of the whole model loaded from the checkpoint just written)."""
+from __future__ import annotations
+
+import math
+import os
+
+from trainer.parallel.layout import split_even
+from trainer.training.state import capture_rng, restore_rng
+
+SAMPLES = 8  # dev translations shown per validation (wandb table)
+
+
+class Validator:
+    """Validation of one run: what it needs, given once (no session)."""
+
+    def __init__(self, *, runtime, runner, module, dev_data, global_micro: int, decode_cfg, data_dir: str,
+                 run_dir: str, bleu_tokenize: str):
+        self.rt, self.runner, self.module, self.data = runtime, runner, module, dev_data
+        self.global_micro, self.decode, self.data_dir, self.run_dir = global_micro, decode_cfg, data_dir, run_dir
+        self.bleu_tokenize = bleu_tokenize
+
+    def dev_loss(self) -> float | None:
+        """Mean token NLL of the first `decode.dev_max_sentences` dev pairs, in global micro-batches."""
+        data = self.data
+        n = min(len(data), self.decode.dev_max_sentences or len(data))
+        if n < self.rt.spec.min_rows:
+            return None
+        self.module.eval()
+        nll = tokens = 0.0
+        for a, b in split_even(n, max(1, math.ceil(n / self.global_micro))):
+            batch = data.batch(range(a, b))
+            nll += self.runner.run(batch, train=False)["nll_sum"]
+            tokens += batch.tgt_tokens
+        self.module.train()
+        return nll / tokens
+
+    def dev_bleu(self, ckpt: str) -> tuple[dict, list]:
+        """Rank 0 decodes the dev set with the whole model loaded from the checkpoint `ckpt`; returns
+        {dev_bleu, dev_chrf} (BLEU with the target language's tokenizer) and the first (source,
+        reference, hypothesis) triples as samples."""
+        from trainer.inference.loading import load_run
+        from trainer.inference.text import read_lines
+        from trainer.metrics import dev_scores
+
+        translator = load_run(self.run_dir, ckpt, device=self.rt.device())
+        src = read_lines(os.path.join(self.data_dir, "dev.src.txt"))
+        ref = read_lines(os.path.join(self.data_dir, "dev.tgt.txt"))
+        n = self.decode.dev_max_sentences or len(src)
+        hyps = translator.translate(src[:n], beam=self.decode.dev_beam)
+        samples = list(zip(src[:SAMPLES], ref[:SAMPLES], hyps[:SAMPLES]))
+        return dev_scores(hyps, ref[:n], self.bleu_tokenize), samples
+
+    def evaluate(self, ckpt: str) -> tuple[dict, list]:
+        """Dev loss (every rank) and dev BLEU (rank 0, the other ranks wait on the eval group); the RNG
+        streams are left as they were, so a resumed run continues exactly. Returns the metrics and, on
+        rank 0, sample translations."""
+        rt = self.rt
+        row, rng, samples = {}, capture_rng(), []
+        loss = self.dev_loss()
+        scores = None
+        if rt.is_rank0:
+            scores, samples = self.dev_bleu(ckpt)
+        scores = rt.broadcast_object(scores, src=0, group="eval")
+        restore_rng(rng)
+        if loss is not None:
+            row.update(dev_loss=loss, dev_ppl=math.exp(min(loss, 50)))
+        row.update(scores)
+        return row, samples
