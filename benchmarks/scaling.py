@@ -1,12 +1,15 @@
 """Scaling of the parallel modes on this machine, measured side by side in one run.
 
     python benchmarks/scaling.py [--work /tmp/hybrid-nmt-bench] [--steps 40] [--precision both|bf16|fp32]
-                                 [--only NAME ...] [--rounds 1]
+                                 [--only NAME ...] [--rounds 1] [--model small|wide]
+                                 [--lstm-kernel fused|stepwise|both]
 
 enja-small (emb 256, hidden 256, 2+2 layers, general attention, 8k BPE vocabulary per side, 64 sentence
 pairs per step) on ../shared/data/small_parallel_enja, trained through the real CLI: single with 1 and
 2 threads, data_2 (DeepSpeed's data parallelism), pipeline_2 and hybrid_2 variants (1 thread per
-rank). Every run trains the same batches (same seed); the first 3 steps are warm-up. For each
+rank). `--model wide`: the same with emb/hidden 1024 (the paper's regime, where compute dominates).
+`--lstm-kernel`: model.lstm_kernel of every run; `both` runs each run with each kernel (the kernel's
+name joins the run's). Every run trains the same batches (same seed); the first 3 steps are warm-up. For each
 precision: a table of median step time, tokens/s, pairs/s, the ratio to single with 1 and with 2
 threads, model GFLOP/s (trainer/model/flops.py) and its fraction of this machine's measured matmul peak
 (benchmarks/peak.py: the 1-thread peak for one thread, the 2-thread peak for both cores); then per rank
@@ -36,6 +39,8 @@ RUNS = [
     ("hybrid_2 units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1}),
     ("hybrid_2 chunks=2", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2}),
     ("hybrid_2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4}),
+    ("hybrid_2 chunks=8", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8}),
+    ("hybrid_2 units=2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 4}),
     ("hybrid_2 per_unit units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1,
                                                      "head_schedule": "per_unit"}),
     ("hybrid_2 per_unit units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1,
@@ -65,6 +70,8 @@ def main() -> None:
     p.add_argument("--precision", choices=("both", "bf16", "fp32"), default="both")
     p.add_argument("--only", nargs="*", default=None, help="run names to keep (default: all)")
     p.add_argument("--rounds", type=int, default=1, help="repeat every run, interleaved; report the median")
+    p.add_argument("--model", choices=tuple(MODELS), default="small", help="small: emb/hidden 256; wide: 1024")
+    p.add_argument("--lstm-kernel", choices=("fused", "stepwise", "both"), default="fused")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     data = prepare_enja(args.work)
@@ -72,15 +79,16 @@ def main() -> None:
     pngs = args.work / "scaling"
     pngs.mkdir(exist_ok=True)
     precisions = ("bf16", "fp32") if args.precision == "both" else (args.precision,)
-    runs = [r for r in RUNS if args.only is None or r[0] in args.only]
+    runs = with_kernels([r for r in RUNS if args.only is None or r[0] in args.only], args.lstm_kernel)
     results: dict = {prec: {} for prec in precisions}
     for rnd in range(args.rounds):
         for prec in precisions:
-            for label, base, ranks, threads, layout in runs:
-                name = f"{prec}_{label.replace(' ', '_').replace('=', '')}"
+            for label, base, ranks, threads, layout, kernel in runs:
+                name = f"{args.model}_{prec}_{label.replace(' ', '_').replace('=', '')}"
                 cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"})
                 r = train(args.work, name, cfg, ranks, threads, args.steps, data,
-                          extra=(f"train.timeline_every={args.steps - 1}",))
+                          extra=(f"train.timeline_every={args.steps - 1}", f"model.lstm_kernel={kernel}",
+                                 *MODELS[args.model]))
                 run_dir = args.work / "runs" / name
                 r.update(rank_fractions(run_dir))
                 png = run_dir / "timeline" / f"step_{args.steps - 1:08d}.png"
@@ -96,13 +104,25 @@ def main() -> None:
             best = sorted(rs, key=lambda x: x["step_ms_median"])[len(rs) // 2]
             summary[prec][label] = best
         report(prec, summary[prec], peak, runs)
-    (args.work / "scaling.json").write_text(json.dumps({"peak": peak, "results": summary}, indent=1))
+    out = args.work / ("scaling.json" if args.model == "small" else f"scaling_{args.model}.json")
+    out.write_text(json.dumps({"peak": peak, "model": args.model, "results": summary}, indent=1))
+
+
+MODELS = {"small": (), "wide": ("model.emb_dim=1024", "model.hidden=1024")}
+
+
+def with_kernels(runs: list, kernel: str) -> list:
+    """RUNS rows with the LSTM kernel appended; `both`: each row once per kernel, named by it."""
+    if kernel != "both":
+        return [(*r, kernel) for r in runs]
+    return [(f"{r[0]} {k}", *r[1:], k) for r in runs for k in ("fused", "stepwise")]
 
 
 def report(prec: str, res: dict, peak: dict, runs: list) -> None:
-    threads = {label: (ranks, t) for label, _, ranks, t, _ in runs}
-    one = res.get("single 1 thread", {}).get("tokens_per_s")
-    two = res.get("single 2 threads", {}).get("tokens_per_s")
+    threads = {label: (ranks, t) for label, _, ranks, t, _, _ in runs}
+    # ratios against the fastest single process with 1 / 2 threads in the table (either LSTM kernel)
+    one = max((r["tokens_per_s"] for label, r in res.items() if threads[label] == (1, 1)), default=None)
+    two = max((r["tokens_per_s"] for label, r in res.items() if threads[label] == (1, 2)), default=None)
     print(f"\n| run ({prec}) | median step (ms) | tokens/s | pairs/s | vs single-1-thread | vs single-2-threads "
           f"| model GFLOP/s | % of peak |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -111,3 +111,14 @@ def test_a_compiled_head_trains_like_the_eager_one(workers, tiny_data, tmp_path)
     assert [r["loss"] for r in compiled["rows"]] == pytest.approx([r["loss"] for r in eager["rows"]], rel=1e-5)
     worst = max(float(np.abs(compiled["params"][k] - v).max()) for k, v in eager["params"].items())
     assert worst < 1e-5, worst
+
+
+def test_the_stepwise_lstm_kernel_adds_no_sync(workers, tiny_data, tmp_path):
+    """model.lstm_kernel=stepwise in a time-chunked, ragged hybrid layout: still one read per step."""
+    world, micro, layout = LAYOUTS["hybrid_2"]
+    out = workers.run(world, count_step_ops, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3",
+                                              "model.lstm_kernel=stepwise"],
+                      _ds(micro, layout, True), str(tmp_path / "stepwise"))
+    for rank, o in enumerate(out):
+        assert [op for op, _ in o["syncs"]] == ["Tensor.tolist"], f"rank {rank}: {o['syncs']}"
+        assert o["launches"] > 100 and o["row"]["loss"] > 0

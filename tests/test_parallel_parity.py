@@ -130,3 +130,16 @@ def test_dropout_masks_are_the_same_in_every_layout(workers, tiny_data, tmp_path
     assert moved > 10 * TOL, f"dropout must change the step far more than the tolerance ({moved:.3g})"
     _compare(single_dropout, _run(workers, tiny_data, tmp_path, name, world, micro, layout, dropout=0.3),
              f"{name} dropout 0.3")
+
+
+def test_stepwise_lstm_kernel_is_the_same_model_in_every_layout(workers, tiny_data, tmp_path, single13):
+    """model.lstm_kernel=stepwise (trainer/model/lstm.py): single with it equals single with torch's LSTM,
+    and the time-chunked and pipelined layouts with it equal single with it."""
+    step = ("model.lstm_kernel=stepwise",)
+    ref = _run(workers, tiny_data, tmp_path, "single_step", 1, 13, {"mode": "single"}, extra=step)
+    _compare(single13, ref, "single stepwise vs fused", tol=1e-5)
+    for name, world, layout in (
+            ("hybrid_2", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
+            ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 2})):
+        _compare(ref, _run(workers, tiny_data, tmp_path, f"{name}_step", world, 13, layout, extra=step),
+                 f"{name} stepwise")

@@ -45,6 +45,9 @@ class ModelConfig:
     dropout: float = _key(0.2, "dropout between layers and before the output projection, in [0, 1)")
     label_smoothing: float = _key(0.1, "label smoothing of the training loss, in [0, 1)")
     tie_embeddings: bool = _key(False, "share the target embedding with the output projection (single/data only)")
+    lstm_kernel: str = _key("fused", "LSTM layers: fused (torch's LSTM; oneDNN on CPU, cuDNN on GPU) | stepwise "
+                                     "(trainer.model.lstm: one GEMM per step, chunk-invariant cost; CPU, wide "
+                                     "models and time-chunked layouts)")
 
 
 @dataclass
@@ -136,6 +139,7 @@ class Config:
 
 _CHOICES = {
     "model.attention": ("dot", "general", "concat"),
+    "model.lstm_kernel": ("fused", "stepwise"),
     "logging.wandb_mode": ("online", "offline", "disabled", "off"),
     "train.step_timing": ("auto", "every"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,

@@ -22,6 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from data_prep.dataformat import PAD_ID
 from trainer.model.tensors import round_count, to_device
 from trainer.model.dropout import KeyedDropout
+from trainer.model.lstm import run_stepwise
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
 
@@ -112,8 +113,11 @@ class EncoderDecoderLayer(nn.Module):
     their final states are concatenated to initialise the decoder.
     """
 
-    def __init__(self, *, index: int, emb_dim: int, hidden: int, dropout: float, bidirectional: bool = False):
+    def __init__(self, *, index: int, emb_dim: int, hidden: int, dropout: float, bidirectional: bool = False,
+                 kernel: str = "fused"):
         super().__init__()
+        # model.lstm_kernel: "stepwise" runs unidirectional layers with trainer.model.lstm
+        self.stepwise = kernel == "stepwise"
         in_dim = emb_dim if index == 0 else hidden
         if bidirectional and hidden % 2:
             raise ValueError(f"model.hidden={hidden} must be even for a bidirectional bottom layer")
@@ -137,7 +141,10 @@ class EncoderDecoderLayer(nn.Module):
         true end, shaped for the decoder: (1, batch, hidden) x 2 (both directions concatenated), or,
         for a bidirectional encoder, the raw per-direction state.
         """
-        out, state = _run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
+        if self.stepwise and not self.bidirectional:
+            out, state = run_stepwise(self.encoder, x, host_lengths(lengths), state)
+        else:
+            out, state = _run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
         return self.enc_dropout(out), state
 
     def decoder_init(self, enc_state: State) -> State:
@@ -152,7 +159,7 @@ class EncoderDecoderLayer(nn.Module):
 
         Teacher-forced and causal: outputs at padded target positions are computed but never used.
         """
-        out, state = self.decoder(y, state)
+        out, state = run_stepwise(self.decoder, y, None, state) if self.stepwise else self.decoder(y, state)
         return self.dec_dropout(out), state
 
     def forward(self, x: torch.Tensor, src_lengths: torch.Tensor, y: torch.Tensor):
@@ -374,7 +381,8 @@ def layer_builders(cfg, src_vocab: int, tgt_vocab: int):
     for k in range(cfg.layers):
         specs.append((EncoderDecoderLayer, dict(index=k, emb_dim=cfg.emb_dim, hidden=cfg.hidden,
                                                 dropout=cfg.dropout,
-                                                bidirectional=bool(cfg.bidirectional_bottom and k == 0))))
+                                                bidirectional=bool(cfg.bidirectional_bottom and k == 0),
+                                                kernel=cfg.lstm_kernel)))
     return specs
 
 

@@ -39,6 +39,25 @@ class _Record:
         self.x_in, self.x_out, self.state_in, self.state_out = x_in, x_out, state_in, state_out
 
 
+class _Embedded:
+    """First stage: a unit's embedded source or target, looked up once for all its time chunks. Each
+    chunk reads a leaf slice; the slices' gradients are gathered and the embedding's backward (a dense
+    vocabulary x emb gradient) runs once, after the unit's last chunk, instead of once per chunk."""
+
+    __slots__ = ("out", "grad", "pending")
+
+    def __init__(self, out: torch.Tensor, chunks: int):
+        self.out, self.grad, self.pending = out, None, chunks
+
+    def take(self, a: int, b: int, grad: torch.Tensor) -> bool:
+        """Chunk [a, b)'s input gradient; True once every chunk's is in."""
+        if self.grad is None:
+            self.grad = torch.zeros_like(self.out)
+        self.grad[:, a:b] = grad
+        self.pending -= 1
+        return self.pending == 0
+
+
 def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_(True)
 
@@ -59,6 +78,7 @@ class MicroStep:
     metrics: torch.Tensor | None = None  # on the device: (loss, nll) sums of the pieces this rank ran
     reduced: torch.Tensor | None = None  # on the host: the sums over every rank, after reduce_metrics
     dropout: DropoutKeys | None = None  # where each forward sits in the global micro-batch (masks)
+    embedded: dict = field(default_factory=dict)  # first stage, (kind, unit) cut in chunks -> _Embedded
 
     @property
     def replica(self) -> Batch:
@@ -228,9 +248,7 @@ class StepRunner:
         if ms.dropout is not None:
             ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + ms.unit_rows[u][0], a
         if self.embeddings is not None:
-            x_in = None
-            x = (self.embeddings.embed_src(unit.src[:, a:b]) if kind == "enc"
-                 else self.embeddings.embed_tgt(unit.tgt_in[:, a:b]))
+            x_in, x = self._embed(kind, u, a, b)
         else:
             x_in = ms.received.pop((kind, u, c))
             x = x_in = _leaf(x_in) if ms.train else x_in
@@ -246,6 +264,20 @@ class StepRunner:
                 x, st = pair.decode(x, st)
                 state_out.append(st)
         ms.records[(kind, u, c)] = _Record(x_in, x, state_in, state_out)
+
+    def _embed(self, kind: str, u: int, a: int, b: int):
+        """(x_in, x) of a first-stage chunk: the embedding itself (x_in None) for an uncut unit or in
+        evaluation, else a leaf slice of the unit's embedding, looked up at its first chunk."""
+        ms, unit = self.ms, self.ms.units[u]
+        ids = unit.src if kind == "enc" else unit.tgt_in
+        lookup = self.embeddings.embed_src if kind == "enc" else self.embeddings.embed_tgt
+        chunks = len(ms.chunks[kind][u])
+        if chunks == 1 or not ms.train:
+            return None, lookup(ids[:, a:b])
+        if a == 0:  # dropout keys: t0 is 0 here, so the masks are the per-chunk ones
+            ms.embedded[(kind, u)] = _Embedded(lookup(ids), chunks)
+        x_in = _leaf(ms.embedded[(kind, u)].out[:, a:b])
+        return x_in, x_in
 
     def _state_in(self, kind: str, u: int, c: int) -> list:
         """Each local layer's incoming LSTM state: carried from the previous time chunk of the same
@@ -368,6 +400,10 @@ class StepRunner:
                     grads.append(leaf.grad)
         self.engine.backward(sum((t * g).sum() for t, g in zip(outs, grads)))
         rec.x_out = None
+        emb = self.ms.embedded.get((kind, u))
+        if emb is not None and emb.take(*self.ms.chunks[kind][u][c], rec.x_in.grad):
+            self.engine.backward((emb.out * emb.grad).sum())
+            del self.ms.embedded[(kind, u)]
 
     def _next_state_leaves(self, kind: str, u: int, c: int) -> list:
         """The leaves that consumed this chunk's outgoing states (whose .grad we hand back)."""

@@ -1,0 +1,88 @@
+"""model.lstm_kernel=stepwise (trainer/model/lstm.py) against torch's LSTM: outputs, final states and
+every gradient, in float64 (where both must agree to rounding), for full, ragged, unsorted and empty
+rows, and cut into time chunks with the state carried (the pipeline's wavefront)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.config import ConfigError, load_config
+from trainer.model.lstm import run_stepwise
+from trainer.model.seq2seq import _run_packed
+
+
+def _lstm(dtype=torch.float64, inp=5, hidden=7):
+    torch.manual_seed(0)
+    return torch.nn.LSTM(inp, hidden, batch_first=True).to(dtype)
+
+
+def _grads(lstm, run, x, state):
+    """Outputs, final state and the gradients of a random weighting of all three wrt x, state, weights."""
+    leaves = [x, *state, *lstm.parameters()]
+    for t in leaves:
+        t.grad = None
+    out, (h, c) = run(x, state)
+    gen = torch.Generator().manual_seed(1)
+    loss = sum((t * torch.randn(t.shape, generator=gen, dtype=t.dtype)).sum() for t in (out, h, c))
+    loss.backward()
+    return [out.detach(), h.detach(), c.detach()] + [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in leaves]
+
+
+def _inputs(batch=4, time=6, dtype=torch.float64):
+    torch.manual_seed(2)
+    x = torch.randn(batch, time, 5, dtype=dtype, requires_grad=True)
+    state = tuple(torch.randn(1, batch, 7, dtype=dtype, requires_grad=True) for _ in range(2))
+    return x, state
+
+
+@pytest.mark.parametrize("lengths", [None, [6, 4, 4, 1], [3, 6, 0, 2], [0, 0, 0, 0], [2, 2, 2, 2]])
+def test_stepwise_equals_torch_lstm_in_float64(lengths):
+    lstm = _lstm()
+    x, state = _inputs()
+    lens = None if lengths is None else np.array(lengths)
+    full = np.full(4, 6) if lens is None else lens
+    got = _grads(lstm, lambda x, s: run_stepwise(lstm, x, lens, s), x, state)
+    ref = _grads(lstm, lambda x, s: _run_packed(lstm, x, full, s), x, state)
+    for g, r in zip(got, ref):
+        assert torch.allclose(g, r, rtol=0, atol=1e-12)
+    if lens is not None:  # outputs past a row's end are zero
+        for b, n in enumerate(lens):
+            assert not got[0][b, n:].any()
+
+
+def test_time_chunks_with_carried_state_equal_one_call():
+    """Three chunks, each a separate call whose state is carried in, give one call's outputs and gradients."""
+    lstm = _lstm()
+    x, state = _inputs(time=7)
+    lens = np.array([7, 5, 3, 1])
+
+    def chunked(x, s):
+        outs = []
+        for a, b in ((0, 2), (2, 5), (5, 7)):
+            o, s = run_stepwise(lstm, x[:, a:b], np.clip(lens - a, 0, b - a), s)
+            outs.append(o)
+        return torch.cat(outs, 1), s
+
+    got = _grads(lstm, chunked, x, state)
+    ref = _grads(lstm, lambda x, s: run_stepwise(lstm, x, lens, s), x, state)
+    for g, r in zip(got, ref):
+        assert torch.allclose(g, r, rtol=0, atol=1e-12)
+
+
+def test_bf16_stays_close_to_torch_lstm():
+    lstm = _lstm(torch.bfloat16, 32, 32)
+    torch.manual_seed(3)
+    x = torch.randn(8, 12, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, (h, c) = run_stepwise(lstm, x, None, None)
+        ref, (rh, rc) = lstm(x)
+    assert got.dtype == h.dtype == c.dtype == torch.bfloat16
+    assert float((got.float() - ref.float()).abs().max()) < 0.02
+    assert float((c.float() - rc.float()).abs().max()) < 0.05
+
+
+def test_the_kernel_is_a_checked_config_key(tmp_path):
+    assert load_config(None, ["model.lstm_kernel=stepwise"]).model.lstm_kernel == "stepwise"
+    with pytest.raises(ConfigError, match="model.lstm_kernel"):
+        load_config(None, ["model.lstm_kernel=cudnn"])

@@ -1,0 +1,133 @@
+"""A unidirectional LSTM layer run step by step, with its own backward (`model.lstm_kernel=stepwise`).
+
+torch's fused LSTM on CPU (oneDNN) pays a fixed price on every call: the weights are reordered for it
+and the weight gradients reordered back and accumulated. Cut a sequence into time chunks (the
+pipeline's wavefront) and that price is paid per chunk; at hidden 1024 in bf16 the backward of four
+chunks costs 1.4x one (docs/BENCHMARKS.md 13). This kernel does what a chunk needs and no more:
+
+- forward: the input projection of the whole chunk as one GEMM, then per step one GEMM with W_hh and
+  the gate arithmetic in float32 or wider (the cell state is kept so inside a call);
+- backward: per step the gate gradients and one GEMM back through W_hh; the weight gradients of the
+  whole chunk as one GEMM each (W_ih, W_hh) and one sum (the biases).
+
+Rows run as a packed sequence does: rows sorted longest first (the batcher's order; other orders are
+permuted and put back), step t runs the first `sizes[t]` rows, a row past its length keeps its state
+and gets a zero output. The parameters are nn.LSTM's own (weight_ih_l0, weight_hh_l0, bias_ih_l0,
+bias_hh_l0), so checkpoints and exports do not depend on the kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainer.model.tensors import to_device
+
+
+class _StepLSTM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, sizes):
+        batch, time, _ = x.shape
+        hidden = w_hh.shape[1]
+        xg = torch.addmm(b_ih + b_hh, x.reshape(batch * time, -1), w_ih.t()).view(batch, time, 4 * hidden)
+        hs = x.new_empty(batch, time + 1, hidden)
+        inner = torch.promote_types(x.dtype, torch.float32)  # the gate arithmetic's dtype
+        cs = torch.empty(batch, time + 1, hidden, dtype=inner, device=x.device)
+        acts = torch.empty(batch, time, 4 * hidden, dtype=inner, device=x.device)
+        hs[:, 0] = h0
+        cs[:, 0] = c0
+        for t, n in enumerate(sizes):
+            if n < batch:  # rows past their end carry their state
+                hs[n:, t + 1] = hs[n:, t]
+                cs[n:, t + 1] = cs[n:, t]
+            if n == 0:
+                continue
+            gates = torch.addmm(xg[:n, t], hs[:n, t], w_hh.t()).to(inner)
+            a = acts[:n, t]
+            torch.sigmoid(gates, out=a)
+            a[:, 2 * hidden:3 * hidden] = torch.tanh(gates[:, 2 * hidden:3 * hidden])
+            i, f, g, o = a.chunk(4, 1)
+            c = torch.addcmul(f * cs[:n, t], i, g)
+            cs[:n, t + 1] = c
+            hs[:n, t + 1] = o * torch.tanh(c)
+        ctx.sizes = sizes
+        ctx.save_for_backward(x, w_ih, w_hh, hs, cs, acts)
+        out = hs[:, 1:]
+        if sizes[-1] < batch:  # zero outputs past each row's end
+            steps = to_device(np.asarray(sizes, dtype=np.int64), x.device)
+            out = out * (torch.arange(batch, device=x.device)[:, None] < steps[None, :]).unsqueeze(-1).to(x.dtype)
+        else:
+            out = out.clone()
+        return out, hs[:, time].clone(), cs[:, time].to(c0.dtype, copy=True)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_h, grad_c):
+        x, w_ih, w_hh, hs, cs, acts = ctx.saved_tensors
+        batch, time, _ = x.shape
+        hidden = w_hh.shape[1]
+        grads = x.new_zeros(batch, time, 4 * hidden)
+        dh = _inner_or_zeros(grad_h, cs)
+        dc = _inner_or_zeros(grad_c, cs)
+        for t in reversed(range(time)):
+            n = ctx.sizes[t]
+            if n == 0:
+                continue
+            if grad_out is not None:
+                dh[:n] += grad_out[:n, t]
+            grads[:n, t] = _gate_grads(acts[:n, t], cs[:n, t], cs[:n, t + 1], dh[:n], dc[:n])
+            dc[:n] *= acts[:n, t, hidden:2 * hidden]
+            dh[:n] = grads[:n, t] @ w_hh
+        flat = grads.view(batch * time, 4 * hidden)
+        d_w_hh = flat.t() @ hs[:, :time].reshape(batch * time, hidden)
+        d_w_ih = flat.t() @ x.reshape(batch * time, -1)
+        d_b = flat.sum(0, dtype=cs.dtype).to(x.dtype)
+        d_x = (flat @ w_ih).view_as(x) if ctx.needs_input_grad[0] else None
+        return d_x, dh.to(x.dtype), dc.to(x.dtype), d_w_ih, d_w_hh, d_b, d_b.clone(), None
+
+
+def _inner_or_zeros(grad, cs: torch.Tensor) -> torch.Tensor:
+    """A state gradient in the gate arithmetic's dtype (that of the saved cell states `cs`)."""
+    if grad is None:
+        return cs.new_zeros(cs.shape[0], cs.shape[2])
+    return grad.to(cs.dtype, copy=True)
+
+
+def _gate_grads(a, c_prev, c, dh, dc):
+    """Gradients of the four gate pre-activations (i, f, g, o) at one step; updates dc in place to
+    the gradient of this step's cell state."""
+    i, f, g, o = a.chunk(4, 1)
+    tc = torch.tanh(c)
+    dc += dh * o * (1 - tc * tc)
+    return torch.cat([dc * g * i * (1 - i), dc * c_prev * f * (1 - f), dc * i * (1 - g * g),
+                      dh * tc * o * (1 - o)], 1)
+
+
+def run_stepwise(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray | None, state):
+    """`lstm` (unidirectional, one layer) over x (batch, time, in): every row for `lengths=None`, else
+    the first lengths[b] steps of row b (a host array, 0 allowed). Returns out (batch, time, hidden)
+    and the state (1, batch, hidden) x 2 at each row's end, as `seq2seq._run_packed` does."""
+    batch, time, _ = x.shape
+    if state is None:
+        zeros = x.new_zeros(batch, lstm.hidden_size)
+        h0, c0 = zeros, zeros
+    else:
+        h0, c0 = state[0][0], state[1][0]
+    if lengths is None:
+        return _apply(lstm, x, h0, c0, (batch,) * time)
+    lengths = np.minimum(lengths, time)
+    if (lengths[:-1] >= lengths[1:]).all():
+        return _apply(lstm, x, h0, c0, _sizes(lengths, time))
+    order = np.argsort(-lengths, kind="stable")
+    idx, back = to_device(order, x.device), to_device(np.argsort(order), x.device)
+    out, (h, c) = _apply(lstm, x[idx], h0[idx], c0[idx], _sizes(lengths[order], time))
+    return out[back], (h[:, back], c[:, back])
+
+
+def _sizes(lengths: np.ndarray, time: int) -> tuple:
+    return tuple(int(n) for n in (lengths[None, :] > np.arange(time)[:, None]).sum(1))
+
+
+def _apply(lstm, x, h0, c0, sizes):
+    out, h, c = _StepLSTM.apply(x, h0, c0, lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0,
+                                lstm.bias_hh_l0, sizes)
+    return out, (h.unsqueeze(0), c.unsqueeze(0))
