@@ -9,7 +9,7 @@ import torch
 
 from trainer.config import ConfigError, load_config
 from trainer.model.lstm import run_stepwise
-from trainer.model.seq2seq import _run_packed
+from trainer.model.seq2seq import EncoderDecoderLayer, _run_packed
 
 
 def _lstm(dtype=torch.float64, inp=5, hidden=7):
@@ -68,6 +68,21 @@ def test_time_chunks_with_carried_state_equal_one_call():
     ref = _grads(lstm, lambda x, s: run_stepwise(lstm, x, lens, s), x, state)
     for g, r in zip(got, ref):
         assert torch.allclose(g, r, rtol=0, atol=1e-12)
+
+
+def test_an_empty_time_chunk_passes_the_state_on():
+    lstm = _lstm()
+    x, state = _inputs(time=0)
+    out, (h, c) = run_stepwise(lstm, x, np.zeros(4, dtype=np.int64), state)
+    assert out.shape == (4, 0, 7) and torch.equal(h, state[0]) and torch.equal(c, state[1])
+
+
+@pytest.mark.parametrize("kernel", ["fused", "stepwise"])
+def test_an_empty_decoder_chunk_passes_the_state_on(kernel):
+    pair = EncoderDecoderLayer(index=1, emb_dim=6, hidden=6, dropout=0.0, kernel=kernel)
+    state = (torch.randn(1, 3, 6), torch.randn(1, 3, 6))
+    out, (h, c) = pair.decode(torch.zeros(3, 0, 6), state)
+    assert out.shape == (3, 0, 6) and torch.equal(h, state[0]) and torch.equal(c, state[1])
 
 
 def test_bf16_stays_close_to_torch_lstm():

@@ -143,3 +143,11 @@ def test_stepwise_lstm_kernel_is_the_same_model_in_every_layout(workers, tiny_da
             ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 2})):
         _compare(ref, _run(workers, tiny_data, tmp_path, f"{name}_step", world, 13, layout, extra=step),
                  f"{name} stepwise")
+
+
+@pytest.mark.parametrize("kernel", ["fused", "stepwise"])
+def test_more_time_chunks_than_steps_match_single(workers, tiny_data, tmp_path, single13, kernel):
+    """Empty time chunks (a batch narrower than time_chunks) pass the state on, with either LSTM kernel."""
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 1, "time_chunks": 48}
+    got = _run(workers, tiny_data, tmp_path, f"hybrid_48_{kernel}", 2, 13, layout, extra=(f"model.lstm_kernel={kernel}",))
+    _compare(single13, got, f"hybrid_2, 48 time chunks, {kernel}", tol=1e-5)

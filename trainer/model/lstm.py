@@ -29,7 +29,7 @@ class _StepLSTM(torch.autograd.Function):
     def forward(ctx, x, h0, c0, w_ih, w_hh, b_ih, b_hh, sizes):
         batch, time, _ = x.shape
         hidden = w_hh.shape[1]
-        xg = torch.addmm(b_ih + b_hh, x.reshape(batch * time, -1), w_ih.t()).view(batch, time, 4 * hidden)
+        xg = torch.addmm(b_ih + b_hh, x.reshape(batch * time, x.shape[2]), w_ih.t()).view(batch, time, 4 * hidden)
         hs = x.new_empty(batch, time + 1, hidden)
         inner = torch.promote_types(x.dtype, torch.float32)  # the gate arithmetic's dtype
         cs = torch.empty(batch, time + 1, hidden, dtype=inner, device=x.device)
@@ -79,7 +79,7 @@ class _StepLSTM(torch.autograd.Function):
             dh[:n] = grads[:n, t] @ w_hh
         flat = grads.view(batch * time, 4 * hidden)
         d_w_hh = flat.t() @ hs[:, :time].reshape(batch * time, hidden)
-        d_w_ih = flat.t() @ x.reshape(batch * time, -1)
+        d_w_ih = flat.t() @ x.reshape(batch * time, x.shape[2])
         d_b = flat.sum(0, dtype=cs.dtype).to(x.dtype)
         d_x = (flat @ w_ih).view_as(x) if ctx.needs_input_grad[0] else None
         return d_x, dh.to(x.dtype), dc.to(x.dtype), d_w_ih, d_w_hh, d_b, d_b.clone(), None
@@ -112,6 +112,8 @@ def run_stepwise(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray | None, sta
         h0, c0 = zeros, zeros
     else:
         h0, c0 = state[0][0], state[1][0]
+    if time == 0:  # an empty time chunk (more chunks than steps)
+        return x.new_zeros(batch, 0, lstm.hidden_size), (h0.unsqueeze(0), c0.unsqueeze(0))
     if lengths is None:
         return _apply(lstm, x, h0, c0, (batch,) * time)
     lengths = np.minimum(lengths, time)

@@ -159,7 +159,12 @@ class EncoderDecoderLayer(nn.Module):
 
         Teacher-forced and causal: outputs at padded target positions are computed but never used.
         """
-        out, state = run_stepwise(self.decoder, y, None, state) if self.stepwise else self.decoder(y, state)
+        if y.shape[1] == 0:  # an empty time chunk (more chunks than target steps)
+            out = y.new_zeros(y.shape[0], 0, self.decoder.hidden_size)
+        elif self.stepwise:
+            out, state = run_stepwise(self.decoder, y, None, state)
+        else:
+            out, state = self.decoder(y, state)
         return self.dec_dropout(out), state
 
     def forward(self, x: torch.Tensor, src_lengths: torch.Tensor, y: torch.Tensor):

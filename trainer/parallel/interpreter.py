@@ -53,7 +53,8 @@ class _Embedded:
         """Chunk [a, b)'s input gradient; True once every chunk's is in."""
         if self.grad is None:
             self.grad = torch.zeros_like(self.out)
-        self.grad[:, a:b] = grad
+        if grad is not None:  # None: an empty time chunk
+            self.grad[:, a:b] = grad
         self.pending -= 1
         return self.pending == 0
 
@@ -398,7 +399,9 @@ class StepRunner:
                 if leaf.grad is not None:
                     outs.append(t)
                     grads.append(leaf.grad)
-        self.engine.backward(sum((t * g).sum() for t, g in zip(outs, grads)))
+        loss = sum((t * g).sum() for t, g in zip(outs, grads))
+        if loss.requires_grad:  # not for an empty last time chunk, which nothing depends on
+            self.engine.backward(loss)
         rec.x_out = None
         emb = self.ms.embedded.get((kind, u))
         if emb is not None and emb.take(*self.ms.chunks[kind][u][c], rec.x_in.grad):
@@ -418,7 +421,8 @@ class StepRunner:
         return ms.records[nxt].state_in
 
     def op_send_backward(self, ins: Instr) -> None:
-        self.comm.send_backward(self.ms.records[(ins.kind, ins.unit, ins.chunk)].x_in.grad, ins.peer)
+        x_in = self.ms.records[(ins.kind, ins.unit, ins.chunk)].x_in
+        self.comm.send_backward(x_in.grad if x_in.grad is not None else torch.zeros_like(x_in), ins.peer)
 
     # ---- collectives, the step ----
     def op_reduce_metrics(self, ins: Instr) -> None:
