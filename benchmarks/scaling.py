@@ -7,9 +7,10 @@
 enja-small (emb 256, hidden 256, 2+2 layers, general attention, 8k BPE vocabulary per side, 64 sentence
 pairs per step) on ../shared/data/small_parallel_enja, trained through the real CLI: single with 1 and
 2 threads, data_2 (DeepSpeed's data parallelism), pipeline_2 and hybrid_2 variants (1 thread per
-rank). `--model wide`: the same with emb/hidden 1024 (the paper's regime, where compute dominates).
-`--lstm-kernel`: model.lstm_kernel of every run; `both` runs each run with each kernel (the kernel's
-name joins the run's). Every run trains the same batches (same seed); the first 3 steps are warm-up. For each
+rank). `--model wide`: trainer/configs/enja_wide.yaml, the same at emb/hidden 1024 (the paper's width, where
+the LSTMs' compute dominates).
+`--lstm-kernel`: model.lstm_kernel of the parallel runs (`both`: each run with each); a single process
+always runs with both kernels, and the ratios are taken against the faster. Every run trains the same batches (same seed); the first 3 steps are warm-up. For each
 precision: a table of median step time, tokens/s, pairs/s, the ratio to single with 1 and with 2
 threads, model GFLOP/s (trainer/model/flops.py) and its fraction of this machine's measured matmul peak
 (benchmarks/peak.py: the 1-thread peak for one thread, the 2-thread peak for both cores); then per rank
@@ -40,6 +41,9 @@ RUNS = [
     ("hybrid_2 chunks=2", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2}),
     ("hybrid_2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4}),
     ("hybrid_2 chunks=8", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8}),
+    # the last stage's head share runs slower (it also scatters the shards and gathers their gradients)
+    ("hybrid_2 chunks=4 shares=17:15", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
+                                                          "head_shares": [17, 15]}),
     ("hybrid_2 units=2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 4}),
     ("hybrid_2 per_unit units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1,
                                                      "head_schedule": "per_unit"}),
@@ -86,9 +90,8 @@ def main() -> None:
             for label, base, ranks, threads, layout, kernel in runs:
                 name = f"{args.model}_{prec}_{label.replace(' ', '_').replace('=', '')}"
                 cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"})
-                r = train(args.work, name, cfg, ranks, threads, args.steps, data,
-                          extra=(f"train.timeline_every={args.steps - 1}", f"model.lstm_kernel={kernel}",
-                                 *MODELS[args.model]))
+                r = train(args.work, name, cfg, ranks, threads, args.steps, data, config=MODELS[args.model],
+                          extra=(f"train.timeline_every={args.steps - 1}", f"model.lstm_kernel={kernel}"))
                 run_dir = args.work / "runs" / name
                 r.update(rank_fractions(run_dir))
                 png = run_dir / "timeline" / f"step_{args.steps - 1:08d}.png"
@@ -108,14 +111,19 @@ def main() -> None:
     out.write_text(json.dumps({"peak": peak, "model": args.model, "results": summary}, indent=1))
 
 
-MODELS = {"small": (), "wide": ("model.emb_dim=1024", "model.hidden=1024")}
+MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
 
 
 def with_kernels(runs: list, kernel: str) -> list:
-    """RUNS rows with the LSTM kernel appended; `both`: each row once per kernel, named by it."""
-    if kernel != "both":
-        return [(*r, kernel) for r in runs]
-    return [(f"{r[0]} {k}", *r[1:], k) for r in runs for k in ("fused", "stepwise")]
+    """RUNS rows with the LSTM kernel appended. A single process runs with each kernel (the ratios are
+    taken against the faster, the strongest baseline); the parallel runs with `kernel`, or with each
+    for `both`. The kernel joins the name of a run that has both."""
+    both = ("fused", "stepwise")
+    out = []
+    for r in runs:
+        kernels = both if r[2] == 1 or kernel == "both" else (kernel,)
+        out += [(f"{r[0]} {k}" if len(kernels) > 1 else r[0], *r[1:], k) for k in kernels]
+    return out
 
 
 def report(prec: str, res: dict, peak: dict, runs: list) -> None:

@@ -185,3 +185,15 @@ def test_number_copy_counts_masking_and_ordinals():
     assert got == {"ordinals": 1, "ordinals_right": 0.0, "wrong_ordinals": 1, "source_numbers_as_ordinals": 0}
     got = number_copy.ordinals(["claim 2 , the first electrode"], ["請求項2の第1の電極"], ["請求項2の第2の電極"])
     assert got == {"ordinals": 1, "ordinals_right": 0.0, "wrong_ordinals": 1, "source_numbers_as_ordinals": 1}
+
+
+def test_scaling_runs_single_processes_with_both_lstm_kernels():
+    """The baseline of every ratio is the faster single process, so a single process runs with each
+    kernel; the parallel runs with the chosen one (or each, for `both`)."""
+    from scaling import RUNS, with_kernels
+
+    runs = with_kernels([r for r in RUNS if r[0] in ("single 1 thread", "data_2")], "stepwise")
+    assert [(r[0], r[-1]) for r in runs] == [("single 1 thread fused", "fused"),
+                                             ("single 1 thread stepwise", "stepwise"), ("data_2", "stepwise")]
+    both = with_kernels([r for r in RUNS if r[0] == "data_2"], "both")
+    assert [r[0] for r in both] == ["data_2 fused", "data_2 stepwise"]

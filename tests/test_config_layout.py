@@ -71,13 +71,23 @@ def test_modes_resolve_degrees():
 
 
 def test_shipped_ds_configs_are_valid():
-    expect = {"single": 1, "data_2": 2, "pipeline_2": 2, "hybrid_2": 2, "hybrid_4": 4, "grid_2x4": 8}
+    expect = {"single": 1, "data_2": 2, "pipeline_2": 2, "hybrid_2": 2, "hybrid_2_wide": 2, "hybrid_4": 4,
+              "grid_2x4": 8}
     for name, world in expect.items():
         ds = json.loads((REPO / "ds_configs" / f"{name}.json").read_text())
         spec = LayoutSpec.from_ds_config(ds, world)
         assert spec.world_size == world
         # the global micro-batch is the same in every shipped layout, so runs are comparable
         assert ds["train_micro_batch_size_per_gpu"] * spec.num_dp == 64
+
+
+def test_the_wide_config_trains_its_layout():
+    """enja_wide.yaml with hybrid_2_wide.json: a unidirectional model (time chunks allowed), stepwise kernel."""
+    cfg = load_config(str(REPO / "trainer/configs/enja_wide.yaml"), [])
+    ds = json.loads((REPO / "ds_configs" / "hybrid_2_wide.json").read_text())
+    spec = LayoutSpec.from_ds_config(ds, 2)
+    assert spec.time_chunks == 4 and cfg.model.lstm_kernel == "stepwise" and cfg.model.hidden == 1024
+    spec.check_model(cfg.model, cfg.data.min_batch_sentences, ds["train_micro_batch_size_per_gpu"])
 
 
 def test_cli_rejects_a_layout_before_training(tmp_path):

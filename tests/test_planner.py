@@ -263,6 +263,14 @@ def test_plan_ranks_layouts_and_writes_a_loadable_config(tiny_data, tmp_path, ca
               *_tiny_cfg(tiny_data)])
 
 
+def test_plan_says_it_prices_the_fused_lstm_kernel(tiny_data, tmp_path, capsys):
+    from trainer.planner.cli import main
+
+    main(["--devices", "2", "--profile", str(_tiny_profile(tmp_path, tiny_data)), "--steps", "1",
+          *_tiny_cfg(tiny_data), "model.lstm_kernel=stepwise"])
+    assert "NOTE: model.lstm_kernel=stepwise: the profiles price torch's fused LSTM" in capsys.readouterr().out
+
+
 def test_plan_prefers_no_communication_when_links_are_slow(tiny_data, tmp_path):
     from trainer.planner import plan
 

@@ -87,6 +87,9 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
     d = work.dims
     warning = (profile.get("conditions") or {}).get("warning") if isinstance(profile.get("conditions"), dict) else None
     lines = [f"WARNING: {args.profile}: {warning}; measure again on a quiet machine (--calibrate)"] if warning else []
+    if work.cfg.model.lstm_kernel != "fused":
+        lines.append(f"NOTE: model.lstm_kernel={work.cfg.model.lstm_kernel}: the profiles price torch's fused LSTM, so "
+                     f"these are the fused kernel's predictions (docs/BENCHMARKS.md 13 measures both)")
     lines += [f"plan: {args.devices} device(s) of {where} ({os.path.basename(args.profile)}); model emb {d.emb} hidden "
              f"{d.hidden} {d.layers}+{d.layers} layers, vocab {d.src_vocab}/{d.tgt_vocab}; {work.precision}; "
              f"{work.global_batch} pairs per micro-batch x {len(work.windows[0])}; {len(work.windows)} real steps of "
