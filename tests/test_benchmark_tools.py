@@ -197,3 +197,14 @@ def test_scaling_runs_single_processes_with_both_lstm_kernels():
                                              ("single 1 thread stepwise", "stepwise"), ("data_2", "stepwise")]
     both = with_kernels([r for r in RUNS if r[0] == "data_2"], "both")
     assert [r[0] for r in both] == ["data_2 fused", "data_2 stepwise"]
+
+
+def test_lstm_kernels_times_each_kernel_cut_in_chunks():
+    import torch
+    from lstm_kernels import time_chunks
+
+    lstm = torch.nn.LSTM(8, 8, batch_first=True)
+    x = torch.randn(2, 6, 8)
+    for kernel in ("fused", "stepwise"):
+        fwd, bwd = time_chunks(lstm, x, 3, kernel, repeats=1)
+        assert fwd > 0 and bwd > 0

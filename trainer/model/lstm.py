@@ -2,8 +2,8 @@
 
 torch's fused LSTM on CPU (oneDNN) pays a fixed price on every call: the weights are reordered for it
 and the weight gradients reordered back and accumulated. Cut a sequence into time chunks (the
-pipeline's wavefront) and that price is paid per chunk; at hidden 1024 in bf16 the backward of four
-chunks costs 1.4x one (docs/BENCHMARKS.md 13). This kernel does what a chunk needs and no more:
+pipeline's wavefront) and that price is paid per chunk; at hidden 1024 in bf16 four chunks cost
+1.6x one call (docs/BENCHMARKS.md 13.1). This kernel does what a chunk needs and no more:
 
 - forward: the input projection of the whole chunk as one GEMM, then per step one GEMM with W_hh and
   the gate arithmetic in float32 or wider (the cell state is kept so inside a call);
