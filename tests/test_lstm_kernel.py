@@ -101,3 +101,22 @@ def test_the_kernel_is_a_checked_config_key(tmp_path):
     assert load_config(None, ["model.lstm_kernel=stepwise"]).model.lstm_kernel == "stepwise"
     with pytest.raises(ConfigError, match="model.lstm_kernel"):
         load_config(None, ["model.lstm_kernel=cudnn"])
+
+
+def test_a_stepwise_model_decodes_as_the_fused_one():
+    """Inference builds the model from the run's config: beam search over a stepwise model (one step per
+    call, no gradients) gives the fused model's hypotheses."""
+    from trainer.model.search import beam_search
+    from trainer.model.seq2seq import build_model
+
+    src = torch.randint(4, 50, (3, 7))
+    src[1, 5:] = 0
+    src[2, 3:] = 0
+    hyps = []
+    for kernel in ("fused", "stepwise"):
+        cfg = load_config(None, ["model.emb_dim=16", "model.hidden=16", "model.dropout=0",
+                                 f"model.lstm_kernel={kernel}"])
+        model = build_model(cfg.model, 50, 60, seed=1).eval()
+        with torch.no_grad():
+            hyps.append(beam_search(model, src, torch.tensor([7, 5, 3]), beam=3, max_len=10))
+    assert hyps[0] == hyps[1]
