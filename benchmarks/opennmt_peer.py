@@ -1,7 +1,7 @@
 """Single rank against OpenNMT-py 3.5.1: the same model and batches, sentence pairs/s side by side in one run.
 
     python benchmarks/opennmt_peer.py [--work /tmp/hybrid-nmt-bench] [--steps 60] [--warmup 5] [--threads 2]
-                                      [--venv WORK/onmt-venv] [--rounds 1]
+                                      [--venv WORK/onmt-venv] [--rounds 1] [--ours KEY=VALUE ...]
 
 The peer lives in its own virtual environment (default WORK/onmt-venv, built on first use and reused):
 torch pinned to the CPU wheel of requirements.txt first, then `opennmt-py==3.5.1 --no-deps` and the few
@@ -226,6 +226,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--config", type=Path, default=REPO / "trainer" / "configs" / "enja_small.yaml")
+    p.add_argument("--ours", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides for our runs only (e.g. train.loss_chunk_rows=512)")
     args = p.parse_args()
     if args.steps <= args.warmup:
         sys.exit(f"--steps {args.steps}: must be more than --warmup {args.warmup}")
@@ -253,7 +255,8 @@ def main() -> None:
             else:
                 name = f"peer_ours_{precision}"
                 cfg = ds_variant(args.work, "single", name, bf16={"enabled": precision == "bf16"})
-                train(args.work, name, cfg, 1, args.threads, args.steps, data, config=str(args.config))
+                train(args.work, name, cfg, 1, args.threads, args.steps, data, config=str(args.config),
+                      extra=tuple(args.ours))
                 r = {k: v for k, v in summarise(args.work / "runs" / name, warmup=args.warmup).items() if k != "timing"}
                 r["tokens_per_pair"] = r["tokens_per_s"] / r["pairs_per_s"]
             rounds[label, precision].append(r)
