@@ -12,23 +12,13 @@ the ratio to one chunk (docs/BENCHMARKS.md 13.1): `fused` is model.lstm_kernel=f
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
 import torch
 
+from common import cpu_model
 from trainer.model.lstm import run_stepwise
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def time_chunks(lstm, x, chunks: int, kernel: str, repeats: int) -> tuple[float, float]:
@@ -64,7 +54,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args()
     torch.set_num_threads(1)
-    print(f"{_cpu_name()}, 1 thread, torch {torch.__version__}; batch {args.batch}, {args.time} steps\n")
+    print(f"{cpu_model()}, 1 thread, torch {torch.__version__}; batch {args.batch}, {args.time} steps\n")
     print("| hidden | precision | kernel | chunks | forward ms | backward ms | fwd+bwd vs 1 chunk |")
     print("|---:|---|---|---:|---:|---:|---:|")
     for hidden in args.hidden:

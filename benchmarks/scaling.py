@@ -10,8 +10,8 @@ pairs per step) on ../shared/data/small_parallel_enja, trained through the real 
 rank). `--model wide`: trainer/configs/enja_wide.yaml, the same at emb/hidden 1024 (the paper's width, where
 the LSTMs' compute dominates).
 `--lstm-kernel`: model.lstm_kernel of the parallel runs (`both`: each run with each); a single process
-always runs with both kernels, and the ratios are taken against the faster. Every run trains the same batches (same seed); the first 3 steps are warm-up. For each
-precision: a table of median step time, tokens/s, pairs/s, the ratio to single with 1 and with 2
+always runs with both kernels, and the ratios are taken against the faster. Every run trains the same
+batches (same seed); the first 3 steps are warm-up. For each precision: a table of median step time, tokens/s, pairs/s, the ratio to single with 1 and with 2
 threads, model GFLOP/s (trainer/model/flops.py) and its fraction of this machine's measured matmul peak
 (benchmarks/peak.py: the 1-thread peak for one thread, the 2-thread peak for both cores); then per rank
 the busy / waiting / communicating / idle fractions (metrics.jsonl) and ms per step by category.

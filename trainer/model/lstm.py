@@ -116,7 +116,6 @@ def run_stepwise(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray | None, sta
         return x.new_zeros(batch, 0, lstm.hidden_size), (h0.unsqueeze(0), c0.unsqueeze(0))
     if lengths is None:
         return _apply(lstm, x, h0, c0, (batch,) * time)
-    lengths = np.minimum(lengths, time)
     if (lengths[:-1] >= lengths[1:]).all():
         return _apply(lstm, x, h0, c0, _sizes(lengths, time))
     order = np.argsort(-lengths, kind="stable")
