@@ -246,9 +246,6 @@ class ParallelLayout:
     def is_last(self) -> bool:
         return self.stage == self.spec.num_pp - 1
 
-    def replica_rows(self, batch_size: int) -> tuple[int, int]:
-        return split_even(batch_size, self.num_dp)[self.replica]
-
     def head_shards(self, rows: int) -> list[tuple[int, int]]:
         """Row ranges of the replica slice handled by each stage's head replica."""
         return head_shards(self.spec, rows)
