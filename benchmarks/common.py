@@ -141,7 +141,7 @@ def summarise(run_dir: Path, warmup: int = 3) -> dict:
             "tokens_per_s": tokens / seconds, "final_loss": rows[-1]["loss"], "timing": timing}
 
 
-COMPUTE = ("forward", "backward", "head", "optimizer_step")
+COMPUTE = ("forward", "backward", "head", "optimizer_step", "weight_grads")
 P2P_WAIT = ("recv_forward", "recv_backward", "recv_shard", "gather_grad")
 P2P_SEND = ("send_forward", "send_backward", "scatter_shard", "send_shard_grad", "flush_sends")
 COLLECTIVE = ("reduce_metrics", "reduce_grads", "reduce_head_grads", "wait_head_grads", "broadcast_head")
@@ -154,6 +154,7 @@ def breakdown(seconds_per_step: dict) -> dict:
     out = {"compute": cat(COMPUTE), "recv_wait": cat(P2P_WAIT), "send": cat(P2P_SEND),
            "collectives": cat(COLLECTIVE)}
     out.update({f"{n}": 1000 * seconds_per_step.get(n, 0.0) for n in COMPUTE})
+    out["backward"] += out.pop("weight_grads")  # deferred weight gradients (defer_weight_grads) are backward
     return out
 
 

@@ -3,6 +3,7 @@
     python benchmarks/scaling.py [--work /tmp/hybrid-nmt-bench] [--steps 40] [--precision both|bf16|fp32]
                                  [--only NAME ...] [--rounds 1] [--model small|wide]
                                  [--lstm-kernel fused|stepwise|both]
+    python benchmarks/scaling.py --goals [--work ...] [--rounds 2]
 
 enja-small (emb 256, hidden 256, 2+2 layers, general attention, 8k BPE vocabulary per side, 64 sentence
 pairs per step) on ../shared/data/small_parallel_enja, trained through the real CLI: single with 1 and
@@ -17,6 +18,9 @@ threads, model GFLOP/s (trainer/model/flops.py) and its fraction of this machine
 the busy / waiting / communicating / idle fractions (metrics.jsonl) and ms per step by category.
 Each run's Gantt chart of one step is copied to WORK/scaling/<precision>_<run>.png. Everything goes to
 WORK/scaling.json.
+`--goals`: issue 23's goals from one command, both sizes and both precisions (benchmarks/scaling_goals.py):
+which are met, by how much in each round, and where the shipped hybrid's milliseconds are on its timeline;
+to WORK/scaling_goals.json.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import shutil
 import statistics
 from pathlib import Path
 
+import scaling_goals
 from common import breakdown, ds_variant, matmul_peak, prepare_enja, train
 
 # (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes)
@@ -45,6 +50,9 @@ RUNS = [
     ("hybrid_2 chunks=4 shares=17:15", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
                                                           "head_shares": [17, 15]}),
     ("hybrid_2 units=2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 4}),
+    # the weight gradients after each rank's last backward (stepwise kernel only)
+    ("hybrid_2 chunks=4 deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
+                                                      "defer_weight_grads": True}),
     ("hybrid_2 per_unit units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1,
                                                      "head_schedule": "per_unit"}),
     ("hybrid_2 per_unit units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1,
@@ -76,12 +84,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="repeat every run, interleaved; report the median")
     p.add_argument("--model", choices=tuple(MODELS), default="small", help="small: emb/hidden 256; wide: 1024")
     p.add_argument("--lstm-kernel", choices=("fused", "stepwise", "both"), default="fused")
+    p.add_argument("--goals", action="store_true", help="issue 23's goals: both models and precisions, "
+                   "fixed runs (--model, --only, --precision, --lstm-kernel, --steps are not used)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     data = prepare_enja(args.work)
     peak = matmul_peak(args.work)
     pngs = args.work / "scaling"
     pngs.mkdir(exist_ok=True)
+    if args.goals:  # the report after every round, so that an interrupted run keeps what it measured
+        def write(results: dict, done: int) -> None:
+            out = scaling_goals.report(results, done)
+            (args.work / "scaling_goals.json").write_text(json.dumps({"peak": peak, **out, "results": results},
+                                                                     indent=1))
+        scaling_goals.measure(args.work, data, MODELS, args.rounds, pngs, on_round=write)
+        return
     precisions = ("bf16", "fp32") if args.precision == "both" else (args.precision,)
     runs = with_kernels([r for r in RUNS if args.only is None or r[0] in args.only], args.lstm_kernel)
     results: dict = {prec: {} for prec in precisions}

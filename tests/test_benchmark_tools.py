@@ -208,3 +208,64 @@ def test_lstm_kernels_times_each_kernel_cut_in_chunks():
     for kernel in ("fused", "stepwise"):
         fwd, bwd = time_chunks(lstm, x, 3, kernel, repeats=1)
         assert fwd > 0 and bwd > 0
+
+
+def _trace(spans: dict) -> dict:
+    """A timeline trace.json of one step: {rank: [(op, start ms, dur ms)]}."""
+    from trainer.observe.timeline import category
+
+    return {"traceEvents": [{"name": op, "cat": category(op), "ph": "X", "pid": 9, "tid": rank,
+                             "ts": 1000.0 * start, "dur": 1000.0 * dur}
+                            for rank, ops in spans.items() for op, start, dur in ops]}
+
+
+HYBRID_STEP = {  # two ranks, 2 chunks: rank 1 waits to fill, rank 0 waits for the head and the backward
+    0: [("forward", 0, 10), ("send_forward", 10, 1), ("forward", 11, 10), ("send_forward", 21, 1),
+        ("recv_shard", 22, 18), ("head", 40, 30), ("send_shard_grad", 70, 1), ("recv_backward", 71, 9),
+        ("backward", 80, 20), ("recv_backward", 100, 2), ("backward", 102, 20), ("optimizer_step", 122, 5),
+        ("reduce_metrics", 127, 3)],
+    1: [("recv_forward", 0, 11), ("forward", 11, 10), ("recv_forward", 21, 1), ("forward", 22, 10),
+        ("scatter_shard", 32, 1), ("head", 33, 35), ("gather_grad", 68, 2), ("backward", 70, 10),
+        ("send_backward", 80, 1), ("backward", 81, 19), ("send_backward", 100, 1), ("optimizer_step", 101, 28),
+        ("reduce_metrics", 129, 1)],
+}
+
+
+def test_where_ms_puts_every_ms_of_the_step_in_one_place():
+    from scaling_goals import PHASES, where_ms
+
+    got = where_ms(_trace(HYBRID_STEP))
+    for rank, row in got.items():
+        assert row["step"] == pytest.approx(130)
+        parts = ("forward", "backward", "head", "optimizer", *PHASES)
+        assert sum(row[k] for k in parts) == pytest.approx(130), rank
+    assert got[0]["before head"] == pytest.approx(18 + 1) and got[0]["head to backward"] == pytest.approx(10)
+    assert got[0]["optimizer"] == got[1]["optimizer"] == pytest.approx(5)  # the fastest rank's: its own work
+    assert got[1]["fill"] == pytest.approx(11) and got[1]["drain"] == pytest.approx(30 - 1 - 5 + 1)
+
+
+def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path):
+    import scaling_goals
+
+    def run(tps, fb=(100, 100), step=500.0):
+        timing = {0: {"forward": fb[0] / 2000, "backward": fb[1] / 2000, "head": 0.0},
+                  1: {"forward": fb[0] / 2000, "backward": fb[1] / 2000, "head": 0.0}}
+        return {"tokens_per_s": tps, "step_ms_median": step, "timing": timing, "kernel": "stepwise",
+                "run_dir": str(tmp_path)}
+
+    (tmp_path / "timeline").mkdir()
+    (tmp_path / "timeline" / "trace.json").write_text(json.dumps(_trace(HYBRID_STEP)))
+    rows = {"single 1 thread fused": [run(100), run(100)], "single 1 thread stepwise": [run(90), run(110)],
+            "single 2 threads": [run(150), run(150)], "data_2": [run(140), run(145)],
+            "pipeline_2 units=4": [run(100), run(100)], "hybrid_2 units=1": [run(150), run(150)],
+            "hybrid_2 chunks=4": [run(180, (100, 104)), run(176, (100, 108))]}
+    results = {"wide": {"bf16": rows}}
+    table = {(g["goal"]): g for g in scaling_goals.goals_table(results)}
+    assert scaling_goals.shipped_row("wide") == "hybrid_2 chunks=4"  # ds_configs/hybrid_2_wide.json
+    assert table["1"]["min"] == pytest.approx(1.6) and table["1"]["max"] == pytest.approx(1.8)  # 176/110, 180/100
+    assert not table["1"]["met"]  # 1.7x is reached in one round only
+    assert table["2a"]["met"] and table["2b"]["met"]
+    assert table["3"]["min"] == pytest.approx(1.02) and table["3"]["max"] == pytest.approx(1.04)
+    assert table["3"]["met"]
+    out = scaling_goals.report(results, 2)
+    assert out["where_ms"]["wide_bf16"]["row"] == "hybrid_2 chunks=4" and set(out["where_ms"]["wide_bf16"]["ranks"]) == {0, 1}

@@ -58,6 +58,12 @@ def test_layout_errors_name_the_key():
     with pytest.raises(LayoutError, match="head_shares"):
         _spec(2, mode="hybrid", head_shares=[1, 0])
     assert _spec(2, mode="hybrid", head_shares=[5, 4]).head_shares == (5, 4)
+    with pytest.raises(LayoutError, match="defer_weight_grads=.yes.: must be true or false"):
+        _spec(2, mode="hybrid", defer_weight_grads="yes")
+    with pytest.raises(LayoutError, match="defer_weight_grads=true: .*model.lstm_kernel=stepwise"):
+        _spec(2, mode="hybrid", defer_weight_grads=True).check_model(cfg.model, 8, 64)  # fused: nothing to defer
+    stepwise = load_config(None, ["model.layers=2", "model.lstm_kernel=stepwise", "model.bidirectional_bottom=false"])
+    _spec(2, mode="hybrid", time_chunks=4, defer_weight_grads=True).check_model(stepwise.model, 8, 64)
     tied = load_config(None, ["model.tie_embeddings=true"])
     with pytest.raises(LayoutError, match="tie_embeddings"):
         _spec(2, mode="hybrid").check_model(tied.model, 8, 64)

@@ -114,8 +114,10 @@ def test_a_compiled_head_trains_like_the_eager_one(workers, tiny_data, tmp_path)
 
 
 def test_the_stepwise_lstm_kernel_adds_no_sync(workers, tiny_data, tmp_path):
-    """model.lstm_kernel=stepwise in a time-chunked, ragged hybrid layout: still one read per step."""
+    """model.lstm_kernel=stepwise in a time-chunked, ragged hybrid layout, its weight gradients deferred
+    (bf16): still one read per step."""
     world, micro, layout = LAYOUTS["hybrid_2"]
+    layout = {**layout, "defer_weight_grads": True}
     out = workers.run(world, count_step_ops, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3",
                                               "model.lstm_kernel=stepwise"],
                       _ds(micro, layout, True), str(tmp_path / "stepwise"))

@@ -120,3 +120,43 @@ def test_a_stepwise_model_decodes_as_the_fused_one():
         with torch.no_grad():
             hyps.append(beam_search(model, src, torch.tensor([7, 5, 3]), beam=3, max_len=10))
     assert hyps[0] == hyps[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_deferred_weight_gradients_equal_the_immediate_ones(dtype):
+    """Under deferred_weight_grads the backward gives the same input and state gradients at once (bit for
+    bit), no weight gradient, and queue.run() then adds the immediate backward's weight gradients, also
+    on top of a gradient already there. Equal to rounding: one backward call sums the chunks' weight
+    gradients before adding them, the queue adds them one by one (as the pipeline's one backward call
+    per chunk does)."""
+    from trainer.model.lstm import WeightGradQueue, deferred_weight_grads
+
+    lstm = _lstm(dtype)
+    lens = np.array([7, 5, 3, 1])
+
+    def backward(defer: WeightGradQueue | None):
+        x, state = _inputs(time=7, dtype=dtype)
+        for p in lstm.parameters():
+            p.grad = torch.ones_like(p)  # an earlier micro-batch's
+        s, outs = state, []
+        for a, b in ((0, 3), (3, 5), (5, 7)):
+            out, s = run_stepwise(lstm, x[:, a:b], np.clip(lens - a, 0, b - a), s)
+            outs.append(out)
+        gen = torch.Generator().manual_seed(1)
+        loss = sum((t * torch.randn(t.shape, generator=gen).to(dtype)).sum() for t in (*outs, *s))
+        with deferred_weight_grads(defer):
+            loss.backward()
+        early = [x.grad.clone(), state[0].grad.clone(), state[1].grad.clone()]
+        return early, [p.grad.clone() for p in lstm.parameters()]
+
+    early_now, weights_now = backward(None)
+    queue = WeightGradQueue()
+    early_later, weights_before = backward(queue)
+    assert len(queue) == 3 and all(torch.equal(w, torch.ones_like(w)) for w in weights_before)
+    for a, b in zip(early_now, early_later):
+        assert torch.equal(a, b)
+    queue.run()
+    assert len(queue) == 0
+    for a, p in zip(weights_now, lstm.parameters()):
+        assert p.grad.grad_fn is None
+        assert torch.allclose(a, p.grad, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-6)

@@ -134,15 +134,22 @@ def test_dropout_masks_are_the_same_in_every_layout(workers, tiny_data, tmp_path
 
 def test_stepwise_lstm_kernel_is_the_same_model_in_every_layout(workers, tiny_data, tmp_path, single13):
     """model.lstm_kernel=stepwise (trainer/model/lstm.py): single with it equals single with torch's LSTM,
-    and the time-chunked and pipelined layouts with it equal single with it."""
+    and the time-chunked and pipelined layouts with it equal single with it, also with the weight
+    gradients deferred to after each rank's last backward (with replicas: before their all-reduce)."""
     step = ("model.lstm_kernel=stepwise",)
     ref = _run(workers, tiny_data, tmp_path, "single_step", 1, 13, {"mode": "single"}, extra=step)
     _compare(single13, ref, "single stepwise vs fused", tol=1e-5)
     for name, world, layout in (
             ("hybrid_2", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
+            ("hybrid_2_deferred", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
+                                      "time_chunks": 3, "defer_weight_grads": True}),
             ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 2})):
         _compare(ref, _run(workers, tiny_data, tmp_path, f"{name}_step", world, 13, layout, extra=step),
                  f"{name} stepwise")
+    ref14 = _run(workers, tiny_data, tmp_path, "single_step14", 1, 14, {"mode": "single"}, extra=step)
+    grid = {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 1, "time_chunks": 2, "defer_weight_grads": True}
+    _compare(ref14, _run(workers, tiny_data, tmp_path, "grid_2x2_deferred", 4, 7, grid, extra=step),
+             "grid_2x2_deferred stepwise")
 
 
 @pytest.mark.parametrize("kernel", ["fused", "stepwise"])

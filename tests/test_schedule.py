@@ -44,6 +44,26 @@ def test_grid_schedules_never_deadlock(num_pp, num_dp, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("num_pp,units,chunks", [(2, 1, 4), (3, 2, 2), (4, 4, 1)])
+def test_deferred_weight_gradients_follow_each_ranks_last_backward(num_pp, units, chunks, mode):
+    """parallel_layout.defer_weight_grads: one `weight_grads` per rank, right after its last backward
+    (and its last send_backward), before any reduction; the schedules still replay deadlock-free."""
+    from dataclasses import replace
+
+    spec = replace(_spec(num_pp, 1, units, chunks), defer_weight_grads=True)
+    for boundary in (True, False):
+        programs = global_programs(spec, boundary=boundary)
+        for prog in programs.values():
+            ops = [i.op for i in prog]
+            assert ops.count("weight_grads") == 1
+            at = ops.index("weight_grads")
+            assert "backward" not in ops[at:] and "send_backward" not in ops[at:]
+            assert ops[at - 1] in ("backward", "send_backward")
+        replay(programs, group_members(spec), mode=mode)
+    assert "weight_grads" not in [i.op for p in global_programs(_spec(num_pp, 1, units, chunks)).values() for i in p]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_every_shipped_config_never_deadlocks(mode):
     """The layouts of ds_configs/*.json, training (at and between accumulation boundaries) and
     forward-only, on the transport of each device."""

@@ -14,14 +14,73 @@ Rows run as a packed sequence does: rows sorted longest first (the batcher's ord
 permuted and put back), step t runs the first `sizes[t]` rows, a row past its length keeps its state
 and gets a zero output. The parameters are nn.LSTM's own (weight_ih_l0, weight_hh_l0, bias_ih_l0,
 bias_hh_l0), so checkpoints and exports do not depend on the kernel.
+
+Inside `deferred_weight_grads(queue)` the backward computes only what the layers below wait for (the
+input and state gradients) and queues the weight gradients; `queue.run()` computes them later and adds
+them to the parameters' `.grad`, in the order they were queued (zero-bubble pipelining's split of the
+backward: a pipeline stage hands its input gradient on first and fills its idle drain with the rest).
 """
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
 from torch import nn
 
 from trainer.model.tensors import to_device
+
+
+class WeightGradQueue:
+    """Weight gradients queued by stepwise layers' backward under `deferred_weight_grads`."""
+
+    def __init__(self):
+        self.pending: list = []
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def run(self) -> None:
+        """Compute every queued weight gradient and accumulate it into its parameter's `.grad`."""
+        pending, self.pending = self.pending, []
+        with torch.no_grad():
+            for grads, hs, x, params in pending:
+                _accumulate(params, _weight_grads(grads, hs, x))
+
+
+_DEFERRING: list[WeightGradQueue] = []  # not thread-local: on an accelerator autograd runs the backward
+#                                         in its own device thread
+
+
+@contextlib.contextmanager
+def deferred_weight_grads(queue: WeightGradQueue | None):
+    """Within: stepwise layers queue their weight gradients in `queue` instead of returning them (None:
+    no deferral)."""
+    if queue is None:
+        yield
+        return
+    _DEFERRING.append(queue)
+    try:
+        yield
+    finally:
+        _DEFERRING.pop()
+
+
+def _weight_grads(grads: torch.Tensor, hs: torch.Tensor, x: torch.Tensor) -> tuple:
+    """(d W_ih, d W_hh, d b_ih, d b_hh) from the gate gradients (batch, time, 4 hidden), the states
+    each step read (batch, time, hidden) and the inputs: one GEMM each over the whole chunk."""
+    batch, time, four = grads.shape
+    flat = grads.view(batch * time, four)
+    d_w_hh = flat.t() @ hs.reshape(batch * time, hs.shape[2])
+    d_w_ih = flat.t() @ x.reshape(batch * time, x.shape[2])
+    d_b = flat.sum(0, dtype=torch.promote_types(x.dtype, torch.float32)).to(x.dtype)
+    return d_w_ih, d_w_hh, d_b, d_b.clone()
+
+
+def _accumulate(params: tuple, grads: tuple) -> None:
+    for p, g in zip(params, grads):
+        if p.requires_grad:
+            p.grad = g if p.grad is None else p.grad.add_(g)
 
 
 class _StepLSTM(torch.autograd.Function):
@@ -50,7 +109,7 @@ class _StepLSTM(torch.autograd.Function):
             c = torch.addcmul(f * cs[:n, t], i, g)
             cs[:n, t + 1] = c
             hs[:n, t + 1] = o * torch.tanh(c)
-        ctx.sizes = sizes
+        ctx.sizes, ctx.params = sizes, (w_ih, w_hh, b_ih, b_hh)
         ctx.save_for_backward(x, w_ih, w_hh, hs, cs, acts)
         out = hs[:, 1:]
         if sizes[-1] < batch:  # zero outputs past each row's end
@@ -77,12 +136,11 @@ class _StepLSTM(torch.autograd.Function):
             grads[:n, t] = _gate_grads(acts[:n, t], cs[:n, t], cs[:n, t + 1], dh[:n], dc[:n])
             dc[:n] *= acts[:n, t, hidden:2 * hidden]
             dh[:n] = grads[:n, t] @ w_hh
-        flat = grads.view(batch * time, 4 * hidden)
-        d_w_hh = flat.t() @ hs[:, :time].reshape(batch * time, hidden)
-        d_w_ih = flat.t() @ x.reshape(batch * time, x.shape[2])
-        d_b = flat.sum(0, dtype=cs.dtype).to(x.dtype)
-        d_x = (flat @ w_ih).view_as(x) if ctx.needs_input_grad[0] else None
-        return d_x, dh.to(x.dtype), dc.to(x.dtype), d_w_ih, d_w_hh, d_b, d_b.clone(), None
+        d_x = (grads.view(batch * time, 4 * hidden) @ w_ih).view_as(x) if ctx.needs_input_grad[0] else None
+        if _DEFERRING:  # the weight gradients later, from the queue
+            _DEFERRING[-1].pending.append((grads, hs[:, :time], x, ctx.params))
+            return d_x, dh.to(x.dtype), dc.to(x.dtype), None, None, None, None, None
+        return (d_x, dh.to(x.dtype), dc.to(x.dtype), *_weight_grads(grads, hs[:, :time], x), None)
 
 
 def _inner_or_zeros(grad, cs: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from trainer.data import Batch
 from trainer.model.dropout import DropoutKeys, keyed
+from trainer.model.lstm import WeightGradQueue, deferred_weight_grads
 from trainer.model.seq2seq import Embeddings, EncoderDecoderLayer
 from trainer.model.tensors import to_device
 from trainer.observe.op_counter import host
@@ -122,6 +123,7 @@ class StepRunner:
         self.window_read: list | None = None  # ... read back with the optimizer step's gradient norm
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
         self.ms: MicroStep | None = None
+        self.weight_grads = WeightGradQueue() if self.layout.spec.defer_weight_grads else None
 
     def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True,
             key: tuple = (), timed: bool = True) -> dict | None:
@@ -401,12 +403,16 @@ class StepRunner:
                     grads.append(leaf.grad)
         loss = sum((t * g).sum() for t, g in zip(outs, grads))
         if loss.requires_grad:  # not for an empty last time chunk, which nothing depends on
-            self.engine.backward(loss)
+            with deferred_weight_grads(self.weight_grads):
+                self.engine.backward(loss)
         rec.x_out = None
         emb = self.ms.embedded.get((kind, u))
         if emb is not None and emb.take(*self.ms.chunks[kind][u][c], rec.x_in.grad):
             self.engine.backward((emb.out * emb.grad).sum())
             del self.ms.embedded[(kind, u)]
+
+    def op_weight_grads(self, ins: Instr) -> None:
+        self.weight_grads.run()
 
     def _next_state_leaves(self, kind: str, u: int, c: int) -> list:
         """The leaves that consumed this chunk's outgoing states (whose .grad we hand back)."""

@@ -47,6 +47,7 @@ class LayoutSpec:
     head_shares: tuple = ()  # hybrid: relative head rows per stage (e.g. (5, 4): the last stage, which also
                              # assembles the top outputs and owns the head, gets fewer); () = equal
     head_schedule: str = "after_forward"  # hybrid: after_forward | per_unit (trainer.parallel.schedule)
+    defer_weight_grads: bool = False  # LSTM weight gradients after the rank's last backward (stepwise kernel)
 
     @property
     def world_size(self) -> int:
@@ -81,7 +82,7 @@ class LayoutSpec:
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
         section = check_section(ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"}))
         known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares",
-                 "head_schedule"}
+                 "head_schedule", "defer_weight_grads"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -112,10 +113,13 @@ class LayoutSpec:
         head_schedule = section.get("head_schedule", "after_forward")
         if head_schedule not in ("after_forward", "per_unit"):
             raise LayoutError(f"{SECTION}.head_schedule={head_schedule!r}: one of after_forward, per_unit")
+        defer = section.get("defer_weight_grads", False)
+        if not isinstance(defer, bool):
+            raise LayoutError(f"{SECTION}.defer_weight_grads={_short(defer)}: must be true or false")
         spec = cls(mode=mode, num_pp=num_pp, num_dp=num_dp, micro_batches=section.get("micro_batches", 1),
                    time_chunks=section.get("time_chunks", 1),
                    partition_method=section.get("partition_method", PARTITION_DEFAULT),
-                   head_shares=tuple(shares), head_schedule=head_schedule)
+                   head_shares=tuple(shares), head_schedule=head_schedule, defer_weight_grads=defer)
         if head_schedule == "per_unit" and spec.head_parallel and spec.micro_batches < num_pp:
             raise LayoutError(f"{SECTION}.head_schedule=per_unit runs each unit's head on one stage: micro_batches="
                               f"{spec.micro_batches} must be >= num_pp={num_pp}")
@@ -141,6 +145,9 @@ class LayoutSpec:
         if self.time_chunks > 1 and model_cfg.bidirectional_bottom:
             raise LayoutError(f"{SECTION}.time_chunks={self.time_chunks}: a bidirectional bottom encoder "
                               f"(model.bidirectional_bottom=true) cannot be cut along time; use time_chunks=1")
+        if self.defer_weight_grads and model_cfg.lstm_kernel != "stepwise":
+            raise LayoutError(f"{SECTION}.defer_weight_grads=true: only the stepwise LSTM kernel defers its weight "
+                              f"gradients; set model.lstm_kernel=stepwise (now {model_cfg.lstm_kernel}) or leave it false")
         if model_cfg.tie_embeddings and self.num_pp > 1:
             raise LayoutError(f"model.tie_embeddings=true: the target embedding lives on stage 0 and the head "
                               f"on {'every stage' if self.head_parallel else 'the last stage'} in "

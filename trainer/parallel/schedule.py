@@ -69,6 +69,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("send_shard_grad", "send", pairs="gather_grad", doc="gradient w.r.t. this rank's shard to the last stage"),
     Op("gather_grad", "recv", pairs="send_shard_grad"),
     Op("backward", "compute", doc="backward through local layers (kind, unit, chunk)"),
+    Op("weight_grads", "compute", doc="the LSTM weight gradients the backward deferred (parallel_layout."
+                                      "defer_weight_grads), after this rank's last backward"),
     Op("send_backward", "send", pairs="recv_backward",
        doc="gradient w.r.t. the input of (kind, unit, chunk) to stage peer"),
     Op("recv_backward", "recv", pairs="send_backward"),
@@ -124,7 +126,8 @@ def head_owner(unit: int, num_pp: int) -> int:
 
 
 def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parallel: bool,
-                   boundary: bool = True, head_schedule: str = "after_forward") -> list[Instr]:
+                   boundary: bool = True, head_schedule: str = "after_forward",
+                   defer_weight_grads: bool = False) -> list[Instr]:
     """The instruction list of one micro-step for the rank at `stage`.
 
     head_schedule (hybrid only):
@@ -137,12 +140,18 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
                        NCCL a send blocks until received, and the previous stage, still sending its
                        forwards, would be sending at the same time), and those run their heads
                        while the last stage is still busy
+
+    defer_weight_grads: every backward computes only the gradients the stage below waits for; the
+    weight gradients of all of them follow the rank's last backward (`weight_grads`), in what would
+    otherwise be the drain bubble before the optimizer step.
     """
     b = _StageProgram(stage, num_pp, units, chunks, head_parallel, boundary,
                       per_unit=head_parallel and head_schedule == "per_unit")
     b.forward()
     b.head_phase()
     b.backward()
+    if defer_weight_grads:
+        b.add("weight_grads")
     b.step()
     return b.prog
 
@@ -264,7 +273,8 @@ def eval_program(program: list[Instr]) -> list[Instr]:
 def rank_programs(spec, stage: int) -> dict[bool, list[Instr]]:
     """The training program of the rank at `stage`, at and between accumulation boundaries."""
     return {b: build_schedule(stage, spec.num_pp, spec.micro_batches, spec.time_chunks, spec.head_parallel,
-                              boundary=b, head_schedule=spec.head_schedule) for b in (True, False)}
+                              boundary=b, head_schedule=spec.head_schedule,
+                              defer_weight_grads=spec.defer_weight_grads) for b in (True, False)}
 
 
 def format_schedule(programs: dict[int, list[Instr]]) -> str:
