@@ -53,6 +53,13 @@ RUNS = [
     # the weight gradients after each rank's last backward (stepwise kernel only)
     ("hybrid_2 chunks=4 deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
                                                       "defer_weight_grads": True}),
+    # the head cut along time: rank 0 the first 2 chunks' positions, the last stage the last 2
+    ("hybrid_2 chunks=4 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4, "head_split": "time"}),
+    ("hybrid_2 chunks=4 time deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
+                                                           "head_split": "time", "defer_weight_grads": True}),
+    ("hybrid_2 chunks=8 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8, "head_split": "time"}),
+    ("hybrid_2 chunks=8 time 5:3", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8, "head_split": "time",
+                                                      "head_shares": [5, 3]}),
     ("hybrid_2 per_unit units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1,
                                                      "head_schedule": "per_unit"}),
     ("hybrid_2 per_unit units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1,

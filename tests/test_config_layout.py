@@ -62,6 +62,13 @@ def test_layout_errors_name_the_key():
         _spec(2, mode="hybrid", defer_weight_grads="yes")
     with pytest.raises(LayoutError, match="defer_weight_grads=true: .*model.lstm_kernel=stepwise"):
         _spec(2, mode="hybrid", defer_weight_grads=True).check_model(cfg.model, 8, 64)  # fused: nothing to defer
+    with pytest.raises(LayoutError, match="head_split='rows'|head_split=.rows.: one of sentences, time"):
+        _spec(2, mode="hybrid", head_split="rows")
+    for bad in ({"time_chunks": 1}, {"time_chunks": 4, "micro_batches": 2},
+                {"time_chunks": 4, "micro_batches": 2, "head_schedule": "per_unit"}):
+        with pytest.raises(LayoutError, match="head_split=time .*micro_batches=1 and time_chunks >= num_pp=2"):
+            _spec(2, mode="hybrid", head_split="time", **bad)
+    assert _spec(2, mode="hybrid", head_split="time", time_chunks=2).head_split == "time"
     stepwise = load_config(None, ["model.layers=2", "model.lstm_kernel=stepwise", "model.bidirectional_bottom=false"])
     _spec(2, mode="hybrid", time_chunks=4, defer_weight_grads=True).check_model(stepwise.model, 8, 64)
     tied = load_config(None, ["model.tie_embeddings=true"])

@@ -73,6 +73,10 @@ def single14(workers, tiny_data, tmp_path_factory):
     ("hybrid_3", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}),
     ("hybrid_4", 4, {"mode": "hybrid", "num_pp": 4, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
     ("pipeline_2", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 3}),
+    # the head cut along time: each stage runs every row at its block of decoder time chunks
+    ("hybrid_2_time", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "time_chunks": 3, "head_split": "time"}),
+    ("hybrid_3_time_shares", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "time_chunks": 5, "head_split": "time",
+                                 "head_shares": [2, 2, 1]}),
 ])
 def test_pipelined_layouts_match_single(workers, tiny_data, tmp_path, single13, name, world, layout):
     _compare(single13, _run(workers, tiny_data, tmp_path, name, world, 13, layout), name)
@@ -112,6 +116,7 @@ LAYOUTS = {
     "grid_2x2": (4, 7, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2, "time_chunks": 2}),
     "hybrid_2_per_unit": (2, 14, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
                                   "head_schedule": "per_unit"}),
+    "grid_2x2_time": (4, 7, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "time_chunks": 3, "head_split": "time"}),
 }
 
 
@@ -152,9 +157,11 @@ def test_stepwise_lstm_kernel_is_the_same_model_in_every_layout(workers, tiny_da
              "grid_2x2_deferred stepwise")
 
 
-@pytest.mark.parametrize("kernel", ["fused", "stepwise"])
-def test_more_time_chunks_than_steps_match_single(workers, tiny_data, tmp_path, single13, kernel):
-    """Empty time chunks (a batch narrower than time_chunks) pass the state on, with either LSTM kernel."""
-    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 1, "time_chunks": 48}
-    got = _run(workers, tiny_data, tmp_path, f"hybrid_48_{kernel}", 2, 13, layout, extra=(f"model.lstm_kernel={kernel}",))
-    _compare(single13, got, f"hybrid_2, 48 time chunks, {kernel}", tol=1e-5)
+@pytest.mark.parametrize("kernel,split", [("fused", "sentences"), ("stepwise", "sentences"), ("stepwise", "time")])
+def test_more_time_chunks_than_steps_match_single(workers, tiny_data, tmp_path, single13, kernel, split):
+    """Empty time chunks (a batch narrower than time_chunks) pass the state on, with either LSTM kernel;
+    with the head cut along time the last stage's block is empty, and its head runs on no token."""
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 1, "time_chunks": 48, "head_split": split}
+    got = _run(workers, tiny_data, tmp_path, f"hybrid_48_{kernel}_{split}", 2, 13, layout,
+               extra=(f"model.lstm_kernel={kernel}",))
+    _compare(single13, got, f"hybrid_2, 48 time chunks, {kernel}, head split by {split}", tol=1e-5)

@@ -46,21 +46,52 @@ def test_grid_schedules_never_deadlock(num_pp, num_dp, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_pp,units,chunks", [(2, 1, 4), (3, 2, 2), (4, 4, 1)])
 def test_deferred_weight_gradients_follow_each_ranks_last_backward(num_pp, units, chunks, mode):
-    """parallel_layout.defer_weight_grads: one `weight_grads` per rank, right after its last backward
-    (and its last send_backward), before any reduction; the schedules still replay deadlock-free."""
+    """parallel_layout.defer_weight_grads: one `weight_grads` per rank of every stage but the first, right
+    after its last backward (and its last send_backward), before any reduction; none on the first
+    stage, which hands no gradient on; the schedules still replay deadlock-free."""
     from dataclasses import replace
 
     spec = replace(_spec(num_pp, 1, units, chunks), defer_weight_grads=True)
     for boundary in (True, False):
         programs = global_programs(spec, boundary=boundary)
-        for prog in programs.values():
+        for rank, prog in programs.items():
             ops = [i.op for i in prog]
+            if rank == 0:
+                assert "weight_grads" not in ops
+                continue
             assert ops.count("weight_grads") == 1
             at = ops.index("weight_grads")
             assert "backward" not in ops[at:] and "send_backward" not in ops[at:]
             assert ops[at - 1] in ("backward", "send_backward")
         replay(programs, group_members(spec), mode=mode)
     assert "weight_grads" not in [i.op for p in global_programs(_spec(num_pp, 1, units, chunks)).values() for i in p]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("num_pp,num_dp,chunks,shares", [(2, 1, 2, ()), (2, 1, 4, ()), (2, 2, 5, (3, 1)),
+                                                          (3, 1, 3, ()), (4, 1, 8, (3, 2, 2, 1)), (8, 1, 8, ())])
+def test_head_cut_along_time_never_deadlocks(num_pp, num_dp, chunks, shares, mode):
+    """head_split=time: the last stage sends each stage its block after its last forward input, and takes
+    each stage's gradients just before its backward reaches that block; every stage runs one head."""
+    from dataclasses import replace
+
+    from trainer.parallel.layout import head_blocks
+
+    spec = replace(_spec(num_pp, num_dp, 1, chunks), head_split="time", head_shares=shares)
+    blocks = head_blocks(spec)
+    assert blocks[0][0] == 0 and blocks[-1][1] == chunks and all(a < b for a, b in blocks)
+    for kw in ({"boundary": True}, {"boundary": False}, {"forward_only": True}):
+        programs = global_programs(spec, **kw)
+        replay(programs, group_members(spec), mode=mode)
+        for prog in programs.values():
+            assert [i.op for i in prog].count("head") == 1
+    last = global_programs(spec)[(num_pp - 1) * num_dp]
+    at = {str(i): n for n, i in enumerate(last)}
+    for s, (_, stop) in enumerate(blocks[:-1]):
+        peer = s * num_dp
+        assert at[f"scatter_shard peer {peer}"] > at[f"recv_forward dec u0 c{chunks - 1} peer {(num_pp - 2) * num_dp}"]
+        assert at[f"gather_grad peer {peer}"] == at[f"backward dec u0 c{stop - 1}"] - 1 - sum(
+            1 for t, (_, b) in enumerate(blocks[:-1]) if b == stop and t > s)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -71,6 +71,13 @@ class Batch:
         return Batch(src.contiguous(), self.src_lengths[start:stop].contiguous(), tgt_in.contiguous(),
                      tgt_out.contiguous(), src_len, tgt_len)
 
+    def target_cols(self, start: int, stop: int) -> "Batch":
+        """Target positions [start, stop) of every row, the source whole (a head piece cut along time);
+        tgt_len counts each row's real tokens inside the slice."""
+        tgt_len = np.clip(self.tgt_len - start, 0, max(0, stop - start))
+        return Batch(self.src, self.src_lengths, self.tgt_in[:, start:stop].contiguous(),
+                     self.tgt_out[:, start:stop].contiguous(), self.src_len, tgt_len)
+
     def to(self, device) -> "Batch":
         """On `device`; from the host to an accelerator through pinned memory, without blocking the host
         (the lengths stay on the host)."""

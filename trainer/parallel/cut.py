@@ -5,7 +5,8 @@ here changes both.
     replica  split_even over num_dp; trimmed of padding columns no row of it uses
     units    split_even of the replica's rows into `micro_batches`, each trimmed again
     chunks   split_even of each unit's source / target width into `time_chunks`
-    pieces   what one head instruction runs on: a unit (per_unit) or a stage's head shard of the replica
+    pieces   what one head instruction runs on: a unit (per_unit) or a stage's head shard of the replica:
+             its rows (head_split=sentences) or every row at its block of decoder time chunks (=time)
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.data import Batch
-from trainer.parallel.layout import LayoutSpec, head_shards, split_even
+from trainer.parallel.layout import LayoutSpec, head_blocks, head_shards, split_even, time_split
 
 
 @dataclass
@@ -40,8 +41,25 @@ class ReplicaCut:
             return self.unit_rows[unit]
         return head_shards(spec, self.replica.size)[stage]
 
+    def piece_cols(self, spec: LayoutSpec, stage: int, unit: int = -1) -> tuple[int, int] | None:
+        """head_split=time: [start, stop) target positions of `stage`'s head piece (its block of the
+        decoder time chunks of the one unit); None when pieces are whole rows."""
+        if unit >= 0 or not time_split(spec):
+            return None
+        first, last = head_blocks(spec)[stage]
+        dec = self.chunks["dec"][0]
+        return dec[first][0], dec[last - 1][1]
+
+    def piece_chunks(self, spec: LayoutSpec, stage: int) -> range:
+        """head_split=time: the decoder time chunks of `stage`'s head piece."""
+        return range(*head_blocks(spec)[stage])
+
     def piece(self, spec: LayoutSpec, stage: int, unit: int = -1) -> Batch:
-        return self.units[unit] if unit >= 0 else self.replica.rows(*self.piece_rows(spec, stage, unit))
+        if unit >= 0:
+            return self.units[unit]
+        rows = self.replica.rows(*self.piece_rows(spec, stage, unit))
+        cols = self.piece_cols(spec, stage, unit)
+        return rows if cols is None else rows.target_cols(*cols)
 
     def encoder_lengths(self, unit: int, chunk: int) -> np.ndarray:
         """Each row's real source steps inside encoder chunk `chunk` of `unit` (0 when it ended before)."""

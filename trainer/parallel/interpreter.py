@@ -123,7 +123,8 @@ class StepRunner:
         self.window_read: list | None = None  # ... read back with the optimizer step's gradient norm
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
         self.ms: MicroStep | None = None
-        self.weight_grads = WeightGradQueue() if self.layout.spec.defer_weight_grads else None
+        # stages after the first defer their LSTM weight gradients to `weight_grads` (trainer.parallel.schedule)
+        self.weight_grads = WeightGradQueue() if self.layout.spec.defer_weight_grads and self.layout.stage > 0 else None
 
     def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True,
             key: tuple = (), timed: bool = True) -> dict | None:
@@ -310,10 +311,15 @@ class StepRunner:
         return torch.cat([ms.records[(kind, u, c)].x_out.detach() for c in range(len(ms.chunks[kind][u]))], 1)
 
     def _top_rows(self, ins: Instr, stage: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Last stage: the top outputs of a piece, trimmed to the piece's lengths."""
+        """Last stage: the top outputs of a piece, trimmed to the piece's lengths (head_split=time: the
+        whole encoder and the decoder chunks of the piece's block, which are done before the last)."""
         ms = self.ms
         if ins.unit >= 0:
             return self._unit_top("enc", ins.unit), self._unit_top("dec", ins.unit)
+        cols = ms.cut.piece_cols(self.layout.spec, stage)
+        if cols is not None:
+            dec = [ms.records[("dec", 0, c)].x_out.detach() for c in ms.cut.piece_chunks(self.layout.spec, stage)]
+            return self._unit_top("enc", 0), torch.cat(dec, 1)
         if ms.top is None:  # the whole replica, assembled once
             widths = {"enc": ms.replica.src.shape[1], "dec": ms.replica.tgt_in.shape[1]}
             tops = {kind: [self._unit_top(kind, u) for u in range(len(ms.units))] for kind in ("enc", "dec")}
@@ -324,8 +330,7 @@ class StepRunner:
         return ms.top[0][a:b, :rows.src.shape[1]], ms.top[1][a:b, :rows.tgt_in.shape[1]]
 
     def _piece_shapes(self, ins: Instr, stage: int):
-        a, b = self._piece(ins, stage)
-        rows = self.ms.replica.rows(a, b)
+        rows = self.ms.cut.piece(self.layout.spec, stage, ins.unit)
         return (rows.size, rows.src.shape[1], self.hidden), (rows.size, rows.tgt_in.shape[1], self.hidden)
 
     def op_scatter_shard(self, ins: Instr) -> None:
@@ -337,9 +342,10 @@ class StepRunner:
     def op_head(self, ins: Instr) -> None:
         ms, stage = self.ms, self.layout.stage
         a, b = self._piece(ins, stage)
-        rows = ms.replica.rows(a, b)
+        rows = ms.cut.piece(self.layout.spec, stage, ins.unit)
+        cols = ms.cut.piece_cols(self.layout.spec, stage, ins.unit) or (0, None)
         if ms.dropout is not None:
-            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + a, 0
+            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + a, cols[0]
         enc, dec = ms.shards.pop(ins.unit) if ins.unit in ms.shards else self._top_rows(ins, stage)
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)
@@ -353,12 +359,13 @@ class StepRunner:
             return
         self.engine.backward(loss_sum * ms.loss_scale)
         if self.layout.is_last:
-            self._place_grads((a, b), enc.grad, dec.grad)
+            self._place_grads((a, b), cols[0], enc.grad, dec.grad)
         else:
             ms.shard_grads[ins.unit] = (enc.grad, dec.grad)
 
-    def _place_grads(self, rows: tuple[int, int], enc_grad, dec_grad) -> None:
-        """Last stage: gradients w.r.t. the top outputs of a piece, into the replica's."""
+    def _place_grads(self, rows: tuple[int, int], t0: int, enc_grad, dec_grad) -> None:
+        """Last stage: gradients w.r.t. the top outputs of a piece (its rows, its target positions from
+        t0), into the replica's."""
         ms = self.ms
         if ms.top_grads is None:
             rep = ms.replica
@@ -368,14 +375,15 @@ class StepRunner:
             }
         a, b = rows
         ms.top_grads["enc"][a:b, :enc_grad.shape[1]] += enc_grad
-        ms.top_grads["dec"][a:b, :dec_grad.shape[1]] += dec_grad
+        ms.top_grads["dec"][a:b, t0:t0 + dec_grad.shape[1]] += dec_grad
 
     def op_send_shard_grad(self, ins: Instr) -> None:
         self.comm.send_shard_grad(*self.ms.shard_grads.pop(ins.unit), ins.peer)
 
     def op_gather_grad(self, ins: Instr) -> None:
         enc, dec = self.comm.gather_grad(*self._piece_shapes(ins, ins.peer), ins.peer)
-        self._place_grads(self._piece(ins, ins.peer), enc, dec)
+        cols = self.ms.cut.piece_cols(self.layout.spec, ins.peer, ins.unit) or (0, None)
+        self._place_grads(self._piece(ins, ins.peer), cols[0], enc, dec)
 
     # ---- backward ----
     def op_recv_backward(self, ins: Instr) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MODES = ("single", "data", "pipeline", "hybrid", "grid")
+HEAD_SPLITS = ("sentences", "time")
 SECTION = "parallel_layout"
 PARTITION_DEFAULT = "type:EncoderDecoderLayer"
 
@@ -47,7 +48,9 @@ class LayoutSpec:
     head_shares: tuple = ()  # hybrid: relative head rows per stage (e.g. (5, 4): the last stage, which also
                              # assembles the top outputs and owns the head, gets fewer); () = equal
     head_schedule: str = "after_forward"  # hybrid: after_forward | per_unit (trainer.parallel.schedule)
-    defer_weight_grads: bool = False  # LSTM weight gradients after the rank's last backward (stepwise kernel)
+    defer_weight_grads: bool = False  # LSTM weight gradients after the rank's last backward, on the stages
+    #                                   after the first (stepwise kernel; trainer.parallel.schedule)
+    head_split: str = "sentences"  # hybrid: the head's shards by sentences, or by time (blocks of time chunks)
 
     @property
     def world_size(self) -> int:
@@ -82,7 +85,7 @@ class LayoutSpec:
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
         section = check_section(ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"}))
         known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares",
-                 "head_schedule", "defer_weight_grads"}
+                 "head_schedule", "defer_weight_grads", "head_split"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -116,10 +119,19 @@ class LayoutSpec:
         defer = section.get("defer_weight_grads", False)
         if not isinstance(defer, bool):
             raise LayoutError(f"{SECTION}.defer_weight_grads={_short(defer)}: must be true or false")
+        head_split = section.get("head_split", "sentences")
+        if head_split not in HEAD_SPLITS:
+            raise LayoutError(f"{SECTION}.head_split={_short(head_split)}: one of {', '.join(HEAD_SPLITS)}")
         spec = cls(mode=mode, num_pp=num_pp, num_dp=num_dp, micro_batches=section.get("micro_batches", 1),
                    time_chunks=section.get("time_chunks", 1),
                    partition_method=section.get("partition_method", PARTITION_DEFAULT),
-                   head_shares=tuple(shares), head_schedule=head_schedule, defer_weight_grads=defer)
+                   head_shares=tuple(shares), head_schedule=head_schedule, defer_weight_grads=defer,
+                   head_split=head_split)
+        if head_split == "time" and spec.head_parallel:
+            if head_schedule != "after_forward" or spec.micro_batches != 1 or spec.time_chunks < num_pp:
+                raise LayoutError(f"{SECTION}.head_split=time gives each stage a block of the time chunks of one "
+                                  f"unit: it needs head_schedule=after_forward, micro_batches=1 and time_chunks >= "
+                                  f"num_pp={num_pp} (now {head_schedule}, {spec.micro_batches}, {spec.time_chunks})")
         if head_schedule == "per_unit" and spec.head_parallel and spec.micro_batches < num_pp:
             raise LayoutError(f"{SECTION}.head_schedule=per_unit runs each unit's head on one stage: micro_batches="
                               f"{spec.micro_batches} must be >= num_pp={num_pp}")
@@ -258,11 +270,28 @@ class ParallelLayout:
         return head_shards(self.spec, rows)
 
 
+def time_split(spec: LayoutSpec) -> bool:
+    """True when the hybrid's head shards are blocks of time chunks (`head_split=time`)."""
+    return spec.head_split == "time" and spec.head_parallel
+
+
+def head_blocks(spec: LayoutSpec) -> list[tuple[int, int]]:
+    """head_split=time: [start, stop) of the decoder time chunks whose head each stage runs, in stage
+    order (stage 0 the earliest: its block is complete first), by `head_shares` or near-equal. The
+    first positions hold the most real tokens (shorter sentences have ended), so equal blocks give
+    the earlier stages more head work, and the last stage, which also ran the last forward, less."""
+    if spec.head_shares:
+        return split_weighted(spec.time_chunks, spec.head_shares)
+    return split_even(spec.time_chunks, spec.num_pp)
+
+
 def head_shards(spec: LayoutSpec, rows: int) -> list[tuple[int, int]]:
     """Row ranges of a replica slice of `rows` sentences handled by each stage's head (hybrid: shards by
     `head_shares` or equal; otherwise all on the last stage)."""
     if not spec.head_parallel:
         return [(0, 0)] * (spec.num_pp - 1) + [(0, rows)]
+    if time_split(spec):  # every stage's head runs on all rows, at its block of positions (head_blocks)
+        return [(0, rows)] * spec.num_pp
     if spec.head_shares:
         return split_weighted(rows, spec.head_shares)
     return split_even(rows, spec.num_pp)

@@ -127,7 +127,7 @@ def head_owner(unit: int, num_pp: int) -> int:
 
 def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parallel: bool,
                    boundary: bool = True, head_schedule: str = "after_forward",
-                   defer_weight_grads: bool = False) -> list[Instr]:
+                   defer_weight_grads: bool = False, head_blocks: list | None = None) -> list[Instr]:
     """The instruction list of one micro-step for the rank at `stage`.
 
     head_schedule (hybrid only):
@@ -141,16 +141,26 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
                        forwards, would be sending at the same time), and those run their heads
                        while the last stage is still busy
 
-    defer_weight_grads: every backward computes only the gradients the stage below waits for; the
-    weight gradients of all of them follow the rank's last backward (`weight_grads`), in what would
-    otherwise be the drain bubble before the optimizer step.
+    head_blocks (hybrid, head_split=time; one unit): [start, stop) of the decoder time chunks whose head
+                   each stage runs, on every row. The last stage sends each other stage its block (and
+                   the encoder's top outputs) once its last forward input is in, runs its own block's
+                   head and starts its backward at once; it takes stage s's gradients just before its
+                   backward reaches s's block, and stage s sends them right after receiving the
+                   backward of the chunk after its block (a pair's messages keep one order).
+
+    defer_weight_grads: on every stage but the first, each backward computes only the gradient the stage
+    below waits for; the weight gradients of all of them follow the rank's last backward
+    (`weight_grads`), in what would otherwise be the drain bubble before the optimizer step. The first
+    stage hands nothing on, so it computes them at once: deferred, they would only wait for its
+    backward's receives and then run on the step's critical path.
     """
     b = _StageProgram(stage, num_pp, units, chunks, head_parallel, boundary,
-                      per_unit=head_parallel and head_schedule == "per_unit")
+                      per_unit=head_parallel and head_schedule == "per_unit",
+                      blocks=head_blocks if head_parallel else None)
     b.forward()
     b.head_phase()
     b.backward()
-    if defer_weight_grads:
+    if defer_weight_grads and stage > 0:
         b.add("weight_grads")
     b.step()
     return b.prog
@@ -167,6 +177,7 @@ class _StageProgram:
     head_parallel: bool
     boundary: bool
     per_unit: bool
+    blocks: list | None = None  # head_split=time: each stage's block of decoder time chunks
     prog: list = field(default_factory=list)
 
     @property
@@ -190,6 +201,9 @@ class _StageProgram:
                 for c in range(self.chunks):
                     if not self.first:
                         self.add("recv_forward", u, c, kind, stage - 1)
+                    if self.blocks and last and (kind, c) == ("dec", self.chunks - 1):
+                        for s in range(self.num_pp - 1):  # every forward input is in: the blocks can go
+                            self.add("scatter_shard", peer=s)
                     self.add("forward", u, c, kind)
                     if not last:
                         self.add("send_forward", u, c, kind, stage + 1)
@@ -205,7 +219,11 @@ class _StageProgram:
         """After the forward: the head (its shard, or the units it owns) and the start of the head
         gradients' reduction into the last stage."""
         owner = self.num_pp - 1
-        if self.per_unit:
+        if self.blocks:
+            if not self.last:
+                self.add("recv_shard", peer=owner)
+            self.add("head")
+        elif self.per_unit:
             if not self.last:
                 for u in range(self.stage, self.units, self.num_pp):
                     self.add("recv_shard", unit=u, peer=owner)
@@ -244,6 +262,12 @@ class _StageProgram:
                         self.add("recv_backward", u, c, kind, stage + 1)
                         if mine and (kind, c) == ("enc", 0) and u > 0 and head_owner(u - 1, self.num_pp) == stage:
                             self.add("send_shard_grad", unit=u - 1, peer=owner_stage)
+                        if self.blocks and kind == "dec" and c == self.blocks[stage][1]:
+                            self.add("send_shard_grad", peer=owner_stage)
+                    elif self.blocks and kind == "dec":
+                        for s in range(self.num_pp - 1):  # stage s's gradients, before its block's backward
+                            if self.blocks[s][1] - 1 == c:
+                                self.add("gather_grad", peer=s)
                     self.add("backward", u, c, kind)
                     if not self.first:
                         self.add("send_backward", u, c, kind, stage - 1)
@@ -272,9 +296,12 @@ def eval_program(program: list[Instr]) -> list[Instr]:
 
 def rank_programs(spec, stage: int) -> dict[bool, list[Instr]]:
     """The training program of the rank at `stage`, at and between accumulation boundaries."""
+    from trainer.parallel.layout import head_blocks, time_split
+
     return {b: build_schedule(stage, spec.num_pp, spec.micro_batches, spec.time_chunks, spec.head_parallel,
                               boundary=b, head_schedule=spec.head_schedule,
-                              defer_weight_grads=spec.defer_weight_grads) for b in (True, False)}
+                              defer_weight_grads=spec.defer_weight_grads,
+                              head_blocks=head_blocks(spec) if time_split(spec) else None) for b in (True, False)}
 
 
 def format_schedule(programs: dict[int, list[Instr]]) -> str:
