@@ -54,6 +54,7 @@ RUNS = [
     ("hybrid_2 chunks=4 deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
                                                       "defer_weight_grads": True}),
     # the head cut along time: rank 0 the first 2 chunks' positions, the last stage the last 2
+    ("hybrid_2 chunks=2 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2, "head_split": "time"}),
     ("hybrid_2 chunks=4 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4, "head_split": "time"}),
     ("hybrid_2 chunks=4 time deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
                                                            "head_split": "time", "defer_weight_grads": True}),

@@ -259,13 +259,16 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path):
             "single 2 threads": [run(150), run(150)], "data_2": [run(140), run(145)],
             "pipeline_2 units=4": [run(100), run(100)], "hybrid_2 units=1": [run(150), run(150)],
             "hybrid_2 chunks=4": [run(180, (100, 104)), run(176, (100, 108))]}
+    rows["hybrid_2 shipped"] = rows["hybrid_2 chunks=4"]
     results = {"wide": {"bf16": rows}}
     table = {(g["goal"]): g for g in scaling_goals.goals_table(results)}
-    assert scaling_goals.shipped_row("wide") == "hybrid_2 chunks=4"  # ds_configs/hybrid_2_wide.json
+    assert scaling_goals.shipped_row("wide") == "hybrid_2 shipped"  # ds_configs/hybrid_2_wide.json: its own row
+    assert scaling_goals.shipped_layout("wide") == {"micro_batches": 1, "time_chunks": 4, "head_split": "time"}
+    assert scaling_goals.shipped_row("small") == "hybrid_2 units=1"
     assert table["1"]["min"] == pytest.approx(1.6) and table["1"]["max"] == pytest.approx(1.8)  # 176/110, 180/100
     assert not table["1"]["met"]  # 1.7x is reached in one round only
     assert table["2a"]["met"] and table["2b"]["met"]
     assert table["3"]["min"] == pytest.approx(1.02) and table["3"]["max"] == pytest.approx(1.04)
     assert table["3"]["met"]
     out = scaling_goals.report(results, 2)
-    assert out["where_ms"]["wide_bf16"]["row"] == "hybrid_2 chunks=4" and set(out["where_ms"]["wide_bf16"]["ranks"]) == {0, 1}
+    assert out["where_ms"]["wide_bf16"]["row"] == "hybrid_2 shipped" and set(out["where_ms"]["wide_bf16"]["ranks"]) == {0, 1}
