@@ -95,13 +95,13 @@ def test_shipped_ds_configs_are_valid():
 
 
 def test_the_wide_config_trains_its_layout():
-    """enja_wide.yaml with hybrid_2_wide.json: a unidirectional model (time chunks allowed), stepwise kernel,
-    the head cut along time."""
+    """enja_wide.yaml with hybrid_2_wide.json: a unidirectional model (time chunks allowed), the auto kernel
+    (stepwise in bf16 on a CPU), the head cut along time."""
     cfg = load_config(str(REPO / "trainer/configs/enja_wide.yaml"), [])
     ds = json.loads((REPO / "ds_configs" / "hybrid_2_wide.json").read_text())
     spec = LayoutSpec.from_ds_config(ds, 2)
     assert spec.time_chunks == 4 and spec.head_split == "time"
-    assert cfg.model.lstm_kernel == "stepwise" and cfg.model.hidden == 1024
+    assert cfg.model.lstm_kernel == "auto" and cfg.model.hidden == 1024
     spec.check_model(cfg.model, cfg.data.min_batch_sentences, ds["train_micro_batch_size_per_gpu"])
 
 

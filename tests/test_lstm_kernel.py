@@ -160,3 +160,21 @@ def test_deferred_weight_gradients_equal_the_immediate_ones(dtype):
     for a, p in zip(weights_now, lstm.parameters()):
         assert p.grad.grad_fn is None
         assert torch.allclose(a, p.grad, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-6)
+
+
+@pytest.mark.parametrize("dtype,hidden,stepwise", [(torch.bfloat16, 1024, True), (torch.float32, 1024, False),
+                                                   (torch.bfloat16, 256, False), (torch.float64, 1024, False)])
+def test_auto_runs_stepwise_only_where_it_was_measured_faster(monkeypatch, dtype, hidden, stepwise):
+    """model.lstm_kernel=auto: stepwise on a CPU in bf16 at hidden >= 1024 (docs/BENCHMARKS.md 13.1),
+    torch's fused LSTM otherwise; decided per call from the input, so the same model runs either."""
+    import trainer.model.seq2seq as seq2seq
+
+    calls = []
+    real = seq2seq.run_stepwise
+    monkeypatch.setattr(seq2seq, "run_stepwise", lambda *a: calls.append(1) or real(*a))
+    layer = EncoderDecoderLayer(index=1, emb_dim=8, hidden=hidden, dropout=0.0, kernel="auto").to(dtype)
+    x = torch.randn(2, 3, hidden, dtype=dtype)
+    out, state = layer.encode(x, np.array([3, 2]))
+    layer.decode(x, state)
+    assert len(calls) == (2 if stepwise else 0)
+    assert load_config(None, ["model.lstm_kernel=auto"]).model.lstm_kernel == "auto"

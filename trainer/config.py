@@ -47,7 +47,8 @@ class ModelConfig:
     tie_embeddings: bool = _key(False, "share the target embedding with the output projection (single/data only)")
     lstm_kernel: str = _key("fused", "LSTM layers: fused (torch's LSTM; oneDNN on CPU, cuDNN on GPU) | stepwise "
                                      "(trainer.model.lstm: one GEMM per step, chunk-invariant cost; CPU, wide "
-                                     "models and time-chunked layouts)")
+                                     "models and time-chunked layouts) | auto (stepwise on a CPU in bf16 at "
+                                     "hidden >= 1024, where it was measured faster; fused elsewhere)")
 
 
 @dataclass
@@ -139,7 +140,7 @@ class Config:
 
 _CHOICES = {
     "model.attention": ("dot", "general", "concat"),
-    "model.lstm_kernel": ("fused", "stepwise"),
+    "model.lstm_kernel": ("fused", "stepwise", "auto"),
     "logging.wandb_mode": ("online", "offline", "disabled", "off"),
     "train.step_timing": ("auto", "every"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,

@@ -160,6 +160,17 @@ def _gate_grads(a, c_prev, c, dh, dc):
                       dh * tc * o * (1 - o)], 1)
 
 
+AUTO_MIN_HIDDEN = 1024  # model.lstm_kernel=auto: the narrowest layer measured faster stepwise (bf16, CPU)
+
+
+def auto_stepwise(x: torch.Tensor, hidden: int) -> bool:
+    """model.lstm_kernel=auto: run this layer stepwise? Only where it was measured faster than torch's
+    fused LSTM (docs/BENCHMARKS.md 13.1, 13.7): on a CPU, in bf16, at hidden >= AUTO_MIN_HIDDEN (oneDNN's
+    bf16 LSTM backward is slower than the GEMMs it needs there). In fp32, at hidden 256, and on GPUs
+    (cuDNN) the fused kernel."""
+    return x.device.type == "cpu" and x.dtype == torch.bfloat16 and hidden >= AUTO_MIN_HIDDEN
+
+
 def run_stepwise(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray | None, state):
     """`lstm` (unidirectional, one layer) over x (batch, time, in): every row for `lengths=None`, else
     the first lengths[b] steps of row b (a host array, 0 allowed). Returns out (batch, time, hidden)

@@ -22,7 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from data_prep.dataformat import PAD_ID
 from trainer.model.tensors import round_count, to_device
 from trainer.model.dropout import KeyedDropout
-from trainer.model.lstm import run_stepwise
+from trainer.model.lstm import auto_stepwise, run_stepwise
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
 
@@ -116,8 +116,9 @@ class EncoderDecoderLayer(nn.Module):
     def __init__(self, *, index: int, emb_dim: int, hidden: int, dropout: float, bidirectional: bool = False,
                  kernel: str = "fused"):
         super().__init__()
-        # model.lstm_kernel: "stepwise" runs unidirectional layers with trainer.model.lstm
-        self.stepwise = kernel == "stepwise"
+        # model.lstm_kernel: "stepwise" runs unidirectional layers with trainer.model.lstm; "auto" decides
+        # per call from the input's device and dtype (trainer.model.lstm.auto_stepwise)
+        self.kernel = kernel
         in_dim = emb_dim if index == 0 else hidden
         if bidirectional and hidden % 2:
             raise ValueError(f"model.hidden={hidden} must be even for a bidirectional bottom layer")
@@ -141,11 +142,14 @@ class EncoderDecoderLayer(nn.Module):
         true end, shaped for the decoder: (1, batch, hidden) x 2 (both directions concatenated), or,
         for a bidirectional encoder, the raw per-direction state.
         """
-        if self.stepwise and not self.bidirectional:
+        if self._stepwise(x) and not self.bidirectional:
             out, state = run_stepwise(self.encoder, x, host_lengths(lengths), state)
         else:
             out, state = _run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
         return self.enc_dropout(out), state
+
+    def _stepwise(self, x: torch.Tensor) -> bool:
+        return self.kernel == "stepwise" or (self.kernel == "auto" and auto_stepwise(x, self.decoder.hidden_size))
 
     def decoder_init(self, enc_state: State) -> State:
         """Encoder final state -> decoder initial state (1, batch, hidden) x 2."""
@@ -161,7 +165,7 @@ class EncoderDecoderLayer(nn.Module):
         """
         if y.shape[1] == 0:  # an empty time chunk (more chunks than target steps)
             out = y.new_zeros(y.shape[0], 0, self.decoder.hidden_size)
-        elif self.stepwise:
+        elif self._stepwise(y):
             out, state = run_stepwise(self.decoder, y, None, state)
         else:
             out, state = self.decoder(y, state)

@@ -157,9 +157,10 @@ class LayoutSpec:
         if self.time_chunks > 1 and model_cfg.bidirectional_bottom:
             raise LayoutError(f"{SECTION}.time_chunks={self.time_chunks}: a bidirectional bottom encoder "
                               f"(model.bidirectional_bottom=true) cannot be cut along time; use time_chunks=1")
-        if self.defer_weight_grads and model_cfg.lstm_kernel != "stepwise":
+        if self.defer_weight_grads and model_cfg.lstm_kernel not in ("stepwise", "auto"):
             raise LayoutError(f"{SECTION}.defer_weight_grads=true: only the stepwise LSTM kernel defers its weight "
-                              f"gradients; set model.lstm_kernel=stepwise (now {model_cfg.lstm_kernel}) or leave it false")
+                              f"gradients; set model.lstm_kernel=stepwise or auto (now {model_cfg.lstm_kernel}) or "
+                              f"leave it false")
         if model_cfg.tie_embeddings and self.num_pp > 1:
             raise LayoutError(f"model.tie_embeddings=true: the target embedding lives on stage 0 and the head "
                               f"on {'every stage' if self.head_parallel else 'the last stage'} in "
