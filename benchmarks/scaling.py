@@ -118,7 +118,7 @@ def main() -> None:
                 r = train(args.work, name, cfg, ranks, threads, args.steps, data, config=MODELS[args.model],
                           extra=(f"train.timeline_every={args.steps - 1}", f"model.lstm_kernel={kernel}"))
                 run_dir = args.work / "runs" / name
-                r.update(rank_fractions(run_dir))
+                r.update(rank_fractions(run_dir), run_dir=str(run_dir))
                 png = run_dir / "timeline" / f"step_{args.steps - 1:08d}.png"
                 if png.exists():
                     shutil.copy(png, pngs / f"{name}.png")
@@ -176,6 +176,16 @@ def report(prec: str, res: dict, peak: dict, runs: list) -> None:
             b = breakdown(r["timing"].get(rank, r["timing"].get(str(rank), {})))
             print(f"| {label} | {rank} | " + " | ".join(f"{f.get(c, 0):.2f}" for c in CATEGORIES) +
                   f" | {b['forward']:.0f} | {b['backward']:.0f} | {b['head']:.0f} | {b['optimizer_step']:.0f} |")
+    cols = ("forward", "backward", "head", "optimizer", *scaling_goals.PHASES, "step")
+    print(f"\nhybrid runs ({prec}): the timeline's sampled step, ms per rank by where it falls "
+          f"(benchmarks/scaling_goals.where_ms)")
+    print("| run | rank | " + " | ".join(cols) + " |")
+    print("|---|---:|" + "---:|" * len(cols))
+    for label, r in res.items():
+        trace = Path(r["run_dir"]) / "timeline" / "trace.json"
+        if label.startswith("hybrid") and trace.exists():
+            for rank, row in scaling_goals.where_ms(json.loads(trace.read_text())).items():
+                print(f"| {label} | {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
 
 
 if __name__ == "__main__":

@@ -134,10 +134,9 @@ def where_ms(trace: dict) -> dict:
     spans = [e for e in spans if e["pid"] == step]
     wall = max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)
     opt = min(e["dur"] for e in spans if e["name"] == "optimizer_step")
-    out = {}
+    out, t0 = {}, min(e["ts"] for e in spans)
     for rank in sorted({e["tid"] for e in spans}):
         ev = sorted((e for e in spans if e["tid"] == rank), key=lambda e: e["ts"])
-        t0 = min(e["ts"] for e in spans)
         compute = {n: sum(e["dur"] for e in ev if e["name"] in (n, "weight_grads" if n == "backward" else n))
                    for n in ("forward", "backward", "head")}  # deferred weight gradients count as backward
         first = lambda n: min(e["ts"] for e in ev if e["name"] == n)  # noqa: E731

@@ -165,7 +165,7 @@ AUTO_MIN_HIDDEN = 1024  # model.lstm_kernel=auto: the narrowest layer measured f
 
 def auto_stepwise(x: torch.Tensor, hidden: int) -> bool:
     """model.lstm_kernel=auto: run this layer stepwise? Only where it was measured faster than torch's
-    fused LSTM (docs/BENCHMARKS.md 13.1, 13.7): on a CPU, in bf16, at hidden >= AUTO_MIN_HIDDEN (oneDNN's
+    fused LSTM (docs/BENCHMARKS.md 13.1, 13.5): on a CPU, in bf16, at hidden >= AUTO_MIN_HIDDEN (oneDNN's
     bf16 LSTM backward is slower than the GEMMs it needs there). In fp32, at hidden 256, and on GPUs
     (cuDNN) the fused kernel."""
     return x.device.type == "cpu" and x.dtype == torch.bfloat16 and hidden >= AUTO_MIN_HIDDEN

@@ -50,6 +50,11 @@ class ReplicaCut:
         dec = self.chunks["dec"][0]
         return dec[first][0], dec[last - 1][1]
 
+    def piece_t0(self, spec: LayoutSpec, stage: int, unit: int = -1) -> int:
+        """The first target position of a head piece (0 unless it is a block of time chunks)."""
+        cols = self.piece_cols(spec, stage, unit)
+        return 0 if cols is None else cols[0]
+
     def piece_chunks(self, spec: LayoutSpec, stage: int) -> range:
         """head_split=time: the decoder time chunks of `stage`'s head piece."""
         return range(*head_blocks(spec)[stage])

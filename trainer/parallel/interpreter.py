@@ -123,8 +123,8 @@ class StepRunner:
         self.window_read: list | None = None  # ... read back with the optimizer step's gradient norm
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
         self.ms: MicroStep | None = None
-        # stages after the first defer their LSTM weight gradients to `weight_grads` (trainer.parallel.schedule)
-        self.weight_grads = WeightGradQueue() if self.layout.spec.defer_weight_grads and self.layout.stage > 0 else None
+        # LSTM weight gradients deferred to the program's `weight_grads` (the schedule decides which stages)
+        self.weight_grads = WeightGradQueue() if any(i.op == "weight_grads" for i in self.programs[True]) else None
 
     def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True,
             key: tuple = (), timed: bool = True) -> dict | None:
@@ -343,9 +343,9 @@ class StepRunner:
         ms, stage = self.ms, self.layout.stage
         a, b = self._piece(ins, stage)
         rows = ms.cut.piece(self.layout.spec, stage, ins.unit)
-        cols = ms.cut.piece_cols(self.layout.spec, stage, ins.unit) or (0, None)
+        t0 = ms.cut.piece_t0(self.layout.spec, stage, ins.unit)
         if ms.dropout is not None:
-            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + a, cols[0]
+            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + a, t0
         enc, dec = ms.shards.pop(ins.unit) if ins.unit in ms.shards else self._top_rows(ins, stage)
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)
@@ -359,7 +359,7 @@ class StepRunner:
             return
         self.engine.backward(loss_sum * ms.loss_scale)
         if self.layout.is_last:
-            self._place_grads((a, b), cols[0], enc.grad, dec.grad)
+            self._place_grads((a, b), t0, enc.grad, dec.grad)
         else:
             ms.shard_grads[ins.unit] = (enc.grad, dec.grad)
 
@@ -382,8 +382,8 @@ class StepRunner:
 
     def op_gather_grad(self, ins: Instr) -> None:
         enc, dec = self.comm.gather_grad(*self._piece_shapes(ins, ins.peer), ins.peer)
-        cols = self.ms.cut.piece_cols(self.layout.spec, ins.peer, ins.unit) or (0, None)
-        self._place_grads(self._piece(ins, ins.peer), cols[0], enc, dec)
+        self._place_grads(self._piece(ins, ins.peer), self.ms.cut.piece_t0(self.layout.spec, ins.peer, ins.unit),
+                          enc, dec)
 
     # ---- backward ----
     def op_recv_backward(self, ins: Instr) -> None:
