@@ -3,7 +3,7 @@ one model file (as launch/export.py writes) whose weights are the mean of the ru
 checkpoints (train with train.keep_last >= N) or of the given ones."""
 import argparse
 
-from trainer.artifacts.checkpoint import CheckpointError
+from trainer.checkpoint.files import CheckpointError
 from trainer.entry import fail
 from trainer.inference.cli import average_main
 

@@ -3,7 +3,7 @@
 chrF with their signatures. The tokenizer follows the target language (auto: ja-mecab, zh, ko-mecab, else 13a)."""
 import argparse
 
-from trainer.artifacts.checkpoint import CheckpointError
+from trainer.checkpoint.files import CheckpointError
 from trainer.entry import fail
 from trainer.inference.cli import add_decode_arguments, add_model_arguments, evaluate_main
 

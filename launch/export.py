@@ -3,7 +3,7 @@ consolidated file (weights keyed like the whole model, config, SentencePiece mod
 that `launch/translate.py --model model.pt` and `launch/evaluate.py --model model.pt` use without the run."""
 import argparse
 
-from trainer.artifacts.checkpoint import CheckpointError
+from trainer.checkpoint.files import CheckpointError
 from trainer.entry import fail
 from trainer.inference.cli import export_main
 

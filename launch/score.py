@@ -3,7 +3,7 @@
 and data filtering): LOGPROB<TAB>TOKENS<TAB>PER_TOKEN per line (trainer/inference/cli.py)."""
 import argparse
 
-from trainer.artifacts.checkpoint import CheckpointError
+from trainer.checkpoint.files import CheckpointError
 from trainer.entry import fail
 from trainer.inference.cli import add_model_arguments, score_main
 

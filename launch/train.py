@@ -17,7 +17,7 @@ if __name__ == "__main__":
     except FileNotFoundError as e:
         fail(e)
 
-from trainer.artifacts.checkpoint import CheckpointError
+from trainer.checkpoint.files import CheckpointError
 from trainer.artifacts.run_files import RunFileError
 from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError
 from trainer.parallel.runtime import RendezvousError

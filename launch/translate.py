@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from trainer.artifacts.checkpoint import CheckpointError
+from trainer.checkpoint.files import CheckpointError
 from trainer.entry import fail
 from trainer.inference.cli import add_decode_arguments, add_model_arguments, translate_main
 

@@ -37,7 +37,7 @@ def _trainer(overrides: list[str], ds: dict, work: str, config: str | None = Non
     from trainer.config import load_config
     from trainer.parallel.runtime import ParallelRuntime
     from trainer.training.loop import Trainer
-    from trainer.training.session import build_session, plan
+    from trainer.training.build import build_session, plan
 
     path = _ds_file(ds, work)
     cfg = load_config(config, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
@@ -83,7 +83,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     from trainer.parallel import deepspeed_adapter as dsa
     from trainer.parallel.layout import LayoutSpec, group_members
     from trainer.parallel.runtime import ParallelRuntime
-    from trainer.training.session import build_session
+    from trainer.training.build import build_session
 
     cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     world = int(os.environ["WORLD_SIZE"])
@@ -208,7 +208,7 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
     from trainer.data import BatchStream, ParallelData
     from trainer.parallel.layout import LayoutSpec
     from trainer.parallel.runtime import ParallelRuntime
-    from trainer.training.session import build_session
+    from trainer.training.build import build_session
 
     cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))

@@ -21,12 +21,15 @@ MAY_IMPORT = {
     "trainer.artifacts": ("trainer.artifacts", "trainer.config", "trainer.data", "trainer.model", "data_prep.dataformat"),
     "trainer.observe": ("trainer.observe", "trainer.artifacts", "trainer.parallel.schedule", "trainer.config",
                         "data_prep.dataformat"),
-    "trainer.inference": ("trainer.inference", "trainer.artifacts", "trainer.model", "trainer.config", "trainer.data",
-                          "trainer.metrics", "data_prep.dataformat"),
+    "trainer.inference": ("trainer.inference", "trainer.artifacts", "trainer.checkpoint.files", "trainer.model",
+                          "trainer.config", "trainer.data", "trainer.metrics", "data_prep.dataformat"),
+    "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout", "data_prep.dataformat"),
     "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
                          "data_prep.dataformat"),
 }
 NEVER = {  # package -> what it must never reach, even through others (the transitive closure)
+    "trainer.checkpoint": ("trainer.training", "trainer.inference", "trainer.planner", "trainer.parallel.runtime",
+                           "trainer.parallel.deepspeed_adapter"),
     "trainer.inference": ("trainer.training", "trainer.parallel", "trainer.planner"),
     "trainer.model": ("trainer.training", "trainer.parallel", "trainer.planner", "trainer.inference",
                       "trainer.artifacts", "trainer.observe", "trainer.data"),

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.artifacts import checkpoint as ck
+from trainer.checkpoint import files as ck
 from trainer.data import BatchStream
 from trainer.training.faults import parse
-from trainer.training.resume import truncate_metrics as _truncate_metrics
-from trainer.training.state import TrainState, capture_rng, restore_rng
+from trainer.checkpoint.resume import truncate_metrics as _truncate_metrics
+from trainer.checkpoint.state import TrainState, capture_rng, restore_rng
 
 
 def make_checkpoint(run_dir, step: int) -> str:

@@ -44,7 +44,7 @@ def test_the_schedule_length_comes_from_the_yaml_and_a_different_one_in_the_json
         load_ds_config(stated, 200)
     assert load_ds_config(stated, 3000)["scheduler"]["params"]["total_num_steps"] == 3000  # the same number: fine
     # a run that stops early and continues later names its schedule in the YAML
-    from trainer.training.session import plan
+    from trainer.training.build import plan
 
     cfg = load_config(None, ["train.max_steps=20", "train.schedule_steps=30"])
     ds, _ = plan(cfg, plain, world=2)

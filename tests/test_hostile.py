@@ -18,7 +18,7 @@ import sentencepiece as spm
 import torch
 
 from tests.conftest import read_metrics, run_cli
-from trainer.artifacts import checkpoint as ck
+from trainer.checkpoint import files as ck
 from trainer.artifacts.model_files import ModelFileError
 from trainer.config import ConfigError, load_config, to_yaml
 from trainer.inference.loading import export_model, load_export, load_run
@@ -623,7 +623,7 @@ def test_a_stop_whose_exception_was_swallowed_is_still_noticed(tmp_path):
 
 def test_a_new_run_refuses_a_run_dir_holding_foreign_files(tmp_path):
     from data_prep.dataformat import OutputDirError
-    from trainer.training.resume import check_new_run_dir
+    from trainer.checkpoint.resume import check_new_run_dir
 
     run = tmp_path / "run"
     check_new_run_dir(str(run), overwrite=False)  # not there yet

@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli
 from tests.test_reliability import HYBRID, ds_config, losses, train_cmd
-from trainer.artifacts import checkpoint
+from trainer.checkpoint import files as checkpoint
 
 
 MARK = "HNMT_TEST_JOB"  # set in a job's environment, so that whatever it leaves running can be found and ended

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
-from trainer.artifacts import checkpoint
+from trainer.checkpoint import files as checkpoint
 
 NODES = ("node-a", "node-b")
 SCHEDULE = "train.schedule_steps=30"  # a run stopped at 20 and resumed to 30 follows the 30-step schedule

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
-from trainer.artifacts import checkpoint
+from trainer.checkpoint import files as checkpoint
 
 HYBRID = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}
 SINGLE = {"mode": "single", "num_pp": 1, "num_dp": 1}

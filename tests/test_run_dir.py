@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli
 from tests.test_hostile import fake_run, step_dir
-from trainer.artifacts import checkpoint as ck
+from trainer.checkpoint import files as ck
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from tests.conftest import REPO, read_metrics, run_cli
-from trainer.artifacts import checkpoint
+from trainer.checkpoint import files as checkpoint
 from trainer.config import load_config
 from trainer.data import read_manifest, verify
 from trainer.observe.logger import RunLogger
 from trainer.training.faults import parse
-from trainer.training.resume import truncate_metrics
+from trainer.checkpoint.resume import truncate_metrics
 
 
 # ---- item 15: logging on a full disk, a torn last row ----------------------------------------------------
@@ -140,7 +140,7 @@ def test_the_trainer_refuses_corrupt_data_before_building_anything(tiny_data, tm
 # ---- item 18: a forced resume onto weights of another shape ----------------------------------------------------
 
 def test_weights_of_another_shape_are_one_error_naming_the_tensor(tmp_path):
-    from trainer.training.persist import _load_weights
+    from trainer.checkpoint.collective import _load_weights
 
     small, wide = torch.nn.Linear(4, 3), torch.nn.Linear(4, 5)
     path = tmp_path / "layer_00-model_states.pt"

@@ -288,7 +288,7 @@ class Prefetcher:
 
 def read_manifest(data_dir: str) -> dict:
     """DATA_DIR/manifest.json, checked for what the trainer reads from it (size-capped, like any user file)."""
-    from trainer.artifacts.checkpoint import read_json
+    from trainer.checkpoint.files import read_json
 
     path = os.path.join(data_dir, MANIFEST)
     if not os.path.exists(path):

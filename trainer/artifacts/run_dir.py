@@ -10,9 +10,9 @@ translation, export, plotting and resuming read. Names users' scripts rely on; c
 from __future__ import annotations
 
 from data_prep.dataformat import SPM_MODELS
-from trainer.artifacts.checkpoint import CKPT_DIR
 from trainer.artifacts.run_files import LOCK_FILE
 
+CKPT_DIR = "checkpoints"  # step_N/, best, latest (the format: trainer.checkpoint.files)
 CONFIG = "config.yaml"
 DS_CONFIG = "ds_config.json"
 DATA_MANIFEST = "data_manifest.json"  # the data's manifest (DATA_DIR/manifest.json) as the run trained on it

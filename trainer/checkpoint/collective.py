@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from trainer.artifacts import checkpoint as ck
-from trainer.training.state import capture_rng, gather_optimizer_state, restore_rng, scatter_optimizer_state
+from trainer.checkpoint import files as ck
+from trainer.checkpoint.state import capture_rng, gather_optimizer_state, restore_rng, scatter_optimizer_state
 
 
 class Persistence:

@@ -41,8 +41,8 @@ from typing import Optional
 import torch
 
 from trainer.artifacts import run_files
+from trainer.artifacts.run_dir import CKPT_DIR
 
-CKPT_DIR = "checkpoints"
 HEAD = "head"
 MANIFEST = "manifest.json"
 TRAIN_STATE = "train_state.json"

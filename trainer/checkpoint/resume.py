@@ -6,10 +6,11 @@ import os
 from dataclasses import dataclass
 
 from data_prep.dataformat import OutputDirError, check_output_dir, json_marker
-from trainer.artifacts import checkpoint, run_files
+from trainer.artifacts import run_files
+from trainer.checkpoint import files as checkpoint
 from trainer.artifacts.run_dir import METRICS, RUN_DIR_DIRS, RUN_DIR_FILES, RUN_DIR_MARKER, RUN_DIR_NAMES
 from trainer.parallel.layout import LayoutSpec
-from trainer.training.state import TrainState, reseed
+from trainer.checkpoint.state import TrainState, reseed
 
 
 

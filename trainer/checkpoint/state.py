@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from trainer.artifacts.checkpoint import HEAD, layer_name
+from trainer.checkpoint.files import HEAD, layer_name
 
 
 @dataclass

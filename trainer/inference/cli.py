@@ -285,7 +285,7 @@ def score_main(args) -> int:
 
 
 def average_main(args) -> int:
-    from trainer.artifacts import checkpoint
+    from trainer.checkpoint import files as checkpoint
     from trainer.inference.loading import export_model, load_average
 
     if args.checkpoints:

@@ -11,7 +11,8 @@ import torch
 from omegaconf import OmegaConf
 
 from data_prep.dataformat import TrainingLimits
-from trainer.artifacts import checkpoint, model_files, run_dir as run_names, run_files
+from trainer.artifacts import model_files, run_dir as run_names, run_files
+from trainer.checkpoint import files as checkpoint
 from trainer.config import load_config
 from trainer.inference.text import TextPipeline
 from trainer.inference.translator import Translator, default_device

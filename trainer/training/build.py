@@ -25,8 +25,8 @@ from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.rank_module import RankModule, build_rank_module
 from trainer.parallel.runtime import ParallelRuntime, launched_world, set_threads
 from trainer.training import faults
-from trainer.training.persist import Persistence
-from trainer.training.resume import RunIdentity
+from trainer.checkpoint.collective import Persistence
+from trainer.checkpoint.resume import RunIdentity
 from trainer.training.validation import Validator
 
 
@@ -65,7 +65,7 @@ class Session:
         return self.cfg.run.dir
 
     def identity(self) -> RunIdentity:
-        """What a checkpoint must match to be resumed into this run (trainer.training.resume)."""
+        """What a checkpoint must match to be resumed into this run (trainer.checkpoint.resume)."""
         return RunIdentity(model=OmegaConf.to_container(self.cfg.model), data_dir=self.cfg.data.dir,
                            data_checksum=self.manifest.get("checksum"), batching=self.batching(),
                            seed=self.cfg.train.seed, force=self.cfg.train.resume_force)

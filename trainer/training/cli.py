@@ -21,7 +21,7 @@ def leave(code: int) -> None:
 def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
     """A peer died or stopped answering: say who and what was kept, then leave at once (exit 3)
     without the collective teardown, which would wait on the lost peer."""
-    from trainer.artifacts import checkpoint
+    from trainer.checkpoint import files as checkpoint
     from trainer.parallel.runtime import current_rank
 
     lines = [f"error: rank {current_rank()}: lost contact with a peer rank: {str(err).splitlines()[0][:400]}"]
@@ -47,7 +47,7 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
     from trainer.config import load_config
     from trainer.ds_config import layout_world, load_ds_config
     from trainer.parallel.schedule import format_schedule, global_programs
-    from trainer.training.session import plan
+    from trainer.training.build import plan
 
     cfg = load_config(config_path, overrides)
     world = layout_world(load_ds_config(ds_config_path, None))
@@ -62,7 +62,7 @@ def train_main(config_path, overrides, ds_config_path) -> int:
     from trainer.config import check_threads, load_config
     from trainer.data import read_manifest, verify as verify_data
     from trainer.parallel.runtime import ParallelRuntime, is_comm_failure
-    from trainer.training.session import build_session, plan
+    from trainer.training.build import build_session, plan
     from trainer.training.loop import Trainer
 
     cfg = load_config(config_path, overrides)

@@ -1,5 +1,5 @@
 """The training loop around a `TrainState`: step, validate, save, stop. Everything it uses was built
-by `trainer.training.session`; the same loop runs every layout."""
+by `trainer.training.build`; the same loop runs every layout."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,8 @@ import time
 import torch
 from omegaconf import OmegaConf
 
-from trainer.artifacts import checkpoint, run_files
+from trainer.artifacts import run_files
+from trainer.checkpoint import files as checkpoint, resume
 from trainer.artifacts.run_dir import DATA_MANIFEST, RUN_FILES
 from trainer.config import to_yaml
 from trainer.model.flops import batch_flops
@@ -19,8 +20,8 @@ from trainer.observe import timeline
 from trainer.observe.logger import NullLogger, RunLogger
 from trainer.observe.op_counter import host
 from trainer.observe.profiling import StepProfiler
-from trainer.training import faults, job_control, resume
-from trainer.training.state import TrainState
+from trainer.training import faults, job_control
+from trainer.checkpoint.state import TrainState
 
 TIMING_WARMUP_STEPS = 3
 

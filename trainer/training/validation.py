@@ -6,7 +6,7 @@ import math
 import os
 
 from trainer.parallel.layout import split_even
-from trainer.training.state import capture_rng, restore_rng
+from trainer.checkpoint.state import capture_rng, restore_rng
 
 SAMPLES = 8  # dev translations shown per validation (wandb table)
 
