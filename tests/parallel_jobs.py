@@ -10,17 +10,17 @@ BASE = ("model.bidirectional_bottom=false",)
 
 
 def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
-    """Build the run exactly as launch/train.py does (config, plan, runtime, session, Trainer), take
+    """Build the run exactly as launch/train.py does (config, plan, trainer.training.build), take
     `steps` optimizer steps, and return the metrics rows and, from replica 0, this rank's parameters
     by global name ('layer_XX.<name>', 'head.<name>') as float32 numpy arrays."""
     trainer = _trainer(overrides, ds, work)
-    runtime, session = trainer.rt, trainer.s
+    runtime = trainer.rt
     rows = [trainer.train_step() for _ in range(steps)]
     trainer.runner.sync_head()
     trainer.log.close()
     params = {}
     if runtime.layout.replica == 0:
-        module = session.module
+        module = trainer.module
         for offset, layer in enumerate(module.layers):
             for name, p in layer.named_parameters():
                 params[f"layer_{module.first_layer + offset:02d}.{name}"] = p.detach().float().numpy().copy()
@@ -32,19 +32,16 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
 
 
 def _trainer(overrides: list[str], ds: dict, work: str, config: str | None = None, extra: tuple = ()):
-    """A Trainer built exactly as launch/train.py builds one (config, plan, runtime, session); `config`: a YAML,
-    else the demo's defaults."""
+    """A Trainer built exactly as launch/train.py builds one (config, plan, trainer.training.build); `config`: a
+    YAML, else the demo's defaults."""
     from trainer.config import load_config
-    from trainer.parallel.runtime import ParallelRuntime
-    from trainer.training.loop import Trainer
-    from trainer.training.build import build_session, plan
+    from trainer.training.build import Build, plan
 
     path = _ds_file(ds, work)
     cfg = load_config(config, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
                                "logging.progress=false", *extra])
     ds_loaded, spec = plan(cfg, path)
-    runtime = ParallelRuntime.start(spec, comm_timeout_s=300)
-    return Trainer(build_session(cfg, ds_loaded, runtime))
+    return Build(cfg, ds_loaded, spec).trainer()
 
 
 def _ds_file(ds: dict, work: str) -> str:
@@ -83,7 +80,9 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     from trainer.parallel import deepspeed_adapter as dsa
     from trainer.parallel.layout import LayoutSpec, group_members
     from trainer.parallel.runtime import ParallelRuntime
-    from trainer.training.build import build_session
+    from trainer.data import read_manifest
+    from trainer.ds_config import global_micro_batch
+    from trainer.training.build import build_model_parts
 
     cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     world = int(os.environ["WORLD_SIZE"])
@@ -100,8 +99,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
         t = torch.tensor([float(rt.rank + 1)])
         obs[f"sum_over_{name}"] = float(rt.all_reduce(t, group=name))
     # stages + engine
-    session = build_session(cfg, ds, rt)
-    module, engine = session.module, session.engine
+    module, engine, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])
     obs["local_start"] = module.first_layer
     obs["local_layers"] = [type(m).__name__ for m in module.layers]
     obs["stage_id"] = dsa.stage_id(module.stages)
@@ -109,11 +107,12 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     obs["mpu_is_grid"] = engine.ds.mpu is rt.grid
     obs["bf16"] = engine.bf16
     # one real step: the recorded global norm equals the norm of every owned gradient over all ranks
-    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=session.global_micro, max_tokens=0,
+    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_micro_batch(ds, spec.num_dp),
+                         max_tokens=0,
                          seed=1, bucket_batches=10, min_batch=cfg.data.min_batch_sentences)
     batch = stream.next()
     engine.begin_window()
-    session.runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True)
+    runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True)
     obs["grad_norm"] = engine.grad_norm()
     obs["lr"] = engine.lr()
     obs["skipped_after_good_step"] = engine.skipped_steps
@@ -151,14 +150,14 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     if not engine.bf16:
         before = [p.detach().clone() for p in owned]
         skipped = engine.skipped_steps
-        session.runner.inject_nan(True)
+        runner.inject_nan(True)
         engine.begin_window()
-        session.runner.run(stream.next(), window_tokens=batch.tgt_tokens, boundary=True)
-        session.runner.inject_nan(False)
+        runner.run(stream.next(), window_tokens=batch.tgt_tokens, boundary=True)
+        runner.inject_nan(False)
         obs["nan_norm_finite"] = math.isfinite(engine.grad_norm())
         obs["nan_step_skipped"] = engine.skipped_steps == skipped + 1
         obs["nan_params_unchanged"] = all(torch.equal(a, p.detach()) for a, p in zip(before, owned))
-    session.runner.sync_head()
+    runner.sync_head()
     rt.close()
     return obs
 
@@ -188,7 +187,7 @@ def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     trainer = _trainer(overrides, ds, work, extra=("train.timeline_every=1",))
     for _ in range(steps):
         trainer.train_step()
-    stats = trainer._rank_stats()
+    stats = trainer.watch.rank_stats()
     program = [i.op for i in trainer.runner.programs[True]]
     trainer.runner.sync_head()
     trainer.log.close()
@@ -208,28 +207,31 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
     from trainer.data import BatchStream, ParallelData
     from trainer.parallel.layout import LayoutSpec
     from trainer.parallel.runtime import ParallelRuntime
-    from trainer.training.build import build_session
+    from trainer.data import read_manifest
+    from trainer.ds_config import global_micro_batch
+    from trainer.training.build import build_model_parts
 
     cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
-    session = build_session(cfg, ds, rt)
-    engine = session.engine.ds
+    module, adapter, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])
+    engine = adapter.ds
     opt = engine.optimizer
     bf16 = hasattr(opt, "fp32_groups")
     torch_opt = opt.optimizer if bf16 else opt
-    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=session.global_micro, max_tokens=0,
+    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_micro_batch(ds, spec.num_dp),
+                         max_tokens=0,
                          seed=1, bucket_batches=10, min_batch=cfg.data.min_batch_sentences)
     batch = stream.next()
     outcome = {}
     lows = [p for g in opt.fp16_groups for p in g] if bf16 else []
     highs = [p for g in opt.fp32_groups for p in g] if bf16 else [p for g in opt.param_groups for p in g["params"]]
-    every = list(session.module.parameters())  # the head replica too (the owner broadcasts into it)
+    every = list(module.parameters())  # the head replica too (the owner broadcasts into it)
     saved = ([p.detach().clone() for p in every], [p.detach().clone() for p in highs],
              copy.deepcopy(torch_opt.state_dict()))
     lean = opt.step  # the adapter's, bound to this instance
     for name in ("deepspeed", "lean"):
-        session.runner.sync_head()
+        runner.sync_head()
         with torch.no_grad():
             for p, v in zip(every, saved[0]):
                 p.copy_(v)
@@ -243,15 +245,15 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
             opt.step = lean
             del engine.clip_fp32_gradients
             engine.clip_fp32_gradients = lambda: None
-        session.runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(1, 1, 0))
-        norm = opt._global_grad_norm if bf16 else session.engine.last_grad_norm
+        runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(1, 1, 0))
+        norm = opt._global_grad_norm if bf16 else adapter.last_grad_norm
         if name == "deepspeed" and not bf16:  # DeepSpeed's fp32 hook does not keep its norm: recompute it
             norm = None
         outcome[name] = {"norm": None if norm is None else float(norm),
                          "lows": [p.detach().float().clone() for p in lows],
                          "highs": [p.detach().clone() for p in highs],
                          "exp_avg_sq": [torch_opt.state[p]["exp_avg_sq"].clone() for p in highs]}
-    session.runner.sync_head()
+    runner.sync_head()
     rt.close()
     a, b = outcome["deepspeed"], outcome["lean"]
     diff = max(max((float((x - y).abs().max()) for x, y in zip(a[k], b[k])), default=0.0)

@@ -1,8 +1,9 @@
 """The package walls of trainer/ as tests: the module graph (every import, those inside functions and under
 TYPE_CHECKING included) has no cycle; inference never reaches training, the parallel runtime or the planner;
-the model knows nothing of ranks, files or runs; nothing in trainer/ or data_prep/ imports launch/ or
-benchmarks/; and every import the table of each package allows is all it uses. Each check is shown to find
-what it looks for on a graph with the fault in it."""
+checkpointing never reaches training, inference or the runtime, and training reaches it only through the
+Checkpointer; the model knows nothing of ranks, files or runs; nothing in trainer/ or data_prep/ imports launch/
+or benchmarks/; every import the table of each package allows is all it uses; and no function is longer than
+MAX_FUNCTION_LINES. Each check is shown to find what it looks for on a graph (or a file) with the fault in it."""
 from __future__ import annotations
 
 import ast
@@ -26,6 +27,11 @@ MAY_IMPORT = {
     "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout", "data_prep.dataformat"),
     "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
                          "data_prep.dataformat"),
+}
+ONLY_THROUGH = {  # package -> {another package: the only modules of it the first may import}
+    # the loop asks the Checkpointer; nothing in training/ knows a checkpoint's files
+    "trainer.training": {"trainer.checkpoint": ("trainer.checkpoint.checkpointer", "trainer.checkpoint.state",
+                                                "trainer.checkpoint.resume")},
 }
 NEVER = {  # package -> what it must never reach, even through others (the transitive closure)
     "trainer.checkpoint": ("trainer.training", "trainer.inference", "trainer.planner", "trainer.parallel.runtime",
@@ -149,6 +155,27 @@ def test_packages_import_only_what_their_table_allows():
     assert offenders == {}
 
 
+def _through_offenders(g: dict[str, set[str]]) -> dict[str, list[str]]:
+    offenders = {}
+    for package, rules in ONLY_THROUGH.items():
+        for module in (m for m in g if _in(m, package)):
+            bad = sorted(d for d in g[module] for other, allowed in rules.items()
+                         if _in(d, other) and d not in allowed)
+            if bad:
+                offenders[module] = bad
+    return offenders
+
+
+def test_training_reaches_checkpoints_only_through_the_checkpointer():
+    assert _through_offenders(graph()) == {}
+
+
+def test_the_through_rule_sees_a_loop_that_reads_checkpoint_files():
+    g = graph()
+    g["trainer.training.loop"] = g["trainer.training.loop"] | {"trainer.checkpoint.files"}
+    assert _through_offenders(g) == {"trainer.training.loop": ["trainer.checkpoint.files"]}
+
+
 @pytest.mark.parametrize("package", sorted(NEVER))
 def test_inference_and_the_model_never_reach_training(package):
     g = graph()
@@ -171,6 +198,26 @@ def test_the_walls_see_a_forbidden_import(tmp_path):
     assert "trainer.training.loop" in reach(g, "trainer.inference.cli")
     assert imports_of("trainer.inference.fake", _write(tmp_path, "def f():\n    from trainer.training import loop\n"),
                       modules()) == {"trainer.training.loop"}
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(path: Path) -> list[str]:
+    """Functions of `path` longer than MAX_FUNCTION_LINES (decorators and docstring included)."""
+    return [f"{path.name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for n in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_functions_stay_short():
+    assert [f for top in ("trainer", "data_prep", "launch") for p in sorted((REPO / top).rglob("*.py"))
+            for f in long_functions(p)] == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(_write(tmp_path, f"def f():\n{body}")) == [f"fake.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
 
 
 def _write(tmp_path, text: str) -> Path:

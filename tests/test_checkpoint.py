@@ -10,7 +10,7 @@ import torch
 from trainer.checkpoint import files as ck
 from trainer.data import BatchStream
 from trainer.training.faults import parse
-from trainer.checkpoint.resume import truncate_metrics as _truncate_metrics
+from trainer.observe.logger import truncate_metrics as _truncate_metrics
 from trainer.checkpoint.state import TrainState, capture_rng, restore_rng
 
 

@@ -623,7 +623,7 @@ def test_a_stop_whose_exception_was_swallowed_is_still_noticed(tmp_path):
 
 def test_a_new_run_refuses_a_run_dir_holding_foreign_files(tmp_path):
     from data_prep.dataformat import OutputDirError
-    from trainer.checkpoint.resume import check_new_run_dir
+    from trainer.artifacts.run_dir import check_new_run_dir
 
     run = tmp_path / "run"
     check_new_run_dir(str(run), overwrite=False)  # not there yet

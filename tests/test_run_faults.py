@@ -23,7 +23,7 @@ from trainer.config import load_config
 from trainer.data import read_manifest, verify
 from trainer.observe.logger import RunLogger
 from trainer.training.faults import parse
-from trainer.checkpoint.resume import truncate_metrics
+from trainer.observe.logger import truncate_metrics
 
 
 # ---- item 15: logging on a full disk, a torn last row ----------------------------------------------------
@@ -140,14 +140,14 @@ def test_the_trainer_refuses_corrupt_data_before_building_anything(tiny_data, tm
 # ---- item 18: a forced resume onto weights of another shape ----------------------------------------------------
 
 def test_weights_of_another_shape_are_one_error_naming_the_tensor(tmp_path):
-    from trainer.checkpoint.collective import _load_weights
+    from trainer.checkpoint import structure
 
     small, wide = torch.nn.Linear(4, 3), torch.nn.Linear(4, 5)
     path = tmp_path / "layer_00-model_states.pt"
     torch.save(small.state_dict(), path)
     with pytest.raises(checkpoint.CheckpointError, match=r"weight has shape \(3, 4\), this run's model needs \(5, 4\)"):
-        _load_weights(wide, str(path))
-    _load_weights(torch.nn.Linear(4, 3), str(path))
+        structure.weights(checkpoint.load(str(path)), wide, str(path))
+    structure.weights(checkpoint.load(str(path)), torch.nn.Linear(4, 3), str(path))
 
 
 @pytest.mark.slow

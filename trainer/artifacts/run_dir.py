@@ -9,7 +9,9 @@ translation, export, plotting and resuming read. Names users' scripts rely on; c
 """
 from __future__ import annotations
 
-from data_prep.dataformat import SPM_MODELS
+import os
+
+from data_prep.dataformat import SPM_MODELS, OutputDirError, check_output_dir, json_marker
 from trainer.artifacts.run_files import LOCK_FILE
 
 CKPT_DIR = "checkpoints"  # step_N/, best, latest (the format: trainer.checkpoint.files)
@@ -29,3 +31,16 @@ RUN_DIR_DIRS = {CKPT_DIR: ("latest", "best", "*.tmp"), "timing": ("*",), "timeli
 # ... and its tools (fnmatch patterns); the data manifest, written first, marks a directory as an earlier run's.
 RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, "training.png", "test.hyp")
 RUN_DIR_MARKER = DATA_MANIFEST
+
+
+def check_new_run_dir(run_dir: str, overwrite: bool) -> None:
+    """A new run writes only into a new or empty run.dir, or an earlier run's own (never into a directory
+    holding files the trainer did not write, unless run.overwrite=true); its old metrics are dropped."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise OutputDirError(f"run.dir={run_dir}: exists and is not a directory")
+    check_output_dir(run_dir, owned=RUN_DIR_NAMES, marker=RUN_DIR_MARKER, is_marker_ours=json_marker(["checksum"]),
+                     overwrite=overwrite, flag="run.overwrite=true", program="the trainer",
+                     leftovers=[LOCK_FILE])
+    metrics = os.path.join(run_dir, METRICS)
+    if os.path.isfile(metrics) and not os.path.islink(metrics):
+        os.remove(metrics)  # an earlier run's rows (it saved no checkpoint): this run starts the file anew

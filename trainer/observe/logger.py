@@ -16,6 +16,7 @@ import sys
 import time
 
 from trainer.artifacts import run_files
+from trainer.artifacts.run_dir import METRICS
 from trainer.observe import wandb_run
 
 SAMPLES_PER_VALIDATION = 8
@@ -57,10 +58,14 @@ def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int) -
 
 
 class RunLogger(NullLogger):
+    """Rank 0's logger. `resumed`: the run continues from a checkpoint of `start_step`; rows logged after it
+    (a crashed run's, re-run now) and torn rows are dropped from metrics.jsonl first."""
+
     def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0, extra_config: dict | None = None,
                  resumed: bool = False, faults=None):
-        self.path = os.path.join(run_dir, "metrics.jsonl")
-        self._file = run_files.open_write(run_dir, "metrics.jsonl", append=True)
+        self.path = os.path.join(run_dir, METRICS)
+        note = truncate_metrics(self.path, start_step) if resumed else None
+        self._file = run_files.open_write(run_dir, METRICS, append=True)
         self.failed: str | None = None  # why metrics.jsonl could not be written (a full disk); the loop stops
         self._faults = faults
         self.run_dir, self.total, self.start_step = run_dir, total_steps, start_step
@@ -72,6 +77,8 @@ class RunLogger(NullLogger):
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, mininterval=1.0)
+        if note:
+            self.message(f"resume: {note}")
 
     def log(self, row: dict) -> None:
         # strict JSON: a non-finite value (a skipped step's loss) is written as null
@@ -133,3 +140,33 @@ class RunLogger(NullLogger):
             sync = wandb_run.finish(self._wandb, self._service)
             if sync:
                 print(f"wandb: offline run saved; to upload it: {sync}", flush=True)
+
+
+def truncate_metrics(path: str, step: int) -> str | None:
+    """Drop rows a crashed run logged after the checkpoint it resumes from (they are re-run), and rows that
+    are not whole JSON objects: a write cut short (a full disk, a kill mid-write) leaves its last row torn.
+    Says what it dropped besides the later steps, or None."""
+    if not os.path.exists(path):
+        return None
+    rows, torn = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                torn.append(number)
+                continue
+            if row.get("step", 0) <= step:
+                rows.append(line if line.endswith("\n") else line + "\n")
+    with run_files.open_write(os.path.dirname(path), os.path.basename(path) + ".tmp") as f:
+        f.writelines(rows)
+    os.replace(path + ".tmp", path)
+    if not torn:
+        return None
+    where = ", ".join(map(str, torn[:5])) + (" ..." if len(torn) > 5 else "")
+    return (f"{path}: dropped {len(torn)} unreadable row(s) (line {where}; a write cut short, e.g. by a full "
+            f"disk)")

@@ -1,33 +1,42 @@
-"""Everything a training run is built from, built once, in order, from the two config files:
+"""The one construction site of a training run: everything it is built from, built once, in order, from the two
+config files, and handed to the Trainer by name:
 
-    config + DeepSpeed JSON -> LayoutSpec (checked before any process talks to another)
+    config + DeepSpeed JSON -> LayoutSpec (`plan`: checked before any process talks to another)
       -> ParallelRuntime (process group, grid, every group)
       -> data (manifest, splits, the batch stream)
-      -> RankModule (this rank's layers and head) -> DeepSpeed engine (through the adapter)
-      -> StepRunner (the schedule's interpreter) and Persistence (collective checkpoints)
-
-`Session` only holds what was built; the loop (`trainer.training.loop`) uses it.
+      -> RankModule (this rank's layers and head) -> DeepSpeed engine (through the adapter) -> StepRunner
+      -> Checkpointer -> Validator
+      -> run.dir opened (trainer.training.start), the checkpoint restored
+      -> logger, profiler and timeline (StepWatch), stop checks -> Trainer
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from typing import NamedTuple
 
 from omegaconf import OmegaConf
 
+from trainer.checkpoint.checkpointer import Checkpointer
+from trainer.checkpoint.resume import RunIdentity
 from trainer.config import schedule_steps
 from trainer.data import BatchStream, ParallelData, Prefetcher, has_split, read_manifest
 from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
 from trainer.metrics import dev_tokenize
+from trainer.model.flops import batch_flops
 from trainer.model.seq2seq import LOSS_CHUNK_ROWS
+from trainer.observe.logger import NullLogger, RunLogger
+from trainer.observe.profiling import StepProfiler
+from trainer.observe.timeline import TimelineWriter
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.rank_module import RankModule, build_rank_module
 from trainer.parallel.runtime import ParallelRuntime, launched_world, set_threads
-from trainer.training import faults
-from trainer.checkpoint.collective import Persistence
-from trainer.checkpoint.resume import RunIdentity
+from trainer.training import faults, start
+from trainer.training.loop import Trainer
+from trainer.training.stopping import StopCheck
 from trainer.training.validation import Validator
+from trainer.training.watch import StepWatch
 
 
 def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, LayoutSpec]:
@@ -41,41 +50,18 @@ def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, Layo
     return ds, spec
 
 
-@dataclass
-class Session:
-    cfg: object
-    ds: dict
-    runtime: ParallelRuntime
-    threads: int
-    manifest: dict
-    train_data: ParallelData
-    dev_data: ParallelData | None
-    module: RankModule
-    engine: dsa.Engine
-    runner: StepRunner
-    stream: Prefetcher
-    persist: Persistence
-    global_micro: int  # sentences of a global micro-batch, at most
-    faults: faults.Faults
-    bleu_tokenize: str  # sacreBLEU tokenizer of dev BLEU (decode.bleu_tokenize resolved for the target language)
-    validator: Validator | None  # None without a dev set
+def batching(cfg, global_micro: int) -> dict:
+    """What fixes the sequence of global batches: a checkpoint's data position means nothing if it differs."""
+    d = cfg.data
+    return {"global_micro_batch": global_micro, "max_tokens": d.max_tokens, "bucket_batches": d.bucket_batches,
+            "min_batch_sentences": d.min_batch_sentences, "seed": cfg.train.seed}
 
-    @property
-    def run_dir(self) -> str:
-        return self.cfg.run.dir
 
-    def identity(self) -> RunIdentity:
-        """What a checkpoint must match to be resumed into this run (trainer.checkpoint.resume)."""
-        return RunIdentity(model=OmegaConf.to_container(self.cfg.model), data_dir=self.cfg.data.dir,
-                           data_checksum=self.manifest.get("checksum"), batching=self.batching(),
-                           seed=self.cfg.train.seed, force=self.cfg.train.resume_force)
-
-    def batching(self) -> dict:
-        """What fixes the sequence of global batches: a checkpoint's data position means nothing if it differs."""
-        d = self.cfg.data
-        return {"global_micro_batch": self.global_micro, "max_tokens": d.max_tokens,
-                "bucket_batches": d.bucket_batches, "min_batch_sentences": d.min_batch_sentences,
-                "seed": self.cfg.train.seed}
+def identity(cfg, manifest: dict, global_micro: int) -> RunIdentity:
+    """What a checkpoint must match to be resumed into this run (trainer.checkpoint.resume)."""
+    return RunIdentity(model=OmegaConf.to_container(cfg.model), data_dir=cfg.data.dir,
+                       data_checksum=manifest.get("checksum"), batching=batching(cfg, global_micro),
+                       seed=cfg.train.seed, force=cfg.train.resume_force)
 
 
 def tune_head(head, train_cfg, device) -> None:
@@ -89,31 +75,117 @@ def tune_head(head, train_cfg, device) -> None:
         head.forward = torch.compile(head.forward, dynamic=True)
 
 
-def build_session(cfg, ds: dict, runtime: ParallelRuntime) -> Session:
-    """This rank's share of the run, on a started runtime."""
-    spec = runtime.spec
-    threads = set_threads(cfg.train.threads)
-    manifest = read_manifest(cfg.data.dir)
-    bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
-    vocab = manifest["vocab"]
-    train_data = ParallelData(cfg.data.dir, "train")
-    dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
-    module = build_rank_module(cfg.model, spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
+class ModelParts(NamedTuple):
+    module: RankModule
+    engine: dsa.Engine
+    runner: StepRunner
+
+
+def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> ModelParts:
+    """This rank's layers and head, its DeepSpeed engine and the schedule's interpreter, on a started runtime."""
+    module = build_rank_module(cfg.model, runtime.spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
                                cfg.train.seed)
     if module.head is not None:
         tune_head(module.head, cfg.train, runtime.device())
     engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum())
-    runner = StepRunner(runtime, engine, module, cfg.model.hidden)
-    global_micro = global_micro_batch(ds, spec.num_dp)
-    stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
-                                    seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
-                                    min_batch=cfg.data.min_batch_sentences),
-                        ahead=engine.accumulation_steps)  # the next optimizer step's batches
-    fault_plan = faults.from_env()
-    persist = Persistence(cfg.run.dir, runtime, module, engine, fault_plan)
-    validator = None if dev_data is None else Validator(
-        runtime=runtime, runner=runner, module=module, dev_data=dev_data, global_micro=global_micro,
-        decode_cfg=cfg.decode, data_dir=cfg.data.dir, run_dir=cfg.run.dir, bleu_tokenize=bleu_tokenize)
-    return Session(cfg=cfg, ds=ds, runtime=runtime, threads=threads, manifest=manifest, train_data=train_data,
-                   dev_data=dev_data, module=module, engine=engine, runner=runner, stream=stream, persist=persist,
-                   global_micro=global_micro, faults=fault_plan, bleu_tokenize=bleu_tokenize, validator=validator)
+    return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
+
+
+def schedule_notes(ds: dict) -> list[str]:
+    """What DeepSpeed would warn once per rank, said once: a schedule shorter than its warm-up."""
+    sched = ds.get("scheduler") or {}
+    params = sched.get("params") or {}
+    total, warmup = params.get("total_num_steps"), params.get("warmup_num_steps")
+    if isinstance(total, int) and isinstance(warmup, int) and total < warmup:
+        return [f"lr schedule: {sched.get('type')} spans {total} steps (train.max_steps, or train.schedule_steps), "
+                f"fewer than its warm-up (scheduler.params.warmup_num_steps={warmup}): the learning rate stays "
+                f"below warmup_max_lr for the whole run"]
+    return []
+
+
+class Build:
+    """Builds one training run: `trainer()` starts the runtime and builds every part. What it started stays here
+    so that the caller can take it down after a failure (`abandon`) or a finished run (`close`)."""
+
+    def __init__(self, cfg, ds: dict, spec: LayoutSpec):
+        self.cfg, self.ds, self.spec = cfg, ds, spec
+        self.runtime: ParallelRuntime | None = None
+        self.runner: StepRunner | None = None
+
+    def trainer(self) -> Trainer:
+        cfg, ds = self.cfg, self.ds
+        self.runtime = rt = ParallelRuntime.start(self.spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
+        threads = set_threads(cfg.train.threads)
+        manifest = read_manifest(cfg.data.dir)
+        bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
+        train_data = ParallelData(cfg.data.dir, "train")
+        dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
+        module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
+        global_micro = global_micro_batch(ds, rt.spec.num_dp)
+        stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
+                                        seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
+                                        min_batch=cfg.data.min_batch_sentences),
+                            ahead=engine.accumulation_steps)  # the next optimizer step's batches
+        fault_plan = faults.from_env()
+        checkpointer = Checkpointer(run_dir=cfg.run.dir, runtime=rt, module=module, engine=engine, stream=stream,
+                                    identity=identity(cfg, manifest, global_micro),
+                                    config=OmegaConf.to_container(cfg), keep_last=cfg.train.keep_last,
+                                    faults=fault_plan)
+        validator = None if dev_data is None else Validator(
+            runtime=rt, runner=self.runner, module=module, dev_data=dev_data, global_micro=global_micro,
+            decode_cfg=cfg.decode, data_dir=cfg.data.dir, run_dir=cfg.run.dir, bleu_tokenize=bleu_tokenize)
+        ckpt = self._open_run_dir(checkpointer, manifest)
+        state, notes = checkpointer.restore(ckpt)
+        log = self._logger(state.step, ckpt is not None, threads, fault_plan)
+        log.message(f"layout: mode={rt.spec.mode} num_pp={rt.spec.num_pp} num_dp={rt.spec.num_dp} "
+                    f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
+                    f"train pairs={len(train_data)} global micro-batch<={global_micro} "
+                    f"gas={engine.accumulation_steps}")
+        for line in notes + schedule_notes(ds):
+            log.message(line)
+        return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
+                       runner=self.runner, checkpointer=checkpointer, validator=validator, log=log,
+                       watch=self._watch(log), stop=StopCheck(runtime=rt, train_cfg=cfg.train, state=state,
+                                                               stream=stream, log=log),
+                       faults=fault_plan, flops=functools.partial(batch_flops, cfg.model, manifest["vocab"]["tgt_size"]))
+
+    def _open_run_dir(self, checkpointer: Checkpointer, manifest: dict) -> str | None:
+        """The checkpoint to resume from (or a new run's checks), once the run's files are written and every rank
+        sees them."""
+        cfg, rt = self.cfg, self.runtime
+        ckpt = start.open_run_dir(rt, cfg.run, cfg.train.resume, checkpointer, log=self._print0)
+        if rt.is_rank0:
+            start.write_run_files(cfg, self.ds, manifest)
+        rt.barrier()
+        start.check_shared_run_dir(rt, cfg.run.dir)
+        return ckpt
+
+    def _logger(self, start_step: int, resumed: bool, threads: int, fault_plan):
+        if not self.runtime.is_rank0:
+            return NullLogger()
+        spec = self.runtime.spec
+        return RunLogger(self.cfg.run.dir, self.cfg, self.cfg.train.max_steps, start_step=start_step,
+                         extra_config={"deepspeed": self.ds, "layout": {**spec.to_dict(), "world_size":
+                                                                        self.runtime.world_size,
+                                                                        "threads_per_rank": threads}},
+                         resumed=resumed, faults=fault_plan)
+
+    def _watch(self, log) -> StepWatch:
+        cfg, rt = self.cfg, self.runtime
+        profiler = StepProfiler(cfg.run.dir, rt.rank, cfg.train.profile_from, cfg.train.profile_steps,
+                                count_ops=cfg.train.count_ops)
+        return StepWatch(runtime=rt, runner=self.runner, profiler=profiler,
+                         timeline_writer=TimelineWriter(cfg.run.dir) if rt.is_rank0 else None,
+                         train_cfg=cfg.train, run_dir=cfg.run.dir, log=log)
+
+    def _print0(self, text: str) -> None:
+        if self.runtime.is_rank0:
+            print(text, flush=True)
+
+    def abandon(self) -> None:
+        """After an error every rank raised together (a failed save, bad steps, ...): leave no collective in
+        flight (or gloo aborts the process at exit), then close without waiting for the others."""
+        if self.runner is not None:
+            self.runner.sync_head()
+        if self.runtime is not None:
+            self.runtime.close(together=False)

@@ -21,14 +21,14 @@ def leave(code: int) -> None:
 def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
     """A peer died or stopped answering: say who and what was kept, then leave at once (exit 3)
     without the collective teardown, which would wait on the lost peer."""
-    from trainer.checkpoint import files as checkpoint
+    from trainer.checkpoint.checkpointer import latest as latest_checkpoint
     from trainer.parallel.runtime import current_rank
 
     lines = [f"error: rank {current_rank()}: lost contact with a peer rank: {str(err).splitlines()[0][:400]}"]
     if runtime is not None:
         lines.append(f"  ranks on this host: {runtime.peer_status()}")
     lines.append(f"  timeout for an unresponsive peer: train.comm_timeout_s={cfg.train.comm_timeout_s}")
-    latest = checkpoint.read_pointer(cfg.run.dir, "latest")
+    latest = latest_checkpoint(cfg.run.dir)
     lines.append(f"  newest complete checkpoint: {latest or 'none'} (continue with train.resume=auto)")
     print("\n".join(lines), file=sys.stderr, flush=True)
     leave(3)
@@ -61,26 +61,20 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
 def train_main(config_path, overrides, ds_config_path) -> int:
     from trainer.config import check_threads, load_config
     from trainer.data import read_manifest, verify as verify_data
-    from trainer.parallel.runtime import ParallelRuntime, is_comm_failure
-    from trainer.training.build import build_session, plan
-    from trainer.training.loop import Trainer
+    from trainer.parallel.runtime import is_comm_failure
+    from trainer.training.build import Build, plan
 
     cfg = load_config(config_path, overrides)
     check_threads(cfg.train.threads)
     ds, spec = plan(cfg, ds_config_path)  # a bad config or layout fails here, before any process talks
     verify_data(cfg.data.dir, read_manifest(cfg.data.dir), cfg.data.verify)  # and damaged data
-    runtime = session = None
+    build = Build(cfg, ds, spec)
     try:
-        runtime = ParallelRuntime.start(spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
-        session = build_session(cfg, ds, runtime)
-        Trainer(session).fit()
+        build.trainer().fit()
     except Exception as e:
         if is_comm_failure(e):
-            _lost_peer_exit(e, cfg, runtime)
-        if session is not None:  # an error every rank raised together (a failed save, bad steps, ...):
-            session.runner.sync_head()  # leave no collective in flight, or gloo aborts the process at exit
-        if runtime is not None:
-            runtime.close(together=False)
+            _lost_peer_exit(e, cfg, build.runtime)
+        build.abandon()
         raise
-    runtime.close()
+    build.runtime.close()
     return 0

@@ -12,7 +12,7 @@ SAMPLES = 8  # dev translations shown per validation (wandb table)
 
 
 class Validator:
-    """Validation of one run: what it needs, given once (no session)."""
+    """Validation of one run: what it needs, given once."""
 
     def __init__(self, *, runtime, runner, module, dev_data, global_micro: int, decode_cfg, data_dir: str,
                  run_dir: str, bleu_tokenize: str):

@@ -1,0 +1,100 @@
+"""What a run measures of its steps besides the loss: the profiler's window (train.profile_steps), which steps time
+every instruction (train.step_timing), the timeline's sampled steps (train.timeline_every), every rank's busy /
+waiting / idle fractions in the metrics rows, and RUN_DIR/timing/ at the end."""
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+
+from trainer.artifacts import run_files
+from trainer.observe import timeline
+from trainer.observe.op_counter import host
+
+TIMING_WARMUP_STEPS = 3  # steps left out of RUN_DIR/timing/ (the first steps' allocations and caches)
+
+
+class StepWatch:
+    """`profiler`: trainer.observe.profiling.StepProfiler; `timeline`: rank 0's TimelineWriter (None elsewhere);
+    `log`: the run's logger; `runner`: the StepRunner, whose instruction times it reads."""
+
+    def __init__(self, *, runtime, runner, profiler, timeline_writer, train_cfg, run_dir: str, log):
+        self.rt, self.runner, self.profiler, self.timeline = runtime, runner, profiler, timeline_writer
+        self.cfg, self.run_dir, self.log = train_cfg, run_dir, log
+        self.interval_wall = 0.0  # seconds of timed steps since the per-rank numbers were last gathered
+        self.timed_steps = 0  # timed steps after the warm-up (their op_seconds go to RUN_DIR/timing/)
+        self._timed = self._sampled = False
+
+    def begin(self, step: int) -> bool:
+        """Before step `step` (before its batches are read): whether it times every instruction."""
+        self.profiler.before(step)
+        every = self.cfg.timeline_every
+        self._sampled = bool(every) and step % every == 0
+        self._timed = self._times(step)
+        return self._timed
+
+    def start_clock(self) -> float:
+        """The step's work starts now (the timeline's spans are relative to it); returns the time."""
+        start = time.perf_counter()
+        if self._sampled:
+            self.runner.record_spans(start)
+        return start
+
+    def _times(self, step: int) -> bool:
+        """On an accelerator timing synchronises the device at each instruction edge, so only the steps whose
+        numbers are used are timed (not the profiled ones: the profiler has the device's own times)."""
+        cfg = self.cfg
+        if cfg.step_timing == "every" or not self.runner.synchronises:
+            return True
+        if self.profiler.covers(step):  # the profiler times these itself; its sync count must see ours only
+            return False
+        return self._sampled or step % cfg.log_every == 0 or step == 1
+
+    def end(self, step: int, elapsed: float) -> None:
+        """After step `step`, which took `elapsed` seconds."""
+        if self._timed:
+            self.interval_wall += elapsed
+            self.timed_steps += step > TIMING_WARMUP_STEPS
+        if self._sampled:
+            self._write_timeline(step, self.runner.take_spans(), elapsed)
+        profile = self.profiler.after(step)
+        if profile:
+            self.log.message(f"step {step}: profile {profile}")
+        if step == TIMING_WARMUP_STEPS:
+            self.runner.restart_op_seconds()
+
+    def _write_timeline(self, step: int, spans: list, elapsed: float) -> None:
+        """Every rank's spans of this step to rank 0, which writes the trace and the Gantt chart."""
+        layout = self.rt.layout
+        label = f"rank {self.rt.rank} (stage {layout.stage}, replica {layout.replica})"
+        gathered = self.rt.all_gather_object((label, spans + [("step_end", elapsed, elapsed)]))
+        if self.timeline is not None:
+            spans_by_rank = [[s for s in sp if s[0] != "step_end"] for _, sp in gathered]
+            png = self.timeline.write(step, spans_by_rank, [lab for lab, _ in gathered])
+            self.log.message(f"step {step}: timeline {png}")
+
+    def rank_stats(self) -> dict:
+        """Every rank's busy / waiting / communicating / idle fractions since the last call, and its resident
+        memory, as metrics columns (a collective: every rank calls it on the same steps)."""
+        mine = {**timeline.fractions(self.runner.take_kind_seconds(), self.interval_wall), **timeline.memory_mb()}
+        self.interval_wall = 0.0
+        keys = list(mine)  # the same keys, in the same order, on every rank: one small tensor travels
+        every = self.rt.all_gather(host(torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64)))
+        return timeline.rank_columns([dict(zip(keys, row)) for row in host(every).tolist()])
+
+    def finish(self, step: int) -> None:
+        """At the run's end: a profiled window it ended inside, and RUN_DIR/timing/rank{R}.json: mean seconds per
+        optimizer step in each instruction type after the warm-up (receives include the time spent waiting for
+        the sender: pipeline bubbles show up there)."""
+        profile = self.profiler.after(step, end=True)
+        if profile:
+            self.log.message(f"step {step}: profile {profile} (the run ended inside the profiled steps)")
+        steps = self.timed_steps
+        if steps <= 0:
+            return
+        layout = self.rt.layout
+        with run_files.open_write(self.run_dir, f"timing/rank{self.rt.rank}.json") as f:
+            json.dump({"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
+                       "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())}}, f,
+                      indent=1)
