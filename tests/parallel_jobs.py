@@ -111,8 +111,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
                          max_tokens=0,
                          seed=1, bucket_batches=10, min_batch=cfg.data.min_batch_sentences)
     batch = stream.next()
-    engine.begin_window()
-    runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True)
+    runner.step([batch])
     obs["grad_norm"] = engine.grad_norm()
     obs["lr"] = engine.lr()
     obs["skipped_after_good_step"] = engine.skipped_steps
@@ -151,8 +150,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
         before = [p.detach().clone() for p in owned]
         skipped = engine.skipped_steps
         runner.inject_nan(True)
-        engine.begin_window()
-        runner.run(stream.next(), window_tokens=batch.tgt_tokens, boundary=True)
+        runner.step([stream.next()])
         runner.inject_nan(False)
         obs["nan_norm_finite"] = math.isfinite(engine.grad_norm())
         obs["nan_step_skipped"] = engine.skipped_steps == skipped + 1
@@ -245,7 +243,7 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
             opt.step = lean
             del engine.clip_fp32_gradients
             engine.clip_fp32_gradients = lambda: None
-        runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(1, 1, 0))
+        runner.step([batch], key=(1, 1))
         norm = opt._global_grad_norm if bf16 else adapter.last_grad_norm
         if name == "deepspeed" and not bf16:  # DeepSpeed's fp32 hook does not keep its norm: recompute it
             norm = None

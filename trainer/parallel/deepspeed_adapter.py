@@ -371,10 +371,17 @@ class Engine:
         """Backward of a scalar whose scale we chose (no division by the accumulation steps)."""
         self.ds.backward(loss, scale_wrt_gas=False)
 
-    def step(self, along: torch.Tensor | None = None) -> list[float] | None:
-        """Call after every micro-batch: DeepSpeed applies the update at the accumulation boundary.
-        There, `along` (a small device tensor: the window's loss sums) is read back to the host in the
-        same copy as the gradient norm, and its values are returned; None between boundaries."""
+    def step(self, *, boundary: bool, along: torch.Tensor | None = None) -> list[float] | None:
+        """Call after every micro-batch; `boundary`: the accumulation window's last (the runner's window decides:
+        trainer.parallel.interpreter.AccumulationWindow). DeepSpeed applies the update there, by its own
+        micro-step counter, which must agree. At the boundary `along` (a small device tensor: the window's loss
+        sums) is read back to the host in the same copy as the gradient norm, and its values are returned; None
+        between boundaries."""
+        if self.ds.is_gradient_accumulation_boundary() != boundary:
+            raise RuntimeError(f"the accumulation window and DeepSpeed disagree on the boundary (micro step "
+                               f"{self.ds.micro_steps}, gradient_accumulation_steps={self.accumulation_steps})")
+        if boundary:
+            self.last_grad_norm = None
         self.along, self.read = along, None
         self.ds.step()
         self.along = None
@@ -382,12 +389,6 @@ class Engine:
 
     def allreduce_replica_grads(self) -> None:
         self.ds.allreduce_gradients()
-
-    def is_boundary(self) -> bool:
-        return self.ds.is_gradient_accumulation_boundary()
-
-    def begin_window(self) -> None:
-        self.last_grad_norm = None
 
     @property
     def accumulation_steps(self) -> int:

@@ -64,13 +64,30 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_(True)
 
 
+class AccumulationWindow:
+    """The micro-batches of one optimizer step, owned by the runner: which one is the boundary, the target tokens
+    the loss is divided by, and the (loss, nll) sums so far on the device, read back with the gradient norm at the
+    optimizer step (the step's one device sync). The engine is told the boundary; DeepSpeed's own counter is
+    checked against it (trainer.parallel.deepspeed_adapter.Engine.step)."""
+
+    def __init__(self, batches: list[Batch], device):
+        self.batches = batches
+        self.tokens = sum(b.tgt_tokens for b in batches)
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)
+        self.read: list | None = None  # the sums on the host, once the optimizer step read them
+
+    def boundary(self, micro: int) -> bool:
+        return micro == len(self.batches) - 1
+
+
 @dataclass
 class MicroStep:
     """The state of one micro-step on this rank."""
 
     cut: ReplicaCut  # this replica's rows of the global micro-batch, its units and time chunks (on the device)
     loss_scale: float
-    train: bool
+    window: AccumulationWindow | None  # training: the optimizer step's window; None in evaluation
+    boundary: bool  # the window's last micro-step (evaluation: True)
     records: dict = field(default_factory=dict)  # (kind, unit, chunk) -> _Record
     received: dict = field(default_factory=dict)  # activations / gradients received, not yet used
     top: tuple | None = None  # last stage: the replica's top (encoder, decoder) outputs, assembled
@@ -81,6 +98,10 @@ class MicroStep:
     reduced: torch.Tensor | None = None  # on the host: the sums over every rank, after reduce_metrics
     dropout: DropoutKeys | None = None  # where each forward sits in the global micro-batch (masks)
     embedded: dict = field(default_factory=dict)  # first stage, (kind, unit) cut in chunks -> _Embedded
+
+    @property
+    def train(self) -> bool:
+        return self.window is not None
 
     @property
     def replica(self) -> Batch:
@@ -100,8 +121,8 @@ class MicroStep:
 
 
 class StepRunner:
-    """Executes micro-steps on this rank: `run(batch)` for training, `run(batch, train=False)` for
-    the forward-only evaluation program."""
+    """Executes the schedule on this rank: `step(batches)` for an optimizer step (its accumulation window), and
+    `evaluate(batch)` for the forward-only evaluation program."""
 
     def __init__(self, runtime: ParallelRuntime, engine, module, hidden: int):
         self.rt, self.layout, self.engine, self.module, self.hidden = runtime, runtime.layout, engine, module, hidden
@@ -119,45 +140,53 @@ class StepRunner:
         self.spans: list | None = None  # when a list: (op, start, end) of every instruction (the timeline)
         self.span_origin = 0.0
         self.pending: dict = {}  # async op name -> its handle in flight, until the op that completes it
-        self.window: torch.Tensor | None = None  # device (loss, nll) sums of the accumulation window so far
-        self.window_read: list | None = None  # ... read back with the optimizer step's gradient norm
         self.poison = False  # set by the trainer to inject a non-finite loss (tests of the skip logic)
         self.ms: MicroStep | None = None
         # LSTM weight gradients deferred to the program's `weight_grads` (the schedule decides which stages)
         self.weight_grads = WeightGradQueue() if any(i.op == "weight_grads" for i in self.programs[True]) else None
 
-    def run(self, batch: Batch, *, window_tokens: int = 0, boundary: bool = True, train: bool = True,
-            key: tuple = (), timed: bool = True) -> dict | None:
-        """One micro-step on the global micro-batch `batch` (identical on every rank). `key` (seed,
-        step, micro-batch) names it for the dropout masks, the same in every layout. `timed`: measure
-        every instruction (`op_seconds`, `kind_seconds`, `spans`); on an accelerator that synchronises
-        the device at each instruction edge, so untimed steps never wait for it.
+    @property
+    def window_size(self) -> int:
+        """Global micro-batches per optimizer step (DeepSpeed's gradient_accumulation_steps)."""
+        return self.engine.accumulation_steps
 
-        Returns {'loss_sum', 'nll_sum'} summed over every rank: of the whole accumulation window at its
-        boundary (training), of this micro-batch (evaluation); None between boundaries. The sums stay on
-        the device until the optimizer step reads them with the gradient norm: the step's one sync.
-        """
-        self.ms = ms = self._micro_step(batch, window_tokens, train)
-        if train:
-            if self.window is None:
-                self.window = torch.zeros(2, dtype=torch.float64, device=self.device)
-            ms.metrics = self.window
-        else:
-            ms.metrics = torch.zeros(2, dtype=torch.float64, device=self.device)
-        if train:
-            ms.dropout = DropoutKeys(key, batch.size, {"src": batch.src.shape[1], "tgt": batch.tgt_in.shape[1]},
-                                     self.device)
-        program = self.programs[boundary] if train else self.eval_program
-        with torch.set_grad_enabled(train), keyed(ms.dropout):
-            if train and timed:
+    def step(self, batches: list[Batch], *, key: tuple = (), timed: bool = True) -> dict:
+        """One optimizer step on its accumulation window: the global micro-batches `batches` (identical on every
+        rank). `key` (seed, step) names the step for the dropout masks (with each micro-batch's index: the same
+        in every layout). `timed`: measure every instruction (`op_seconds`, `kind_seconds`, `spans`); on an
+        accelerator that synchronises the device at each instruction edge, so untimed steps never wait for it.
+
+        Returns the window's {'loss_sum', 'nll_sum'} summed over every rank."""
+        window = AccumulationWindow(batches, self.device)
+        for micro, batch in enumerate(batches):
+            self.ms = ms = self._micro_step(batch, window, window.boundary(micro))
+            ms.metrics = window.sums
+            ms.dropout = DropoutKeys((*key, micro), batch.size, {"src": batch.src.shape[1],
+                                                                 "tgt": batch.tgt_in.shape[1]}, self.device)
+            self._run(self.programs[ms.boundary], timed)
+        return self._result(ms)
+
+    def evaluate(self, batch: Batch) -> dict:
+        """The forward-only program on the global micro-batch `batch`: its {'loss_sum', 'nll_sum'} summed over
+        every rank."""
+        self.ms = ms = self._micro_step(batch, None, True)
+        ms.metrics = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self._run(self.eval_program, False)
+        return self._result(ms)
+
+    def _run(self, program: list[Instr], timed: bool) -> None:
+        ms = self.ms
+        with torch.set_grad_enabled(ms.train), keyed(ms.dropout):
+            if ms.train and timed:
                 self._run_timed(program)
             else:
                 for ins in program:
                     self._execute(ins)
-        reduced, self.ms = ms.reduced, None
-        if reduced is None:
-            return None
-        loss_sum, nll_sum = reduced.tolist()
+
+    def _result(self, ms: MicroStep) -> dict:
+        """The sums the last micro-step's reduce_metrics left (on the host)."""
+        self.ms = None
+        loss_sum, nll_sum = ms.reduced.tolist()
         return {"loss_sum": loss_sum, "nll_sum": nll_sum}
 
     # ---- what the training loop asks of the interpreter ----
@@ -229,12 +258,12 @@ class StepRunner:
         return CommError(f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): {ins.op}{peer} "
                          f"failed: {str(err).splitlines()[0][:300]}")
 
-    def _micro_step(self, batch: Batch, window_tokens: int, train: bool) -> MicroStep:
+    def _micro_step(self, batch: Batch, window: AccumulationWindow | None, boundary: bool) -> MicroStep:
         spec = self.layout.spec
         cut = cut_replica(spec, batch, self.layout.replica).to(self.device)
         # num_dp: DeepSpeed averages over replicas; we want the sum over the global window
-        loss_scale = spec.num_dp / window_tokens if window_tokens else 0.0
-        return MicroStep(cut, loss_scale, train)
+        loss_scale = spec.num_dp / window.tokens if window is not None and window.tokens else 0.0
+        return MicroStep(cut, loss_scale, window, boundary)
 
     def _act_shape(self, kind: str, unit: int, chunk: int):
         a, b = self.ms.chunks[kind][unit][chunk]
@@ -445,8 +474,7 @@ class StepRunner:
         none); evaluation: this micro-batch's."""
         ms = self.ms
         if ms.train:
-            values = self.window_read if self.window_read is not None else self.window.tolist()
-            self.window = self.window_read = None
+            values = ms.window.read if ms.window.read is not None else ms.window.sums.tolist()
         else:
             values = ms.metrics.tolist()
         ms.reduced = self.rt.all_reduce(host(torch.tensor(values, dtype=torch.float64)), group=OPS[ins.op].group)
@@ -484,7 +512,10 @@ class StepRunner:
             handle.wait()
 
     def op_optimizer_step(self, ins: Instr) -> None:
-        self.window_read = self.engine.step(along=self.window)
+        ms = self.ms
+        read = self.engine.step(boundary=ms.boundary, along=ms.window.sums if ms.boundary else None)
+        if read is not None:
+            ms.window.read = read
 
     def op_flush_sends(self, ins: Instr) -> None:
         self.comm.flush()

@@ -258,8 +258,7 @@ def interpreter_runs(cfg, dims, precision: str, threads: int, batches: list, set
         ops: dict = {}
         for i, batch in enumerate([batches[0], *batches]):
             runner.restart_op_seconds()
-            engine.begin_window()
-            runner.run(batch, window_tokens=batch.tgt_tokens, boundary=True, key=(cfg.train.seed, i + 1, 0))
+            runner.step([batch], key=(cfg.train.seed, i + 1))
             if i == 0:
                 continue
             for ins in runner.programs[True]:

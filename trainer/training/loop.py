@@ -31,16 +31,13 @@ class Trainer:
         st, engine = self.state, self.engine
         step = st.step + 1
         timed = self.watch.begin(step)
-        batches = [self.stream.next() for _ in range(engine.accumulation_steps)]
+        batches = [self.stream.next() for _ in range(self.runner.window_size)]
         window_tokens = sum(b.tgt_tokens for b in batches)
         self.runner.inject_nan(step in self.faults.nan_steps)
-        engine.begin_window()
         skipped_before = engine.skipped_steps
         start = self.watch.start_clock()
-        for micro, b in enumerate(batches):
-            out = self.runner.run(b, window_tokens=window_tokens, boundary=engine.is_boundary(),
-                                  key=(self.cfg.seed, step, micro), timed=timed)
-        loss, nll = out["loss_sum"], out["nll_sum"]  # the window's, from its boundary micro-step
+        out = self.runner.step(batches, key=(self.cfg.seed, step), timed=timed)
+        loss, nll = out["loss_sum"], out["nll_sum"]
         elapsed = time.perf_counter() - start
         st.step = step
         skipped = engine.skipped_steps > skipped_before or not math.isfinite(loss)

@@ -30,7 +30,7 @@ class Validator:
         nll = tokens = 0.0
         for a, b in split_even(n, max(1, math.ceil(n / self.global_micro))):
             batch = data.batch(range(a, b))
-            nll += self.runner.run(batch, train=False)["nll_sum"]
+            nll += self.runner.evaluate(batch)["nll_sum"]
             tokens += batch.tgt_tokens
         self.module.train()
         return nll / tokens
