@@ -7,17 +7,16 @@ layout. Drawing each site's mask for the whole global micro-batch from a generat
 every layout the same masks as the single process: a run is the same run in any layout (up to
 floating-point summation order), and a resumed run continues bitwise in any layout.
 
-Outside a `DropoutKeys` context (ad-hoc use, tests of single modules) it is ordinary dropout.
+The keys travel with the call: a module's forward takes `masks`, the `DropoutSlice` of the global micro-batch
+its input is (the interpreter makes one per forward); without one (ad-hoc use, the whole model on one process,
+tests of single modules) it is ordinary dropout. Nothing is set from outside.
 """
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-_ACTIVE: "DropoutKeys | None" = None
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant for mixing the key parts
 
 
@@ -52,43 +51,48 @@ def keep_mask(shape: tuple, keep: float, seed: int, device=None) -> torch.Tensor
 
 
 class DropoutKeys:
-    """The position of the tensors a forward computes within the global micro-batch `key`.
-
-    `widths`: global padded length per side ('src', 'tgt'); `rows`: the global micro-batch's row
-    count. Set `row0` / `t0` (the global row and position of the slice's [0, 0]) before each forward.
-    """
+    """The masks of the global micro-batch `key` (seed, step, micro-batch): each site's drawn once for the whole
+    micro-batch, on first use. `widths`: global padded length per side ('src', 'tgt'); `rows`: the global
+    micro-batch's row count. `at(row0, t0)`: the slice a forward computes."""
 
     def __init__(self, key: tuple, rows: int, widths: dict, device=None):
         self.key, self.rows, self.widths, self.device = key, rows, widths, device
-        self.row0, self.t0 = 0, 0
         self._masks: dict = {}
 
-    def mask(self, site: int, side: str, p: float, n: int, width: int, feat: int, dtype,
-             positions: torch.Tensor | None = None) -> torch.Tensor:
-        """This slice's mask, already scaled: 0 or 1 / (1 - p) in `dtype`; (n, width, feat), or
-        (tokens, feat) for the flat `positions` (row * width + t) of an (n, width) slice."""
+    def at(self, row0: int, t0: int) -> "DropoutSlice":
+        """The slice whose [0, 0] is global row `row0`, position `t0`."""
+        return DropoutSlice(self, row0, t0)
+
+    def full(self, site: int, side: str, p: float, feat: int, dtype) -> torch.Tensor:
+        """The whole micro-batch's mask of `site`, already scaled: 0 or 1 / (1 - p) in `dtype`."""
         full = self._masks.get((site, dtype))
         if full is None:
             bits = keep_mask((self.rows, self.widths[side], feat), 1.0 - p, _key(*self.key, site), self.device)
             full = bits.to(dtype).mul_(1.0 / (1.0 - p))
             self._masks[(site, dtype)] = full
+        return full
+
+
+class DropoutSlice:
+    """Where a forward's tensors sit in the global micro-batch of `keys`: their [0, 0] is row `row0`, position
+    `t0`."""
+
+    __slots__ = ("keys", "row0", "t0")
+
+    def __init__(self, keys: DropoutKeys, row0: int, t0: int):
+        self.keys, self.row0, self.t0 = keys, row0, t0
+
+    def mask(self, site: int, side: str, p: float, n: int, width: int, feat: int, dtype,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
+        """This slice's mask, already scaled; (n, width, feat), or (tokens, feat) for the flat `positions`
+        (row * width + t) of an (n, width) slice."""
+        full = self.keys.full(site, side, p, feat, dtype)
         if positions is None:
             return full[self.row0:self.row0 + n, self.t0:self.t0 + width]
         # the same tokens' rows of the whole micro-batch's mask, gathered on the device
         rows = torch.div(positions, width, rounding_mode="floor")
         at = (rows + self.row0) * full.shape[1] + (positions - rows * width + self.t0)
         return full.view(-1, feat).index_select(0, at)
-
-
-@contextlib.contextmanager
-def keyed(keys: DropoutKeys):
-    """Dropout inside draws its masks from `keys`."""
-    global _ACTIVE
-    previous, _ACTIVE = _ACTIVE, keys
-    try:
-        yield keys
-    finally:
-        _ACTIVE = previous
 
 
 class KeyedDropout(nn.Module):
@@ -100,14 +104,15 @@ class KeyedDropout(nn.Module):
         super().__init__()
         self.p, self.site, self.side = p, site, side
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, width: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, masks: DropoutSlice | None = None, positions: torch.Tensor | None = None,
+                width: int = 0) -> torch.Tensor:
+        """`masks`: where `x` sits in the global micro-batch (None: ordinary dropout)."""
         if not self.training or self.p == 0:
             return x
-        keys = _ACTIVE
-        if keys is None:
+        if masks is None:
             return F.dropout(x, self.p, True)
         n, w = (0, width) if positions is not None else x.shape[:2]
-        return x * keys.mask(self.site, self.side, self.p, n, w, x.shape[-1], x.dtype, positions)
+        return x * masks.mask(self.site, self.side, self.p, n, w, x.shape[-1], x.dtype, positions)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, site={self.site}, side={self.side}"

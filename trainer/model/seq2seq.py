@@ -21,7 +21,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from data_prep.dataformat import PAD_ID
 from trainer.model.tensors import round_count, to_device
-from trainer.model.dropout import KeyedDropout
+from trainer.model.dropout import DropoutSlice, KeyedDropout
 from trainer.model.lstm import auto_stepwise, run_stepwise
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
@@ -39,13 +39,14 @@ class Embeddings(nn.Module):
             with torch.no_grad():
                 emb.weight[PAD_ID].zero_()
 
-    def embed_src(self, src: torch.Tensor) -> torch.Tensor:
-        """(batch, src_len) ids -> (batch, src_len, emb)."""
-        return self.src_dropout(self.src(src))
+    def embed_src(self, src: torch.Tensor, masks: DropoutSlice | None = None) -> torch.Tensor:
+        """(batch, src_len) ids -> (batch, src_len, emb). `masks`: where the batch sits in the global micro-batch
+        (trainer.model.dropout; None: ordinary dropout), here and in every forward below."""
+        return self.src_dropout(self.src(src), masks)
 
-    def embed_tgt(self, tgt_in: torch.Tensor) -> torch.Tensor:
+    def embed_tgt(self, tgt_in: torch.Tensor, masks: DropoutSlice | None = None) -> torch.Tensor:
         """(batch, tgt_len) ids -> (batch, tgt_len, emb)."""
-        return self.tgt_dropout(self.tgt(tgt_in))
+        return self.tgt_dropout(self.tgt(tgt_in), masks)
 
 
 def host_lengths(lengths) -> np.ndarray:
@@ -133,7 +134,7 @@ class EncoderDecoderLayer(nn.Module):
             for name, p in lstm.named_parameters():
                 nn.init.uniform_(p, -0.1, 0.1)
 
-    def encode(self, x: torch.Tensor, lengths, state: State | None = None):
+    def encode(self, x: torch.Tensor, lengths, state: State | None = None, masks: DropoutSlice | None = None):
         """x (batch, src_len, in), lengths (batch,) of the valid prefix of each row (0 allowed; a host
         array, or a tensor read back to the host), state: carried from the previous time chunk (None at
         the start).
@@ -146,7 +147,7 @@ class EncoderDecoderLayer(nn.Module):
             out, state = run_stepwise(self.encoder, x, host_lengths(lengths), state)
         else:
             out, state = _run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
-        return self.enc_dropout(out), state
+        return self.enc_dropout(out, masks), state
 
     def _stepwise(self, x: torch.Tensor) -> bool:
         return self.kernel == "stepwise" or (self.kernel == "auto" and auto_stepwise(x, self.decoder.hidden_size))
@@ -158,7 +159,7 @@ class EncoderDecoderLayer(nn.Module):
         h, c = enc_state  # (2, batch, hidden/2)
         return (torch.cat([h[0], h[1]], dim=-1).unsqueeze(0), torch.cat([c[0], c[1]], dim=-1).unsqueeze(0))
 
-    def decode(self, y: torch.Tensor, state: State):
+    def decode(self, y: torch.Tensor, state: State, masks: DropoutSlice | None = None):
         """y (batch, tgt_len, in), state (1, batch, hidden) x 2 -> out (batch, tgt_len, hidden), state.
 
         Teacher-forced and causal: outputs at padded target positions are computed but never used.
@@ -169,7 +170,7 @@ class EncoderDecoderLayer(nn.Module):
             out, state = run_stepwise(self.decoder, y, None, state)
         else:
             out, state = self.decoder(y, state)
-        return self.dec_dropout(out), state
+        return self.dec_dropout(out, masks), state
 
     def forward(self, x: torch.Tensor, src_lengths: torch.Tensor, y: torch.Tensor):
         enc_out, enc_state = self.encode(x, src_lengths)
@@ -224,11 +225,11 @@ class AttentionSoftmaxHead(nn.Module):
         return self.attention_weights(enc, src_mask, dec) @ enc
 
     def attentional(self, context: torch.Tensor, dec: torch.Tensor, positions: torch.Tensor | None = None,
-                    width: int = 0) -> torch.Tensor:
+                    width: int = 0, masks: DropoutSlice | None = None) -> torch.Tensor:
         """tanh(W_c [c; h]) with dropout: (batch, tgt_len, hidden) x 2 -> (batch, tgt_len, out_dim), or
         (tokens, hidden) x 2 -> (tokens, out_dim) for the tokens at flat `positions` of a (batch, width)
         layout."""
-        return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))), positions, width)
+        return self.dropout(torch.tanh(self.w_c(torch.cat([context, dec], dim=-1))), masks, positions, width)
 
     def logits(self, enc, src_mask, dec) -> torch.Tensor:
         """-> (batch, tgt_len, vocab)."""
@@ -240,7 +241,7 @@ class AttentionSoftmaxHead(nn.Module):
         return self.proj(self.attentional(attn @ enc, dec)), attn
 
     def forward(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor,
-                positions: torch.Tensor | None = None):
+                positions: torch.Tensor | None = None, masks: DropoutSlice | None = None):
         """target (batch, tgt_len) with PAD at padded positions. positions: flat indices (row * tgt_len +
         t) of the real target tokens plus a few padded ones that round their count (what
         `trainer.data.Batch.token_positions` gives, on the device); found from `target` when None,
@@ -255,7 +256,7 @@ class AttentionSoftmaxHead(nn.Module):
         if positions is None:
             positions = token_positions(target)
         context = self.context(enc, src_mask, dec).flatten(0, 1).index_select(0, positions)
-        hidden = self.attentional(context, dec.flatten(0, 1).index_select(0, positions), positions, width)
+        hidden = self.attentional(context, dec.flatten(0, 1).index_select(0, positions), positions, width, masks)
         return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias,
                                        target.flatten().index_select(0, positions), self.label_smoothing,
                                        self.loss_chunk_rows)

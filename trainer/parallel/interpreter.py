@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.data import Batch
-from trainer.model.dropout import DropoutKeys, keyed
+from trainer.model.dropout import DropoutKeys
 from trainer.model.lstm import WeightGradQueue, deferred_weight_grads
 from trainer.model.seq2seq import Embeddings, EncoderDecoderLayer
 from trainer.model.tensors import to_device
@@ -96,7 +96,7 @@ class MicroStep:
     top_grads: dict | None = None  # last stage: gradients w.r.t. the top outputs, from every piece
     metrics: torch.Tensor | None = None  # on the device: (loss, nll) sums of the pieces this rank ran
     reduced: torch.Tensor | None = None  # on the host: the sums over every rank, after reduce_metrics
-    dropout: DropoutKeys | None = None  # where each forward sits in the global micro-batch (masks)
+    dropout: DropoutKeys | None = None  # the micro-batch's dropout masks; each forward gets its slice
     embedded: dict = field(default_factory=dict)  # first stage, (kind, unit) cut in chunks -> _Embedded
 
     @property
@@ -176,7 +176,7 @@ class StepRunner:
 
     def _run(self, program: list[Instr], timed: bool) -> None:
         ms = self.ms
-        with torch.set_grad_enabled(ms.train), keyed(ms.dropout):
+        with torch.set_grad_enabled(ms.train):
             if ms.train and timed:
                 self._run_timed(program)
             else:
@@ -278,10 +278,9 @@ class StepRunner:
         ms, kind, u, c = self.ms, ins.kind, ins.unit, ins.chunk
         unit = ms.units[u]
         a, b = ms.chunks[kind][u][c]
-        if ms.dropout is not None:
-            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + ms.unit_rows[u][0], a
+        masks = ms.dropout.at(ms.cut.row0 + ms.unit_rows[u][0], a) if ms.dropout is not None else None
         if self.embeddings is not None:
-            x_in, x = self._embed(kind, u, a, b)
+            x_in, x = self._embed(kind, u, a, b, masks)
         else:
             x_in = ms.received.pop((kind, u, c))
             x = x_in = _leaf(x_in) if ms.train else x_in
@@ -290,25 +289,26 @@ class StepRunner:
         if kind == "enc":
             lengths = ms.cut.encoder_lengths(u, c)  # on the host: packing needs no device read
             for pair, st in zip(self.pairs, state_in):
-                x, st = pair.encode(x, lengths, st)
+                x, st = pair.encode(x, lengths, st, masks)
                 state_out.append(pair.decoder_init(st) if c == len(ms.chunks["enc"][u]) - 1 else st)
         else:
             for pair, st in zip(self.pairs, state_in):
-                x, st = pair.decode(x, st)
+                x, st = pair.decode(x, st, masks)
                 state_out.append(st)
         ms.records[(kind, u, c)] = _Record(x_in, x, state_in, state_out)
 
-    def _embed(self, kind: str, u: int, a: int, b: int):
+    def _embed(self, kind: str, u: int, a: int, b: int, masks):
         """(x_in, x) of a first-stage chunk: the embedding itself (x_in None) for an uncut unit or in
-        evaluation, else a leaf slice of the unit's embedding, looked up at its first chunk."""
+        evaluation, else a leaf slice of the unit's embedding, looked up at its first chunk (`masks`: the
+        chunk's place in the global micro-batch, for dropout)."""
         ms, unit = self.ms, self.ms.units[u]
         ids = unit.src if kind == "enc" else unit.tgt_in
         lookup = self.embeddings.embed_src if kind == "enc" else self.embeddings.embed_tgt
         chunks = len(ms.chunks[kind][u])
         if chunks == 1 or not ms.train:
-            return None, lookup(ids[:, a:b])
-        if a == 0:  # dropout keys: t0 is 0 here, so the masks are the per-chunk ones
-            ms.embedded[(kind, u)] = _Embedded(lookup(ids), chunks)
+            return None, lookup(ids[:, a:b], masks)
+        if a == 0:  # dropout keys: t0 is 0 here, so the whole unit's masks hold every chunk's
+            ms.embedded[(kind, u)] = _Embedded(lookup(ids, masks), chunks)
         x_in = _leaf(ms.embedded[(kind, u)].out[:, a:b])
         return x_in, x_in
 
@@ -373,14 +373,13 @@ class StepRunner:
         a, b = self._piece(ins, stage)
         rows = ms.cut.piece(self.layout.spec, stage, ins.unit)
         t0 = ms.cut.piece_t0(self.layout.spec, stage, ins.unit)
-        if ms.dropout is not None:
-            ms.dropout.row0, ms.dropout.t0 = ms.cut.row0 + a, t0
+        masks = ms.dropout.at(ms.cut.row0 + a, t0) if ms.dropout is not None else None
         enc, dec = ms.shards.pop(ins.unit) if ins.unit in ms.shards else self._top_rows(ins, stage)
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)
         self.sync_head()
         positions = to_device(rows.token_positions(), self.device)
-        loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out, positions)
+        loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out, positions, masks)
         if self.poison and ms.train:  # fault injection (trainer.training.faults): a non-finite loss
             loss_sum = loss_sum * float("nan")
         ms.metrics += torch.stack([loss_sum.detach(), nll_sum]).double()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from trainer.data import BatchStream, ParallelData, read_manifest
-from trainer.model.dropout import DropoutKeys, keep_mask, keyed
+from trainer.model.dropout import DropoutKeys, keep_mask
 from trainer.model.seq2seq import _run_packed, build_head
 from trainer.planner import calibrate_ranks
 from trainer.planner.shapes import ModelDims
@@ -118,9 +118,8 @@ def head_points(cfg, dims: ModelDims, dtype, pieces: list, sizes: Sizes) -> list
         keys = DropoutKeys((1, 1, 0), piece.size, {"src": piece.src.shape[1], "tgt": piece.tgt_in.shape[1]})
 
         def step():
-            with keyed(keys):
-                loss, _ = head(enc, piece.src_mask, dec, piece.tgt_out)
-                (loss * 1e-3).backward()
+            loss, _ = head(enc, piece.src_mask, dec, piece.tgt_out, masks=keys.at(0, 0))
+            (loss * 1e-3).backward()
         step()  # draws the mask once, as the first head of a micro-step does (priced separately)
         out.append([piece.size, int(piece.src.shape[1]), int(piece.tgt_in.shape[1]), piece.tgt_tokens,
                     timed_ms(step, sizes.reps)])
