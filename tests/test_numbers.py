@@ -14,6 +14,7 @@ from data_prep.demo_corpus import generate, raw_japanese
 from data_prep.prepare import main as prepare_main
 from trainer.artifacts.model_files import ModelFileError, number_slots
 from trainer.config import DecodeConfig, ModelConfig
+from trainer.inference.options import DecodeOptions
 from trainer.inference.text import TextPipeline
 from trainer.inference.translator import Translator
 from trainer.model.seq2seq import build_model
@@ -141,7 +142,7 @@ def test_translator_masks_the_input_and_puts_numbers_back(tmp_path):
             model.head.proj.bias.fill_(-10.0)
             model.head.proj.bias[tgt_sp.piece_to_id(piece)] = 10.0
         return Translator(model, TextPipeline(src_sp, tgt_sp, {}, tgt_lang="ja", number_slots=manifest["numbers"]),
-                          DecodeConfig(), "cpu")
+                          DecodeOptions.from_config(DecodeConfig()), "cpu")
 
     t = biased("⟨n2⟩")
     segments, (_, nums) = t.text.source(line)

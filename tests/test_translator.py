@@ -15,6 +15,7 @@ from data_prep.segment import TrainingLimits
 from data_prep.vocab import train_model
 from trainer.config import DecodeConfig, ModelConfig
 from trainer.inference.loading import ensemble
+from trainer.inference.options import DecodeOptions
 from trainer.inference.text import TextPipeline, one_line
 from trainer.inference.translator import Translator
 from trainer.model.search import Ensemble, beam_search_nbest
@@ -49,7 +50,8 @@ def translator(spm_models, seed=0, limits=TrainingLimits(), decode=DecodeConfig(
             model.head.proj.bias.fill_(-10.0)
             for rank, piece in enumerate(bias):
                 model.head.proj.bias[piece] = 10.0 - rank
-    return Translator(model, TextPipeline(src_sp, tgt_sp, NORM, tgt_lang="ja", limits=limits), decode, "cpu")
+    return Translator(model, TextPipeline(src_sp, tgt_sp, NORM, tgt_lang="ja", limits=limits),
+                      DecodeOptions.from_config(decode), "cpu")
 
 
 def test_empty_and_blank_lines_translate_to_empty_lines(spm_models):
@@ -180,7 +182,8 @@ def test_device_defaults_to_cuda_when_torch_sees_one(spm_models, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     src_sp, tgt_sp = spm_models
     model = build_model(TINY, src_sp.get_piece_size(), tgt_sp.get_piece_size())
-    assert Translator(model, TextPipeline(src_sp, tgt_sp, NORM), DecodeConfig()).device.type == "cpu"
+    options = DecodeOptions.from_config(DecodeConfig())
+    assert Translator(model, TextPipeline(src_sp, tgt_sp, NORM), options).device.type == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     from trainer.inference.translator import default_device
 

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import IO, Iterator
 
 INPUT_CHUNK = 256  # lines read before decoding when --buffer-size is not given
@@ -53,38 +54,49 @@ def add_decode_arguments(p: argparse.ArgumentParser) -> None:
                         "and it is counted and reported on stderr; 0 = no cap (default: decode.max_line_bytes, 65536)")
 
 
-def load_translator(args):
+@dataclass(frozen=True)
+class Models:
+    """Which models to load (add_model_arguments' flags): a run's checkpoints or model files."""
+
+    run: str | None
+    files: list[str] | None
+    checkpoints: list[str] | None
+    allow_unverified: bool
+    device: str | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Models":
+        return cls(args.run, args.model, args.checkpoint, args.allow_unverified, args.device)
+
+
+def decode_flags(args: argparse.Namespace) -> dict:
+    """add_decode_arguments' flags (None: the model's config decides), for trainer.inference.options."""
+    return dict(beam=args.beam, max_len_ratio=args.max_len_ratio, length_penalty=args.length_penalty,
+                batch_size=args.batch_size, max_tokens=args.max_tokens, max_line_bytes=args.max_line_bytes)
+
+
+def load_translator(models: Models, decode: dict):
+    """The Translator of `models` (several: an ensemble), its decoding options those of the (first) model's config
+    with the `decode` flags, checked here, once, before any line is read."""
     from trainer.inference.loading import ensemble, load_export, load_run
 
-    if args.model:
-        if args.checkpoint:
+    if models.files:
+        if models.checkpoints:
             raise ValueError("--checkpoint goes with --run (a model file holds one set of weights)")
-        members = [load_export(path, args.device) for path in args.model]
-        names = args.model
+        members = [load_export(path, models.device, decode) for path in models.files]
+        names = models.files
     else:
-        names = args.checkpoint or ["best"]
-        members = [load_run(args.run, which, args.device, allow_unverified=getattr(args, "allow_unverified", False))
-                   for which in names]
+        names = models.checkpoints or ["best"]
+        members = [load_run(models.run, which, models.device, allow_unverified=models.allow_unverified,
+                            decode=decode) for which in names]
     return members[0] if len(members) == 1 else ensemble(members, names)
-
-
-def _decode_options(args) -> dict:
-    return dict(beam=args.beam, max_len_ratio=args.max_len_ratio, length_penalty=args.length_penalty,
-                batch_size=args.batch_size, max_tokens=args.max_tokens,
-                max_line_bytes=getattr(args, "max_line_bytes", None))
-
-
-def check_decode_options(args, translator) -> None:
-    """The decoding flags, checked before any line is read (translate_nbest checks them again)."""
-    translator.decode_settings(args.beam, args.max_len_ratio, args.length_penalty, args.batch_size, args.max_tokens)
-    translator.line_cap(getattr(args, "max_line_bytes", None))
 
 
 class Oversized:
     """Input lines left untranslated for being longer than the cap: counted, and named on stderr at the end."""
 
-    def __init__(self, translator, args):
-        self.translator, self.cap = translator, translator.line_cap(getattr(args, "max_line_bytes", None))
+    def __init__(self, translator):
+        self.translator, self.cap = translator, translator.options.max_line_bytes
         self.lines: list[int] = []
 
     def note(self, chunk: list[str], first: int, skipped: list[int] = ()) -> None:
@@ -162,20 +174,17 @@ def translate_main(args) -> int:
     if args.n_best < 1:
         raise ValueError(f"--n-best {args.n_best}: must be >= 1")
     stream, name, total = _open_input(args.input)
-    translator = load_translator(args)
-    check_decode_options(args, translator)
-    beam = args.beam if args.beam is not None else translator.decode_cfg.beam
-    if args.n_best > beam:
-        raise ValueError(f"--n-best {args.n_best} must be <= the beam size ({beam})")
-    oversized = Oversized(translator, args)
+    translator = load_translator(Models.from_args(args), decode_flags(args))
+    if args.n_best > translator.options.beam:
+        raise ValueError(f"--n-best {args.n_best} must be <= the beam size ({translator.options.beam})")
+    oversized = Oversized(translator)
     out = _open_output(args.output)
     bar = tqdm(total=total, unit="sent", file=sys.stderr, disable=None, dynamic_ncols=True, mininterval=1.0)
     started, sentences, pieces = time.perf_counter(), 0, 0
     try:
         for chunk, skipped in read_chunks(stream, name, args.buffer_size or INPUT_CHUNK, oversized.cap):
             oversized.note(chunk, sentences, skipped)
-            results = translator.translate_nbest(chunk, n_best=args.n_best, alignments=args.alignments,
-                                                 **_decode_options(args))
+            results = translator.translate_nbest(chunk, n_best=args.n_best, alignments=args.alignments)
             out.write("".join(format_result(sentences + i, r, args.n_best, args.alignments)
                               for i, r in enumerate(results)))
             out.flush()
@@ -233,19 +242,19 @@ def evaluate_main(args) -> int:
         raise ValueError(f"--src {args.src} and --ref {args.ref} are empty: no sentence to evaluate")
     if args.tokenize:
         check_tokenize(args.tokenize, "--tokenize")
-    translator = load_translator(args)
-    check_decode_options(args, translator)
-    oversized = Oversized(translator, args)
+    translator = load_translator(Models.from_args(args), decode_flags(args))
+    oversized = Oversized(translator)
     oversized.note(src, 0)
-    hyps = [n[0].text for n in translator.translate_nbest(src, **_decode_options(args))]
+    hyps = [n[0].text for n in translator.translate_nbest(src)]
     oversized.report(args.src)
     if args.output:
         _write_lines(args.output, hyps)
-    tokenize = resolve_tokenize(args.tokenize or translator.decode_cfg.bleu_tokenize, translator.tgt_lang, ref)
+    configured = translator.origin["config"]["decode"]["bleu_tokenize"]  # the (first) model's decode.bleu_tokenize
+    tokenize = resolve_tokenize(args.tokenize or configured, translator.tgt_lang, ref)
     s = score(hyps, ref, check_tokenize(tokenize, "--tokenize"))
     result = {"bleu": round(s.bleu, 2), "chrf": round(s.chrf, 2), "signature": s.bleu_signature,
               "chrf_signature": s.chrf_signature, "sentences": len(src), "tokenize": tokenize}
-    baseline = getattr(args, "baseline", None)
+    baseline = args.baseline
     if baseline:  # another system's output on the same source, scored the same way
         base_hyps = _read_pair(args.src, baseline, "--baseline")[1]
         b = score(base_hyps, ref, tokenize)
@@ -263,15 +272,15 @@ def evaluate_main(args) -> int:
         print(f"BLEU {result['bleu']:.2f}")
         print(f"chrF {result['chrf']:.2f}")
     print(f"  {result['signature']}\n  {result['chrf_signature']}")
-    for i in range(min(getattr(args, "show", 0) or 0, len(src))):
+    for i in range(min(args.show, len(src))):
         print(f"\n[{i + 1}] source:     {src[i]}\n    reference:  {ref[i]}\n    hypothesis: {hyps[i]}")
     return 0
 
 
 def score_main(args) -> int:
     src, ref = _read_pair(args.src, args.ref)
-    translator = load_translator(args)
-    scores = translator.score(src, ref, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    translator = load_translator(Models.from_args(args), dict(batch_size=args.batch_size, max_tokens=args.max_tokens))
+    scores = translator.score(src, ref)
     out = _open_output(args.output)
     with out:
         for logprob, tokens in scores:
@@ -307,8 +316,7 @@ def average_main(args) -> int:
 def export_main(args) -> int:
     from trainer.inference.loading import export_model, load_run
 
-    translator = load_run(args.run, args.checkpoint, device="cpu",
-                          allow_unverified=getattr(args, "allow_unverified", False))
+    translator = load_run(args.run, args.checkpoint, device="cpu", allow_unverified=args.allow_unverified)
     export_model(translator, args.out)
     o = translator.origin
     print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")

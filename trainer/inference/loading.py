@@ -1,11 +1,14 @@
 """Where a translator's model comes from: a run directory's checkpoint, the mean of several checkpoints, an
-exported model file, or several translators as one ensemble; and writing the exported file.
+exported model file, or several translators as one ensemble; and writing the exported file. Each builds its
+Translator complete, once: the models, the text pipeline, the decoding options (the config's decode section with
+the `decode` flags given, checked: trainer.inference.options) and where it came from.
 
-Every file is a user file: checkpoints must verify (trainer.artifacts.checkpoint) and everything is checked
+Every file is a user file: checkpoints must verify (trainer.checkpoint.files) and everything is checked
 before the model is built (trainer.artifacts.model_files)."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 from omegaconf import OmegaConf
@@ -14,14 +17,35 @@ from data_prep.dataformat import TrainingLimits
 from trainer.artifacts import model_files, run_dir as run_names, run_files
 from trainer.checkpoint import files as checkpoint
 from trainer.config import load_config
+from trainer.inference.options import DecodeOptions
 from trainer.inference.text import TextPipeline
-from trainer.inference.translator import Translator, default_device
+from trainer.inference.translator import Translator
 from trainer.metrics import manifest_lang
 
 
-def load_run(run_dir: str, which: str = "best", device=None, *, allow_unverified: bool = False) -> Translator:
+class _Parts(NamedTuple):
+    """What a Translator is built from, read and checked."""
+
+    cfg: object  # the run's (or the exported model's) config
+    model: object
+    text: TextPipeline
+    origin: dict
+
+
+def _built(parts: _Parts, device, decode: dict | None) -> Translator:
+    options = DecodeOptions.from_config(parts.cfg.decode, **(decode or {}))
+    return Translator(parts.model, parts.text, options, device, origin=parts.origin)
+
+
+def load_run(run_dir: str, which: str = "best", device=None, *, allow_unverified: bool = False,
+             decode: dict | None = None) -> Translator:
     """The model of a run directory's checkpoint (`which`: best | last | a path). The checkpoint must verify
-    unless `allow_unverified`, or it is the run's own save in progress (the trainer's dev decode)."""
+    unless `allow_unverified`, or it is the run's own save in progress (the trainer's dev decode). `decode`:
+    decoding flags (DecodeOptions' names; None values: the run's decode.*)."""
+    return _built(_run_parts(run_dir, which, allow_unverified), device, decode)
+
+
+def _run_parts(run_dir: str, which: str, allow_unverified: bool) -> _Parts:
     cfg = load_config(os.path.join(run_dir, run_names.CONFIG))
     manifest_path = os.path.join(run_dir, run_names.DATA_MANIFEST)
     manifest = checkpoint.read_json(manifest_path)
@@ -45,34 +69,31 @@ def load_run(run_dir: str, which: str = "best", device=None, *, allow_unverified
                         tgt_lang=manifest_lang(manifest), limits=TrainingLimits.from_manifest(manifest),
                         norm_tgt=model_files.normalize_flags(manifest.get("normalize_tgt", {}), manifest_path),
                         number_slots=model_files.number_slots(manifest.get("numbers"), manifest_path))
-    translator = Translator(model, text, cfg.decode, device)
-    translator.origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt),
-                         "step": meta.get("step"), "dev_bleu": meta.get("dev_bleu"),
-                         "data_checksum": manifest.get("checksum"), "config": OmegaConf.to_container(cfg)}
-    return translator
+    origin = {"run_dir": os.path.abspath(run_dir), "checkpoint": os.path.basename(ckpt), "step": meta.get("step"),
+              "dev_bleu": meta.get("dev_bleu"), "data_checksum": manifest.get("checksum"),
+              "config": OmegaConf.to_container(cfg)}
+    return _Parts(cfg, model, text, origin)
 
 
-def load_average(run_dir: str, checkpoints: list[str], device=None) -> Translator:
+def load_average(run_dir: str, checkpoints: list[str], device=None, decode: dict | None = None) -> Translator:
     """One model whose weights are the mean of these checkpoints' (of one run: the same shapes), each
     verified and checked against the config like a single one."""
     if not checkpoints:
         raise ValueError("no checkpoint to average")
-    translator = load_run(run_dir, checkpoints[0], device="cpu")
-    total = {k: v.detach().double().clone() for k, v in translator.model.state_dict().items()}
-    names = [translator.origin["checkpoint"]]
+    first = _run_parts(run_dir, checkpoints[0], False)
+    total = {k: v.detach().double().clone() for k, v in first.model.state_dict().items()}
+    names = [first.origin["checkpoint"]]
     for which in checkpoints[1:]:
-        other = load_run(run_dir, which, device="cpu")
+        other = _run_parts(run_dir, which, False)
         names.append(other.origin["checkpoint"])
         for k, v in other.model.state_dict().items():
             total[k] += v.double()
-    translator.model.load_state_dict({k: v / len(checkpoints) for k, v in total.items()})
-    translator.device = torch.device(device or default_device())
-    translator.models = [translator.model.to(translator.device)]
-    translator.origin.update(checkpoint="average(" + ",".join(names) + ")", averaged=names, dev_bleu=None)
-    return translator
+    first.model.load_state_dict({k: v / len(checkpoints) for k, v in total.items()})
+    origin = dict(first.origin, checkpoint="average(" + ",".join(names) + ")", averaged=names, dev_bleu=None)
+    return _built(first._replace(origin=origin), device, decode)
 
 
-def load_export(path: str, device=None) -> Translator:
+def load_export(path: str, device=None, decode: dict | None = None) -> Translator:
     """A model file written by `export_model`, checked like a run before it is built."""
     blob = model_files.read_export(path)
     where = f"--model {path}"
@@ -91,15 +112,13 @@ def load_export(path: str, device=None) -> Translator:
                         tgt_lang=tgt_lang, limits=TrainingLimits.from_manifest({"filters": limits}),
                         norm_tgt=model_files.normalize_flags(blob.get("normalize_tgt", {}), f"{where}: normalize_tgt"),
                         number_slots=model_files.number_slots(blob.get("numbers"), where))
-    translator = Translator(model, text, cfg.decode, device)
     origin = blob["origin"] if isinstance(blob["origin"], dict) else {}
-    translator.origin = dict(origin, config=OmegaConf.to_container(cfg))
-    return translator
+    return _built(_Parts(cfg, model, text, dict(origin, config=OmegaConf.to_container(cfg))), device, decode)
 
 
 def ensemble(members: list[Translator], names: list[str]) -> Translator:
     """The members' models decoding as one (`trainer.model.search.Ensemble`); the first member's text
-    handling and decoding settings apply. Members must share both vocabularies and normalisation."""
+    handling, decoding options and device apply. Members must share both vocabularies and normalisation."""
     first = members[0]
     for m, name in zip(members[1:], names[1:]):
         for what, a, b in (("source SentencePiece model", first.text.src_sp, m.text.src_sp),
@@ -109,9 +128,8 @@ def ensemble(members: list[Translator], names: list[str]) -> Translator:
                                  f"from the same data (DATA_DIR)")
         if m.text.norm != first.text.norm or m.text.numbers != first.text.numbers:
             raise ValueError(f"ensemble: {name} normalises its input differently from {names[0]}")
-    first.models = [model.to(first.device) for m in members for model in m.models]
-    first.origin = dict(first.origin, ensemble=names)
-    return first
+    return Translator([model for m in members for model in m.models], first.text, first.options, first.device,
+                      origin=dict(first.origin, ensemble=names))
 
 
 def export_model(translator: Translator, path: str) -> None:

@@ -10,13 +10,12 @@ source pieces); each line's segment hypotheses are joined back into text.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from data_prep.dataformat import EOS_ID, PAD_ID
 from trainer.data import collate
+from trainer.inference.options import DecodeOptions
 from trainer.inference.text import TextPipeline, Translated
 from trainer.model.search import Ensemble, Hypothesis, beam_search_nbest
 from trainer.model.seq2seq import Seq2Seq
@@ -28,13 +27,14 @@ def default_device() -> str:
 
 
 class Translator:
-    """Models (one, or an ensemble's) with the text pipeline of their data and the decoding settings."""
+    """Models (one, or an ensemble's) with the text pipeline of their data and the decoding options, built
+    complete: `origin` says where the models came from (trainer.inference.loading)."""
 
-    def __init__(self, model: Seq2Seq | list[Seq2Seq], text: TextPipeline, decode_cfg, device=None):
+    def __init__(self, model: Seq2Seq | list[Seq2Seq], text: TextPipeline, options: DecodeOptions, device=None,
+                 origin: dict | None = None):
         self.device = torch.device(device or default_device())
         self.models = [m.to(self.device).eval() for m in (model if isinstance(model, list) else [model])]
-        self.text, self.decode_cfg = text, decode_cfg
-        self.origin: dict = {}  # where the model came from (trainer.inference.loading)
+        self.text, self.options, self.origin = text, options, dict(origin or {})
 
     @property
     def model(self) -> Seq2Seq:
@@ -43,28 +43,6 @@ class Translator:
     @property
     def tgt_lang(self) -> str | None:
         return self.text.tgt_lang
-
-    def decode_settings(self, beam, max_len_ratio, length_penalty, batch_size, max_tokens) -> dict:
-        """The decoding options (None: the config's), checked; a bad one is a ValueError naming its flag."""
-        d = self.decode_cfg
-        beam = d.beam if beam is None else beam
-        if beam < 1:
-            raise ValueError(f"--beam {beam}: the beam size must be >= 1 (1 = greedy)")
-        ratio = d.max_len_ratio if max_len_ratio is None else max_len_ratio
-        if not (math.isfinite(ratio) and ratio > 0):  # nan/inf/negative: every hypothesis empty, silently
-            raise ValueError(f"--max-len-ratio {ratio}: must be a finite number > 0 (longest hypothesis = source "
-                             f"pieces x ratio + {d.max_len_add})")
-        penalty = d.length_penalty if length_penalty is None else length_penalty
-        if not math.isfinite(penalty):
-            raise ValueError(f"--length-penalty {penalty}: must be a finite number")
-        for flag, value in (("--batch-size", batch_size), ("--max-tokens", max_tokens)):
-            if value is not None and value < (1 if flag == "--batch-size" else 0):
-                raise ValueError(f"{flag} {value}: must be >= {1 if flag == '--batch-size' else 0}")
-        return dict(beam=beam, max_len_ratio=ratio,
-                    max_len_add=d.max_len_add,
-                    length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-                    batch_size=batch_size or d.batch_size,
-                    max_tokens=d.max_tokens if max_tokens is None else max_tokens)
 
     def batches(self, lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
         """Indices into `lengths` (source pieces), longest first, cut into batches of at most `batch_size`
@@ -96,14 +74,6 @@ class Translator:
                 out[i] = h
         return out
 
-    def line_cap(self, max_line_bytes: int | None = None) -> int:
-        """The longest input line (UTF-8 bytes) that is translated: `max_line_bytes`, else decode.max_line_bytes
-        (0: no cap)."""
-        cap = getattr(self.decode_cfg, "max_line_bytes", 0) if max_line_bytes is None else max_line_bytes
-        if cap < 0:
-            raise ValueError(f"--max-line-bytes {cap}: must be >= 0 (0 = no cap)")
-        return cap
-
     @staticmethod
     def oversized(line: str, cap: int) -> bool:
         """Longer than `cap` UTF-8 bytes (cap 0: never). Such a line is not translated: it would be cut into
@@ -111,47 +81,46 @@ class Translator:
         no output after minutes), and hold up every line after it."""
         return bool(cap) and len(line) > cap // 4 and len(line.encode("utf-8", "surrogatepass")) > cap
 
-    def translate_nbest(self, lines: list[str], *, n_best: int = 1, beam: int | None = None,
-                        max_len_ratio: float | None = None, length_penalty: float | None = None,
-                        batch_size: int | None = None, max_tokens: int | None = None,
-                        alignments: bool = False, max_line_bytes: int | None = None) -> list[list[Translated]]:
-        """Per line its `n_best` translations, best first. For a line cut into segments, the k-th
-        translation joins every segment's k-th best. A line over `line_cap` bytes gets an empty translation
+    def translate_nbest(self, lines: list[str], *, n_best: int = 1, alignments: bool = False,
+                        **flags) -> list[list[Translated]]:
+        """Per line its `n_best` translations, best first, decoded with the Translator's options (`flags`: some of
+        them changed for this call, e.g. beam=2; checked as any DecodeOptions). For a line cut into segments, the
+        k-th translation joins every segment's k-th best. A line over max_line_bytes gets an empty translation
         (the callers count and report it)."""
-        opts = self.decode_settings(beam, max_len_ratio, length_penalty, batch_size, max_tokens)
-        cap = self.line_cap(max_line_bytes)
-        sources = [([], ([], [])) if self.oversized(line, cap) else self.text.source(line) for line in lines]
+        o = self.options.with_flags(**flags)
+        sources = [([], ([], [])) if self.oversized(line, o.max_line_bytes) else self.text.source(line)
+                   for line in lines]
         flat = [ids for segments, _ in sources for ids in segments]
-        hyps = iter(self.translate_ids(flat, n_best=n_best, **opts))
+        hyps = iter(self.translate_ids(flat, n_best=n_best, beam=o.beam, max_len_ratio=o.max_len_ratio,
+                                       max_len_add=o.max_len_add, length_penalty=o.length_penalty,
+                                       batch_size=o.batch_size, max_tokens=o.max_tokens))
         out = []
         for segments, held in sources:
             seg_hyps = [next(hyps) for _ in segments]
             out.append([self.text.join(segments, [h[min(k, len(h) - 1)] if h else Hypothesis([], 0.0, 0.0)
-                                                  for h in seg_hyps], held, opts["length_penalty"], alignments)
+                                                  for h in seg_hyps], held, o.length_penalty, alignments)
                         for k in range(n_best)])
         return out
 
-    def translate(self, lines: list[str], *, beam: int | None = None, max_len_ratio: float | None = None,
-                  length_penalty: float | None = None, batch_size: int | None = None) -> list[str]:
-        """The best translation of each line."""
-        return [n[0].text for n in self.translate_nbest(lines, beam=beam, max_len_ratio=max_len_ratio,
-                                                         length_penalty=length_penalty, batch_size=batch_size)]
+    def translate(self, lines: list[str], **flags) -> list[str]:
+        """The best translation of each line (`flags`: as translate_nbest's)."""
+        return [n[0].text for n in self.translate_nbest(lines, **flags)]
 
     # ---- forced decoding ----
     @torch.no_grad()
-    def score(self, src_lines: list[str], tgt_lines: list[str], batch_size: int | None = None,
-              max_tokens: int | None = None) -> list[tuple[float, int]]:
+    def score(self, src_lines: list[str], tgt_lines: list[str]) -> list[tuple[float, int]]:
         """log p(target | source) of given pairs (natural log, end-of-sentence included) and the number of
-        target pieces it covers (+1 for the end of sentence), by teacher-forced decoding. No segmentation:
-        the pair is scored whole. An empty source or target scores (0.0, 0)."""
-        opts = self.decode_settings(None, None, None, batch_size, max_tokens)
+        target pieces it covers (+1 for the end of sentence), by teacher-forced decoding, in batches of the
+        Translator's options. No segmentation: the pair is scored whole. An empty source or target scores
+        (0.0, 0)."""
+        o = self.options
         pairs = [self.text.pair(s, t) for s, t in zip(src_lines, tgt_lines)]
         src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
         keep = [i for i in range(len(src)) if src[i] and tgt[i]]
         out: list[tuple[float, int]] = [(0.0, 0)] * len(src)
         scorer = Ensemble(self.models)
         lengths = [len(src[i]) + len(tgt[i]) for i in keep]
-        for batch in self.batches(lengths, opts["batch_size"], opts["max_tokens"]):
+        for batch in self.batches(lengths, o.batch_size, o.max_tokens):
             idx = [keep[j] for j in batch]
             b = collate([np.array(src[i]) for i in idx], [np.array(tgt[i]) for i in idx]).to(self.device)  # pinned, async
             order = sorted(range(len(idx)), key=lambda r: -len(src[idx[r]]))  # collate's row order

@@ -43,11 +43,11 @@ class Validator:
         from trainer.inference.text import read_lines
         from trainer.metrics import dev_scores
 
-        translator = load_run(self.run_dir, ckpt, device=self.rt.device())
+        translator = load_run(self.run_dir, ckpt, device=self.rt.device(), decode={"beam": self.decode.dev_beam})
         src = read_lines(os.path.join(self.data_dir, "dev.src.txt"))
         ref = read_lines(os.path.join(self.data_dir, "dev.tgt.txt"))
         n = self.decode.dev_max_sentences or len(src)
-        hyps = translator.translate(src[:n], beam=self.decode.dev_beam)
+        hyps = translator.translate(src[:n])
         samples = list(zip(src[:SAMPLES], ref[:SAMPLES], hyps[:SAMPLES]))
         return dev_scores(hyps, ref[:n], self.bleu_tokenize), samples
 
