@@ -250,3 +250,88 @@ def test_export_refuses_an_output_inside_the_runs_checkpoints_or_on_its_files(tm
     r = run_cli([sys.executable, "launch/export.py", "--run", run, "--checkpoint", "last", "--out",
                  tmp_path / "model.pt"], timeout=120)
     assert (tmp_path / "model.pt").stat().st_size > 0
+
+
+# ---- names once: every run-directory name is typed only in the module that owns it -----------------------------
+
+def owners() -> dict[str, str]:
+    """Run-directory and checkpoint names -> the one module of trainer/ or launch/ that may type each. ('best' and
+    'latest' are also the words --checkpoint takes, so they are not searched for.)"""
+    from trainer.artifacts import run_dir
+    from trainer.checkpoint import files
+
+    names = {n for n in (*run_dir.RUN_DIR_FILES, *run_dir.RUN_DIR_DIRS, run_dir.PLOT, run_dir.TEST_HYP)
+             if not n.endswith(".tmp")}
+    out = {n: "trainer/artifacts/run_dir.py" for n in names - set(run_dir.RUN_FILES)}
+    out.update({n: "data_prep/dataformat.py" for n in run_dir.RUN_FILES})  # the SentencePiece models: DATA_DIR's
+    out.update({n: "trainer/checkpoint/files.py" for n in (files.MANIFEST, files.TRAIN_STATE, files.META)})
+    return out
+
+
+def _types(text: str, name: str, joined: bool) -> bool:
+    """`text` holds `name` as a file name (one with a dot or underscore: no English word), or as a directory of a
+    path (the directories' names are words: timing, profile, ...): beside a slash, or alone as an argument of a
+    path join (`joined`)."""
+    import re
+
+    if "." in name or "_" in name:
+        return re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", text) is not None
+    return re.search(rf"(^|/){re.escape(name)}/|/{re.escape(name)}$", text) is not None or (joined and text == name)
+
+
+def _documentation(tree) -> set[int]:
+    """ids of the strings that document rather than name a path: docstrings, `help=` texts, the config's key
+    help (`_key(default, help)`)."""
+    import ast
+
+    docs = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Expr) and isinstance(n.value, (ast.Constant, ast.JoinedStr)):
+            docs |= {id(x) for x in ast.walk(n.value)}
+        elif isinstance(n, ast.keyword) and n.arg == "help":
+            docs |= {id(x) for x in ast.walk(n.value)}
+        elif isinstance(n, ast.Call) and getattr(n.func, "id", None) == "_key":
+            docs |= {id(x) for a in n.args[1:] for x in ast.walk(a)}
+    return docs
+
+
+def typed_names(path: Path, names) -> list[str]:
+    """'file:line name' for every string of `path` (f-string pieces included, documentation aside) typing one of
+    `names`."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    docs = _documentation(tree)
+    joined = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "join"
+              for a in n.args}
+    return [f"{path.relative_to(REPO)}:{n.lineno} {name}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            for name in names if _types(n.value, name, id(n) in joined)]
+
+
+def test_every_run_directory_name_is_typed_only_where_it_is_owned():
+    names = owners()
+    found = [hit for top in ("trainer", "launch") for path in sorted((REPO / top).rglob("*.py"))
+             for hit in typed_names(path, names) if str(path.relative_to(REPO)) != names[hit.split()[-1]]]
+    assert found == []
+
+
+def test_the_name_check_sees_a_name_typed_elsewhere(tmp_path):
+    fake = REPO / "tests" / "_fake_names.py"  # inside the repository, as the checked files are
+    try:
+        fake.write_text('"""RUN_DIR/metrics.jsonl and RUN_DIR/timing/ in a docstring are fine."""\n'
+                        'a = os.path.join(run_dir, "metrics.jsonl")\n'
+                        'b = f"{run_dir}/checkpoints/{name}"\n'
+                        'c = open(os.path.join(run, "timing"))\n'
+                        'd = "the timing of a step", profile.get("_path", "profile")\n'
+                        'p.add_argument("--out", help="default RUN_DIR/training.png")\n')
+        hits = typed_names(fake, owners())
+    finally:
+        fake.unlink()
+    assert hits == ["tests/_fake_names.py:2 metrics.jsonl", "tests/_fake_names.py:3 checkpoints",
+                    "tests/_fake_names.py:4 timing"]
+    names = owners()
+    in_owners = {hit.split()[-1] for path in {REPO / owner for owner in names.values()}
+                 for hit in typed_names(path, names)}
+    files = {n for n in names if "." in n or "_" in n}  # (a directory's bare name is only seen in a path)
+    assert len(names) >= 15 and len(files) >= 10 and in_owners >= files  # each file name found where it is defined

@@ -1,5 +1,6 @@
 """The run directory's contract: the names of the files a training run writes into `run.dir` and that
-translation, export, plotting and resuming read. Names users' scripts rely on; change none of them.
+translation, export, plotting and resuming read. Names users' scripts rely on; change none of them. Every module
+takes them from here (tests/test_run_dir.py fails on one typed elsewhere).
 
     config.yaml          the resolved YAML config            ds_config.json    the DeepSpeed JSON
     data_manifest.json   DATA_DIR/manifest.json as trained   spm.src/tgt.model the SentencePiece models
@@ -12,24 +13,28 @@ from __future__ import annotations
 import os
 
 from data_prep.dataformat import SPM_MODELS, OutputDirError, check_output_dir, json_marker
-from trainer.artifacts.run_files import LOCK_FILE
 
-CKPT_DIR = "checkpoints"  # step_N/, best, latest (the format: trainer.checkpoint.files)
+CKPT_DIR = "checkpoints"  # step_N/ (the format: trainer.checkpoint.files) and the pointers:
+LATEST, BEST = "latest", "best"  # ... the newest complete checkpoint, the best by dev BLEU
 CONFIG = "config.yaml"
 DS_CONFIG = "ds_config.json"
 DATA_MANIFEST = "data_manifest.json"  # the data's manifest (DATA_DIR/manifest.json) as the run trained on it
 METRICS = "metrics.jsonl"
 RUN_FILES = (SPM_MODELS["src"], SPM_MODELS["tgt"])  # copied from DATA_DIR: the run translates on its own
 WANDB_RUN_ID = "wandb_run_id"
+LOCK_FILE = "train.lock"  # held by the running trainer (trainer.artifacts.run_files)
+TIMING_DIR, TIMELINE_DIR, PROFILE_DIR, WANDB_DIR = "timing", "timeline", "profile", "wandb"
+PLOT = "training.png"  # launch/plot.py
+TEST_HYP = "test.hyp"  # launch/quickstart.sh's translations of the test set
 
 # What the trainer writes into run.dir: files at the top, and directories -> the names it writes inside
 # (fnmatch patterns); none of them may be a link or a special file (trainer.artifacts.run_files).
 RUN_DIR_FILES = (CONFIG, DS_CONFIG, DATA_MANIFEST, DATA_MANIFEST + ".tmp", *RUN_FILES, METRICS, METRICS + ".tmp",
                  WANDB_RUN_ID, LOCK_FILE)
-RUN_DIR_DIRS = {CKPT_DIR: ("latest", "best", "*.tmp"), "timing": ("*",), "timeline": ("*",), "profile": ("*",),
-                "wandb": ()}
+RUN_DIR_DIRS = {CKPT_DIR: (LATEST, BEST, "*.tmp"), TIMING_DIR: ("*",), TIMELINE_DIR: ("*",), PROFILE_DIR: ("*",),
+                WANDB_DIR: ()}
 # ... and its tools (fnmatch patterns); the data manifest, written first, marks a directory as an earlier run's.
-RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, "training.png", "test.hyp")
+RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, PLOT, TEST_HYP)
 RUN_DIR_MARKER = DATA_MANIFEST
 
 

@@ -19,6 +19,8 @@ import fcntl
 import os
 import stat
 
+from trainer.artifacts.run_dir import LOCK_FILE
+
 MAX_SPM_BYTES = 64 << 20  # a SentencePiece model: ~1 MB for 32k pieces, a few MB for the largest vocabularies
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -187,7 +189,6 @@ def check_run_dir(run_dir: str, files: tuple[str, ...], dirs: dict[str, tuple[st
 
 
 # ---- one trainer per run.dir ----
-LOCK_FILE = "train.lock"
 _held: list = []  # the lock files this process holds, open for its whole life (closing one drops its lock)
 
 

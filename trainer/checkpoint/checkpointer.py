@@ -27,7 +27,7 @@ Evaluate = Callable[[str], tuple[dict, bool]]
 
 def latest(run_dir: str) -> str | None:
     """The name of the run's newest complete checkpoint, or None."""
-    return files.read_pointer(run_dir, "latest")
+    return files.read_pointer(run_dir, files.LATEST)
 
 
 @dataclasses.dataclass

@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from trainer.artifacts import run_files
-from trainer.artifacts.run_dir import CKPT_DIR
+from trainer.artifacts.run_dir import BEST, CKPT_DIR, LATEST
 
 HEAD = "head"
 MANIFEST = "manifest.json"
@@ -136,7 +136,7 @@ def finalize(run_dir: str, step: int, files: dict) -> str:
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(ckpts)
-    write_pointer(run_dir, "latest", step_name(step))
+    write_pointer(run_dir, LATEST, step_name(step))
     return final
 
 
@@ -156,7 +156,7 @@ def write_pointer(run_dir: str, name: str, target: str) -> None:
 
 
 def mark_best(run_dir: str, step: int) -> None:
-    write_pointer(run_dir, "best", step_name(step))
+    write_pointer(run_dir, BEST, step_name(step))
 
 
 def read_pointer(run_dir: str, name: str) -> Optional[str]:
@@ -213,7 +213,7 @@ def complete_checkpoints(run_dir: str) -> list[str]:
 def prune(run_dir: str, keep_last: int) -> None:
     """Keep the newest `keep_last` checkpoints and the best one."""
     names = complete_checkpoints(run_dir)
-    keep = {read_pointer(run_dir, "best"), *names[-keep_last:]}
+    keep = {read_pointer(run_dir, BEST), *names[-keep_last:]}
     for n in names:
         if n not in keep:
             shutil.rmtree(os.path.join(root(run_dir), n), ignore_errors=True)
@@ -296,8 +296,8 @@ def resolve(run_dir: str, which: str = "best") -> str:
         if not os.path.isdir(which):
             raise FileNotFoundError(f"--checkpoint {which}: not a checkpoint directory")
         return which
-    name = read_pointer(run_dir, "best") if which == "best" else None
-    name = name or read_pointer(run_dir, "latest")
+    name = read_pointer(run_dir, BEST) if which == "best" else None
+    name = name or read_pointer(run_dir, LATEST)
     if name is None:
         raise FileNotFoundError(f"{root(run_dir)}: no complete checkpoint (was the run trained?)")
     path = os.path.join(root(run_dir), name)

@@ -314,10 +314,11 @@ def average_main(args) -> int:
 
 
 def export_main(args) -> int:
+    from trainer.artifacts.run_dir import CKPT_DIR
     from trainer.inference.loading import export_model, load_run
 
     translator = load_run(args.run, args.checkpoint, device="cpu", allow_unverified=args.allow_unverified)
     export_model(translator, args.out)
     o = translator.origin
-    print(f"exported {o['run_dir']}/checkpoints/{o['checkpoint']} (step {o['step']}) -> {args.out}")
+    print(f"exported {os.path.join(o['run_dir'], CKPT_DIR, o['checkpoint'])} (step {o['step']}) -> {args.out}")
     return 0

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 import os
 
+from trainer.artifacts.run_dir import METRICS, PLOT
+
 
 def read_metrics(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, "metrics.jsonl")
+    path = os.path.join(run_dir, METRICS)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file (is {run_dir} a run directory written by launch/train.py?)")
     rows = []
@@ -34,7 +36,7 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
-    out = out or os.path.join(run_dir, "training.png")
+    out = out or os.path.join(run_dir, PLOT)
 
     def series(key):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]

@@ -21,8 +21,7 @@ import time
 import warnings
 
 from trainer.artifacts import run_files
-
-PROFILE_DIR = "profile"
+from trainer.artifacts.run_dir import PROFILE_DIR
 
 
 class StepProfiler:

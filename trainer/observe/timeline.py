@@ -20,6 +20,7 @@ import json
 import os
 import resource
 
+from trainer.artifacts.run_dir import TIMELINE_DIR
 from trainer.parallel.schedule import KIND_CATEGORY, OPS
 
 CATEGORY = KIND_CATEGORY
@@ -63,7 +64,7 @@ class TimelineWriter:
     """Rank 0: the merged trace of the sampled steps and a Gantt PNG per sampled step."""
 
     def __init__(self, run_dir: str):
-        self.run_dir, self.dir = run_dir, os.path.join(run_dir, "timeline")
+        self.run_dir, self.dir = run_dir, os.path.join(run_dir, TIMELINE_DIR)
         self.events: list[list[dict]] = []
 
     def write(self, step: int, spans_by_rank: list[list[tuple]], labels: list[str]) -> str:
@@ -80,12 +81,12 @@ class TimelineWriter:
         events.append({"name": "process_name", "ph": "M", "pid": step, "args": {"name": f"step {step}"}})
         self.events = (self.events + [events])[-MAX_TRACE_STEPS:]
         tmp = os.path.join(self.dir, "trace.json.tmp")
-        with run_files.open_write(self.run_dir, "timeline/trace.json.tmp") as f:
+        with run_files.open_write(self.run_dir, f"{TIMELINE_DIR}/trace.json.tmp") as f:
             json.dump({"traceEvents": [e for step_events in self.events for e in step_events],
                        "displayTimeUnit": "ms"}, f)
         os.replace(tmp, os.path.join(self.dir, "trace.json"))
         png = os.path.join(self.dir, f"step_{step:08d}.png")
-        with run_files.open_write(self.run_dir, f"timeline/step_{step:08d}.png", binary=True) as f:
+        with run_files.open_write(self.run_dir, f"{TIMELINE_DIR}/step_{step:08d}.png", binary=True) as f:
             gantt(spans_by_rank, labels, f"step {step}", f)
         return png
 

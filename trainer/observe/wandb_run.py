@@ -24,8 +24,7 @@ import subprocess
 import sys
 
 from trainer.artifacts import run_files
-
-ID_FILE = "wandb_run_id"
+from trainer.artifacts.run_dir import WANDB_RUN_ID as ID_FILE
 IDLE_TIMEOUT = "30s"  # also the longest wait between the service's start and rank 0's connection
 _ID = re.compile(r"^[a-z0-9]{1,64}$")
 # The helper: wandb's own detached start (wandb.sdk.lib.service.service_process.start_detached, wandb 0.31);

@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from data_prep.dataformat import MANIFEST
 from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.ds_config import check_batch, global_micro_batch, layout_world, load_ds_config
 from trainer.parallel.layout import LayoutSpec, group_members
@@ -48,8 +49,8 @@ def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
     world = layout_world(ds)
     base = LayoutSpec.from_ds_config(ds, world) if "parallel_layout" in ds else LayoutSpec("single", 1, 1)
     global_batch = global_micro_batch(ds, base.num_dp)
-    if not os.path.exists(os.path.join(cfg.data.dir, "manifest.json")):  # a fresh clone has no prepared data
-        raise FileNotFoundError(f"data.dir={cfg.data.dir}: not prepared (no manifest.json); the planner simulates "
+    if not os.path.exists(os.path.join(cfg.data.dir, MANIFEST)):  # a fresh clone has no prepared data
+        raise FileNotFoundError(f"data.dir={cfg.data.dir}: not prepared (no {MANIFEST}); the planner simulates "
                                 f"real batches of it: prepare it first with python -m data_prep.prepare ... --out "
                                 f"{cfg.data.dir} (README, 'Choosing a layout', gives the command for "
                                 f"trainer/configs/paper_size.yaml), or point data.dir= at a prepared corpus")

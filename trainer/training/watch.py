@@ -9,6 +9,7 @@ import time
 import torch
 
 from trainer.artifacts import run_files
+from trainer.artifacts.run_dir import TIMING_DIR
 from trainer.observe import timeline
 from trainer.observe.op_counter import host
 
@@ -94,7 +95,7 @@ class StepWatch:
         if steps <= 0:
             return
         layout = self.rt.layout
-        with run_files.open_write(self.run_dir, f"timing/rank{self.rt.rank}.json") as f:
+        with run_files.open_write(self.run_dir, f"{TIMING_DIR}/rank{self.rt.rank}.json") as f:
             json.dump({"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
                        "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())}}, f,
                       indent=1)
