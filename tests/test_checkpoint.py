@@ -15,7 +15,7 @@ from trainer.checkpoint.state import TrainState, capture_rng, restore_rng
 
 
 def make_checkpoint(run_dir, step: int) -> str:
-    """A complete checkpoint as Persistence writes it (two files + train_state + meta + manifest)."""
+    """A complete checkpoint as the CollectiveWriter writes it (two files + train_state + meta + manifest)."""
     tmp = ck.begin(str(run_dir), step)
     files = {"layer_00-model_states.pt": ck.write_torch(ck.model_file(tmp, "layer_00"), {"w": torch.randn(4, 3)}),
              "head-model_states.pt": ck.write_torch(ck.model_file(tmp, ck.HEAD), {"b": torch.zeros(3)})}
