@@ -1,20 +1,20 @@
-"""The GPU check (run it through benchmarks/gpu_check.sh, which installs carried wheels first): one
+"""The GPU check (run it through benchmarks/gpu/gpu_check.sh, which installs carried wheels first): one
 prepared script for the one short try a lent GPU gives. It cannot waste that try: every stage has a
 timeout (training runs `--run-timeout-s`, 90 s), the whole check a deadline (`--deadline-s`, 480 s: later
 stages are skipped, and say so), OUT/gpu_check.json is rewritten after every stage, and the runs' logs,
 metrics, timing and profile files (no checkpoints) are packed into OUT/runs.tar.gz after every run. Data is
-prepared before the device (`--prepare-only`, run by benchmarks/gpu_wheels.sh into .gpudata/): nothing on
+prepared before the device (`--prepare-only`, run by benchmarks/gpu/gpu_wheels.sh into .gpudata/): nothing on
 the device needs MeCab; without it, dev BLEU is scored with sacreBLEU's `char` tokenizer (recorded).
 
-    python benchmarks/gpu_check.py [--device cuda|cpu] [--out DIR] [--work DIR] [--data-root DIR]
-    python benchmarks/gpu_check.py --prepare-only --work .gpudata      # here, before the device
+    python -m benchmarks.gpu.gpu_check [--device cuda|cpu] [--out DIR] [--work DIR] [--data-root DIR]
+    python -m benchmarks.gpu.gpu_check --prepare-only --work .gpudata      # here, before the device
 
 Stages, in order:
 0. environment: versions, the GPU, whether MeCab imports;
 1. placement: DeepSpeed's accelerator and its current device (where the trainer puts everything) are
    the requested device; a model step there leaves every parameter and gradient on it, with the loss
    and gradient norm of the same step on the CPU in fp32 (TF32 off; relative difference < 1e-3);
-2. the device profile (benchmarks/gpu_profile.py): GEMM and LSTM TFLOP/s by precision at our shapes,
+2. the device profile (benchmarks/gpu/gpu_profile.py): GEMM and LSTM TFLOP/s by precision at our shapes,
    copy rates, datasheet peaks with their source -> OUT/device_profile.json;
 3. training through the real CLI (`python launch/train.py`, one process, NCCL world of one on CUDA):
      enja-small: trainer/configs/enja_small.yaml (emb/hidden 256, 2+2 layers, batches of 64 pairs) on
@@ -51,8 +51,8 @@ import threading
 import time
 from pathlib import Path
 
-from common import REPO, ds_variant, summarise
-import gpu_profile
+from benchmarks.common import REPO, ds_variant, summarise
+from benchmarks.gpu import gpu_profile
 
 ENJA_YAML = "trainer/configs/enja_small.yaml"
 # per device: model overrides, micro-batch, steps, shapes of the profile, dev sentences decoded at the end
@@ -606,7 +606,7 @@ def device_profile(device: str, sizes: dict, out: Path) -> dict:
 
     dev = torch.device("cuda:0" if device == "cuda" else "cpu")
     profile = gpu_profile.profile(dev, gpu_profile.measure(dev, sizes, sizes["reps"]))
-    profile["measured_by"] = f"python benchmarks/gpu_check.py --device {device}"
+    profile["measured_by"] = f"python -m benchmarks.gpu.gpu_check --device {device}"
     (out / "device_profile.json").write_text(json.dumps(profile, indent=1))
     log(f"profile written: {out / 'device_profile.json'} (datasheet: "
         f"{profile['datasheet']['name'] if profile['datasheet'] else 'none'})")

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Build .whl/ (ignored by git) with the Python packages benchmarks/gpu_check.sh needs that the
+# Build .whl/ (ignored by git) with the Python packages benchmarks/gpu/gpu_check.sh needs that the
 # device machine lacks, and prepare the check's data into .gpudata/ (also ignored): the raw enja corpus
 # and its two DATA_DIRs (8k BPE per side, 32k joint BPE), prepared here, where MeCab is installed, so
 # nothing on the device needs it (nor spends its minutes on SentencePiece). A session with the device
 # then carries both (`carry: [".whl", ".gpudata"]`), since neither the package registries nor
 # ../shared/data can be reached from there.
 #
-#   bash benchmarks/gpu_wheels.sh [--no-wandb]
+#   bash benchmarks/gpu/gpu_wheels.sh [--no-wandb]
 #
 # The device's image (/work/.library/device/KINDS.md) has torch, numpy, psutil, tqdm, pyyaml,
 # protobuf, requests, click, msgpack, ninja, py-cpuinfo, einops, ... but not deepspeed, omegaconf,
@@ -17,7 +17,7 @@
 # it is built here into a pure-Python wheel (DS_BUILD_OPS=0; its CUDA ops compile just in time there
 # if ever used; the trainer uses torch's fused Adam).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 WANDB=1
 [[ "${1:-}" == "--no-wandb" ]] && WANDB=0
 
@@ -54,8 +54,8 @@ mkdir -p .gpudata/small_parallel_enja
 src=../shared/data/small_parallel_enja
 [[ -d "$src" ]] || { echo "gpu_wheels: $src not found (the shared data folder beside the checkout)" >&2; exit 1; }
 cp "$src"/{train,dev,test}.{en,ja} "$src"/README.md .gpudata/small_parallel_enja/
-python3 benchmarks/gpu_check.py --prepare-only --device cuda --work .gpudata --corpus .gpudata/small_parallel_enja
+python3 -m benchmarks.gpu.gpu_check --prepare-only --device cuda --work .gpudata --corpus .gpudata/small_parallel_enja
 
 ls -la .whl
 du -sh .whl .gpudata
-echo "gpu_wheels: done; carry [\".whl\", \".gpudata\"] and run: bash benchmarks/gpu_check.sh"
+echo "gpu_wheels: done; carry [\".whl\", \".gpudata\"] and run: bash benchmarks/gpu/gpu_check.sh"
