@@ -1,6 +1,6 @@
 """How even training batches are with sentence-count batching vs a token cap, on patent-length sentences.
 
-    python benchmarks/batching.py DATA_DIR [DATA_DIR ...] [--sentences 64] [--max-tokens 0 6000] [--join 8]
+    python -m benchmarks.data.batching DATA_DIR [DATA_DIR ...] [--sentences 64] [--max-tokens 0 6000] [--join 8]
 
 For each prepared DATA_DIR and each cap, one epoch of `trainer.data.make_batches` (the trainer's own
 batching, bucketed by length as in training) is cut and measured: batches per epoch, padded src+tgt tokens
@@ -17,8 +17,6 @@ import statistics
 
 import numpy as np
 
-from trainer.data import ParallelData, make_batches
-
 
 def joined(src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Lengths of pairs made of 1..k consecutive pairs each (seeded)."""
@@ -31,6 +29,8 @@ def joined(src_len: np.ndarray, tgt_len: np.ndarray, k: int) -> tuple[np.ndarray
 
 
 def measure(src_len: np.ndarray, tgt_len: np.ndarray, sentences: int, max_tokens: int) -> dict:
+    from trainer.data import make_batches
+
     batches, left_out = make_batches(src_len, tgt_len, max_sentences=sentences, max_tokens=max_tokens,
                                      seed=1, epoch=0, bucket_batches=100, min_batch=8)
     padded, real, rows = [], 0, []
@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, nargs="+", default=[0, 6000])
     p.add_argument("--join", type=int, default=0, help="also pairs of 1..K joined pairs (patent-length claims)")
     args = p.parse_args()
+    from trainer.data import ParallelData
+
     result = {}
     for d in args.data_dirs:
         data = ParallelData(d, "train")

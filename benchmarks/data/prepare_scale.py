@@ -1,6 +1,6 @@
 """`python -m data_prep.prepare` at scale: end-to-end pairs/s and peak memory at 1M and 2M pairs.
 
-    python benchmarks/prepare_scale.py [--pairs 1000000 2000000] [--source enja|demo] [--workers 0]
+    python -m benchmarks.data.prepare_scale [--pairs 1000000 2000000] [--source enja|demo] [--workers 0]
                                        [--work /tmp/hybrid-nmt-bench] [-- extra prepare options]
 
 The corpus repeats a base set of real pairs (`enja`: ../shared/data/small_parallel_enja/train, 50k pairs) or
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-ENJA = REPO.parent / "shared" / "data" / "small_parallel_enja"
+from benchmarks.common import ENJA, REPO
+
 POLL_S = 0.05
 
 

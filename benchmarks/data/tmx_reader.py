@@ -2,7 +2,7 @@
 `xml.etree.ElementTree.iterparse` pass over the same file (parse, clear each <tu>, build no records: a lower
 bound for any ElementTree-based reader, which is what data_prep used before the hostile-input limits).
 
-    python benchmarks/tmx_reader.py [--tus 100000] [--repeat 3] [--work /tmp/hybrid-nmt-tmx] [--baseline COMMIT]
+    python -m benchmarks.data.tmx_reader [--tus 100000] [--repeat 3] [--work /tmp/hybrid-nmt-tmx] [--baseline COMMIT]
 
 With --baseline, the TmxReader of that commit (data_prep/readers/tmx.py read with `git show`; e.g. 3be1b09,
 the ElementTree reader before issue 11) runs beside them on the same files.
@@ -21,7 +21,7 @@ import tracemalloc
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-
+from benchmarks.common import REPO
 from data_prep.readers import open_reader, write_tmx
 from data_prep.readers.tmx import open_binary
 
@@ -39,7 +39,7 @@ def reader_pass(path: Path) -> int:
 
 def baseline_pass(commit: str):
     """The TmxReader of `commit`, loaded from git as a module of its own (it imports today's readers.base)."""
-    source = subprocess.run(["git", "show", f"{commit}:data_prep/readers/tmx.py"], cwd=Path(__file__).parents[1],
+    source = subprocess.run(["git", "show", f"{commit}:data_prep/readers/tmx.py"], cwd=REPO,
                             check=True, capture_output=True, text=True).stdout
     module = type(sys)(f"tmx_{commit}")
     exec(compile(source.replace("from .base import", "from data_prep.readers.base import"), module.__name__, "exec"),

@@ -1,6 +1,6 @@
 """Where the hybrid's milliseconds go: its ranks' CPU time, operator by operator, against one process.
 
-    python benchmarks/cpu_accounting.py [--work /tmp/hybrid-nmt-bench] [--precision bf16|fp32] [--steps 40]
+    python -m benchmarks.micro.cpu_accounting [--work /tmp/hybrid-nmt-bench] [--precision bf16|fp32] [--steps 40]
                                         [--rounds 1]
 
 enja-small, 64 pairs per step, trained through the real CLI with `train.profile_steps` (torch.profiler
@@ -27,8 +27,7 @@ from statistics import mean, median
 import sys
 from pathlib import Path
 
-from common import ds_variant, prepare_enja, start_train, wait_train
-from scaling import rank_fractions
+from benchmarks.common import ds_variant, prepare_enja, rank_fractions, start_train, wait_train
 
 PROFILE = ("train.profile_from=14", "train.profile_steps=20")
 

@@ -1,6 +1,6 @@
 """What the head costs by rows, and what one process pays when another shares the machine.
 
-    python benchmarks/head_rows.py [--work /tmp/hybrid-nmt-bench] [--precision bf16|fp32] [--side-by-side]
+    python -m benchmarks.micro.head_rows [--work /tmp/hybrid-nmt-bench] [--precision bf16|fp32] [--side-by-side]
 
 1. The enja-small head (general attention, attentional layer, 8k projection, label-smoothed loss;
    `trainer.model.seq2seq.build_head`) forward + backward on one thread at 16, 32, 64 and 128 pairs (source 14,
@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from common import REPO, ds_variant, prepare_enja, start_train, wait_train
+from benchmarks.common import REPO, ds_variant, prepare_enja, start_train, wait_train
 
 
 def head_ms(pairs: int, dtype, reps: int = 20, src_len: int = 14, tgt_len: int = 16, real: int = 12) -> float:
+    import torch
+
     from trainer.config import load_config
     from trainer.model.seq2seq import build_head
 
@@ -72,6 +72,8 @@ def main(argv=None) -> int:
     p.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--side-by-side", action="store_true", help="also the training runs alone and two at once")
     args = p.parse_args(argv)
+    import torch
+
     torch.set_num_threads(1)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     print(f"| pairs | head forward + backward, {args.precision}, 1 thread (ms) | ms per pair |\n|---:|---:|---:|")

@@ -1,6 +1,6 @@
 """What cutting the time axis costs one LSTM layer, with torch's fused LSTM and with the stepwise kernel.
 
-    python benchmarks/lstm_kernels.py [--hidden 256 1024] [--precision bf16 fp32] [--chunks 1 2 4 8]
+    python -m benchmarks.micro.lstm_kernels [--hidden 256 1024] [--precision bf16 fp32] [--chunks 1 2 4 8]
                                       [--batch 64] [--time 16] [--repeats 10]
 
 One layer (input = hidden), a (batch, time) input cut into `chunks` consecutive time chunks, each a
@@ -15,14 +15,15 @@ import argparse
 import statistics
 import time
 
-import torch
-
-from common import cpu_model
-from trainer.model.lstm import run_stepwise
+from benchmarks.common import cpu_model
 
 
 def time_chunks(lstm, x, chunks: int, kernel: str, repeats: int) -> tuple[float, float]:
     """Median (forward ms, backward ms) over `repeats` runs after 2 warm-up runs."""
+    import torch
+
+    from trainer.model.lstm import run_stepwise
+
     batch, steps, _ = x.shape
 
     def once():
@@ -53,6 +54,8 @@ def main() -> None:
     p.add_argument("--time", type=int, default=16)
     p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args()
+    import torch
+
     torch.set_num_threads(1)
     print(f"{cpu_model()}, 1 thread, torch {torch.__version__}; batch {args.batch}, {args.time} steps\n")
     print("| hidden | precision | kernel | chunks | forward ms | backward ms | fwd+bwd vs 1 chunk |")

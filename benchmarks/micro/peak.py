@@ -1,8 +1,8 @@
 """This machine's measured matmul peak: GEMM FLOP/s in fp32 and bf16 on 1 and 2 threads.
 
-    python benchmarks/peak.py [--work /tmp/hybrid-nmt-bench] [--threads 1 2] [--reps 5] [--rounds 3]
+    python -m benchmarks.micro.peak [--work /tmp/hybrid-nmt-bench] [--threads 1 2] [--reps 5] [--rounds 3]
 
-torch.matmul (2*m*n*k FLOPs, benchmarks/gpu_profile.py::gemm: the median of --reps calls after 3 warm-ups;
+torch.matmul (2*m*n*k FLOPs, benchmarks/gpu/gpu_profile.py::gemm: the median of --reps calls after 3 warm-ups;
 the best of --rounds rounds, interleaved over precisions and thread counts) on large squares and on the
 GEMM shapes of enja-small's step of 64 pairs: the head's projection to the 8k vocabulary, the largest
 product of a step (forward and its two backward products), for 1408 rows (64 pairs x 22 positions: a long
@@ -19,10 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
-from common import cpu_model
-from gpu_profile import gemm
+from benchmarks.common import cpu_model
+from benchmarks.gpu.gpu_profile import gemm
 
 HEAD_ROWS, REAL_ROWS, HIDDEN, VOCAB, BATCH = 1408, 736, 256, 8000, 64
 SHAPES = {  # label -> (m, n, k): (m x k) @ (k x n)
@@ -41,10 +39,12 @@ PRECISIONS = ("fp32", "bf16")
 def measure(threads: list[int], reps: int, rounds: int, shapes: dict = SHAPES) -> dict:
     """FLOP/s per shape, precision and thread count (the best of `rounds` interleaved rounds, each the median
     of `reps` calls), and the best shape per precision and thread count."""
+    import torch
+
     before = torch.get_num_threads()
     result = {"cpu": cpu_model(), "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
               "method": f"torch.matmul; best of {rounds} interleaved rounds of the median of {reps} calls after 3 "
-                        f"warm-ups (benchmarks/gpu_profile.py::gemm)",
+                        f"warm-ups (benchmarks/gpu/gpu_profile.py::gemm)",
               "shapes": {label: {precision: {} for precision in PRECISIONS} for label in shapes}}
     try:
         for _ in range(rounds):  # interleaved, so a burst of other work on the machine hits one round, not one column

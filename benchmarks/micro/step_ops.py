@@ -2,7 +2,7 @@
 step would queue and how often the host would wait for the device (trainer/observe/op_counter.py; counted on
 the CPU, where the operators are the same).
 
-    python benchmarks/step_ops.py [--work /tmp/step_ops] [--sizes enja-small paper-structure]
+    python -m benchmarks.micro.step_ops [--work /tmp/step_ops] [--sizes enja-small paper-structure]
                                   [--loss-chunk-rows 8192] [--precision bf16 fp32] [--json OUT]
 
 enja-small      trainer/configs/enja_small.yaml on small_parallel_enja (8k BPE), 64 pairs per step
@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from common import REPO, cpu_model, ds_variant, prepare_enja, train_command
+from benchmarks.common import REPO, cpu_model, ds_variant, prepare_enja, train_command
 
 LAYERS = {"enja-small": 2, "paper-structure": 4}  # pair layers of each size
 SIZES = {  # YAML, overrides, pairs per step

@@ -1,6 +1,6 @@
 """Single rank against OpenNMT-py 3.5.1: the same model and batches, sentence pairs/s side by side in one run.
 
-    python benchmarks/opennmt_peer.py [--work /tmp/hybrid-nmt-bench] [--steps 60] [--warmup 5] [--threads 2]
+    python -m benchmarks.peers.opennmt_peer [--work /tmp/hybrid-nmt-bench] [--steps 60] [--warmup 5] [--threads 2]
                                       [--venv WORK/onmt-venv] [--rounds 1] [--ours KEY=VALUE ...]
 
 The peer lives in its own virtual environment (default WORK/onmt-venv, built on first use and reused):
@@ -21,7 +21,7 @@ peer's source vocabulary is that), on ../shared/data/small_parallel_enja. Runs, 
 
 How each is timed: the same part of a step on both sides, forward + loss + backward + optimizer step of
 the step's batches, not fetching them. Ours: `step_time_s` of metrics.jsonl. OpenNMT-py: a clock around
-`Trainer._gradient_accumulation` (benchmarks/opennmt_runner.py), one line per step. pairs/s = pairs over
+`Trainer._gradient_accumulation` (benchmarks/peers/opennmt_runner.py), one line per step. pairs/s = pairs over
 the steps after --warmup / their summed step times. The peer's wall time between steps (batch
 preparation and reporting added) is in the JSON as `wall_pairs_per_s`. With --rounds R every run is
 repeated R times, interleaved, and the median round is reported.
@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 
 
-from common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, prepare_enja, summarise, train
+from benchmarks.common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, prepare_enja, summarise, train
 
 RUNNER = Path(__file__).resolve().parent / "opennmt_runner.py"
 MARKER = ".hybrid-nmt-peer.json"

@@ -1,8 +1,8 @@
 """Runs OpenNMT-py's own entry points inside the peer's virtual environment (started by opennmt_peer.py).
 
-    VENV/bin/python benchmarks/opennmt_runner.py check
-    VENV/bin/python benchmarks/opennmt_runner.py build_vocab -config CONFIG ...
-    VENV/bin/python benchmarks/opennmt_runner.py train -config CONFIG ... --threads N --steps-file FILE
+    VENV/bin/python benchmarks/peers/opennmt_runner.py check
+    VENV/bin/python benchmarks/peers/opennmt_runner.py build_vocab -config CONFIG ...
+    VENV/bin/python benchmarks/peers/opennmt_runner.py train -config CONFIG ... --threads N --steps-file FILE
 
 Imports nothing from this repository: it runs under the venv's interpreter, next to OpenNMT-py 3.5.1.
 Two things it adds around `onmt.bin.train.main`, both outside the training arithmetic:
@@ -74,6 +74,9 @@ def _take(argv: list[str], flag: str) -> str | None:
 
 
 def main() -> None:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if len(sys.argv) < 2 or sys.argv[1] not in ("check", "build_vocab", "train"):
         sys.exit("usage: opennmt_runner.py check | build_vocab ARGS | train ARGS [--threads N] [--steps-file FILE]")
     command, argv = sys.argv[1], sys.argv[2:]

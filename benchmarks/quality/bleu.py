@@ -1,6 +1,6 @@
 """enja-small test BLEU in a CPU time budget, and BLEU parity of single vs hybrid_2.
 
-    python benchmarks/bleu.py [--work /tmp/hybrid-nmt-bench] [--minutes 15] [--steps 6000] [--compare-step 5000]
+    python -m benchmarks.quality.bleu [--work /tmp/hybrid-nmt-bench] [--minutes 15] [--steps 6000] [--compare-step 5000]
 
 1. single (the shipped ds_configs/single.json, bf16, 2 threads) trains enja-small for at most
    `--steps` optimizer steps or `--minutes` of wall time, whichever comes first, validating every 1000
@@ -20,14 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import ENJA, REPO, ds_variant, prepare_enja
+from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja
 
 
 def _train(cmd_prefix: list[str], cfg: Path, data: Path, run_dir: Path, steps: int, extra: list[str]) -> None:
     subprocess.run([*cmd_prefix, "launch/train.py", "--deepspeed_config", str(cfg), "--config",
                     "trainer/configs/enja_small.yaml", f"data.dir={data}", f"run.dir={run_dir}",
                     f"train.max_steps={steps}", "train.eval_every=1000", "train.keep_last=20", "logging.wandb_mode=offline",
-                    "decode.bleu_tokenize=13a",  # the rows of docs/BENCHMARKS.md section 4 (benchmarks/recipes.py: ja-mecab)
+                    "decode.bleu_tokenize=13a",  # the rows of docs/BENCHMARKS.md section 4 (benchmarks/quality/recipes.py: ja-mecab)
                     "logging.progress=false", *extra], cwd=REPO, check=True)
 
 
@@ -57,13 +57,13 @@ def main() -> None:
         ds_variant(args.work, base, f"{base}_bleu", scheduler=schedule)
     _train([sys.executable], args.work / "single_bleu.json", data, single_run, args.steps,
            [f"train.max_time_min={args.minutes}", "train.threads=2"])
-    rows = [json.loads(x) for x in (single_run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(single_run)
     steps = rows[-1]["step"]
     result["single"] = {"steps": steps, "test_best": _evaluate(single_run, "best"),
                         "dev_bleu": {r["step"]: r["dev_bleu"] for r in rows if "dev_bleu" in r}}
     _train([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2"], args.work / "hybrid_2_bleu.json",
            data, hybrid_run, steps, ["train.threads=1"])
-    rows = [json.loads(x) for x in (hybrid_run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(hybrid_run)
     result["hybrid_2"] = {"steps": rows[-1]["step"], "dev_bleu": {r["step"]: r["dev_bleu"] for r in rows if "dev_bleu" in r}}
     ckpt = f"step_{args.compare_step:08d}"
     for name, run in (("single", single_run), ("hybrid_2", hybrid_run)):

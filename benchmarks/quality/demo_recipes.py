@@ -1,6 +1,6 @@
 """What the quickstart's demo corpus learns in 1000 steps, by corpus and recipe (docs/BENCHMARKS.md 6.6).
 
-    python benchmarks/demo_recipes.py [--work /tmp/hybrid-nmt-bench] [--steps 1000] [--only NAME ...]
+    python -m benchmarks.quality.demo_recipes [--work /tmp/hybrid-nmt-bench] [--steps 1000] [--only NAME ...]
 
 Each row: the demo corpus (`python -m data_prep.demo_corpus --pairs 20000 --seed 1 --max-words W`),
 prepared with `--src-lang en --tgt-lang ja --vocab-size V --model-type T` and the row's flags, trained through the real CLI on
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import REPO, ds_variant, train
+from benchmarks.common import REPO, ds_variant, metrics, train
 
 # name, max words, vocabulary size, model type, prepare's extra flags, bf16, config overrides[, DeepSpeed JSON
 # changes]. The first rows
@@ -81,7 +81,7 @@ def main() -> None:
             train(args.work, key, ds, 1, 2, args.steps, data, config="trainer/configs/demo.yaml",
                   extra=(f"train.eval_every={args.steps}", "decode.dev_max_sentences=200", f"train.seed={seed}",
                          *overrides))
-            rows = [json.loads(x) for x in (args.work / "runs" / key / "metrics.jsonl").read_text().splitlines()]
+            rows = metrics(args.work / "runs" / key)
             dev = [r for r in rows if "dev_bleu" in r][-1]
             results[f"{name} (seed {seed})"] = dev
             print(f"| {name} | {seed} | {dev['dev_bleu']:.2f} | {dev['dev_chrf']:.2f} | {dev['dev_loss']:.3f} |",

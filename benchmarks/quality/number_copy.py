@@ -1,7 +1,7 @@
 """Are numbers copied into the translation? (What number placeholders, `prepare --number-placeholders`, buy.)
 
-    python benchmarks/number_copy.py --run RUN_DIR --src test.en --ref test.ja [--beam 5] [--seed 1]
-    python benchmarks/number_copy.py --masking --src train.en --ref train.ja [--slots 8]
+    python -m benchmarks.quality.number_copy --run RUN_DIR --src test.en --ref test.ja [--beam 5] [--seed 1]
+    python -m benchmarks.quality.number_copy --masking --src train.en --ref train.ja [--slots 8]
 
 Patents are full of numbers: claim references ("according to claim 3"), reference numerals ("the housing
 12"), values. SentencePiece here splits digits (data_prep/vocab.py), so without placeholders a number is spelt
@@ -34,8 +34,6 @@ import re
 import unicodedata
 from collections import Counter
 
-from trainer.inference.loading import load_run
-from trainer.inference.text import read_lines
 from trainer.metrics import resolve_tokenize, score
 
 DIGITS = re.compile(r"\d+")
@@ -111,6 +109,9 @@ def main() -> None:
     p.add_argument("--masking", action="store_true", help="count what masking does to --src/--ref; no model")
     p.add_argument("--slots", type=int, default=8, help="with --masking: placeholders per sentence")
     args = p.parse_args()
+    from trainer.inference.loading import load_run
+    from trainer.inference.text import read_lines
+
     if args.masking:
         print(json.dumps(masking(read_lines(args.src), read_lines(args.ref), args.slots), indent=1))
         return

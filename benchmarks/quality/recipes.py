@@ -1,6 +1,6 @@
 """Optimizer recipe comparison on enja-small, and the raw-Japanese BLEU row, in a fixed STEP budget.
 
-    python benchmarks/recipes.py [--work /tmp/hybrid-nmt-bench] [--steps 3000] [--eval-every 500] [--jobs 3]
+    python -m benchmarks.quality.recipes [--work /tmp/hybrid-nmt-bench] [--steps 3000] [--eval-every 500] [--jobs 3]
                                  [--only NAME ...]
 
 Three single-rank runs of trainer/configs/enja_small.yaml (bf16, 1 thread each, the same seed, batches
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ENJA, REPO, ds_variant, prepare_enja, raw_enja
+from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja, raw_enja
 
 from trainer.metrics import score
 
@@ -119,7 +119,7 @@ def main() -> None:
     spaced_ref = (ENJA / "test.ja").read_text(encoding="utf-8").splitlines()
     result = {"steps": args.steps}
     for name, (_, run_dir) in runs.items():
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows = metrics(run_dir)
         dev = {r["step"]: (round(r["dev_bleu"], 2), round(r["dev_chrf"], 2)) for r in rows if "dev_bleu" in r}
         is_raw = name.startswith("raw")
         test = _evaluate(run_dir, raw_enja(args.work, "test") if is_raw else ENJA / "test.ja",

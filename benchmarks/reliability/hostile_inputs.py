@@ -1,6 +1,6 @@
 """The issue's hostile corpora at full size, through the real prepare CLI: time to the answer and peak memory.
 
-    python benchmarks/hostile_inputs.py [--gib 2] [--work /tmp/hybrid-nmt-hostile]
+    python -m benchmarks.reliability.hostile_inputs [--gib 2] [--work /tmp/hybrid-nmt-hostile]
 
 Builds (once, in --work) the inputs of issue 11 with a payload of --gib GiB and runs
 `python -m data_prep.prepare --train-src FILE --out DIR --workers 1` on each:
@@ -23,7 +23,7 @@ import time
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import REPO
 CHUNK = 1 << 24
 
 

@@ -1,6 +1,6 @@
 """Resident memory per rank over a long training run, with the memory fix and without it, side by side.
 
-    python benchmarks/memory.py [--work /tmp/hybrid-nmt-bench] [--minutes 30] [--layouts single hybrid_2]
+    python -m benchmarks.reliability.memory [--work /tmp/hybrid-nmt-bench] [--minutes 30] [--layouts single hybrid_2]
         [--variants fix=. before=c395322] [--interval 5]
 
 For each layout (single: 1 process; hybrid_2: 2 ranks through the deepspeed launcher), every variant
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from common import REPO, ds_variant, prepare_enja, train_command
+from benchmarks.common import REPO, ds_variant, metrics, prepare_enja, train_command
 
 RANKS = {"single": 1, "hybrid_2": 2}
 FOREIGN_ENV = ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY",
@@ -135,7 +135,7 @@ def run_all(work: Path, layouts: list, variants: list, minutes: float, interval:
 
 
 def step_summary(run_dir: Path, ranks: int, warmup: int = 3) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run_dir)
     timed = [r["step_time_s"] for r in rows if r["step"] > warmup and "step_time_s" in r]
     peaks = {k: max(r.get(f"rank{k}/peak_rss_mb", 0.0) for r in rows) for k in range(ranks)}
     return {"steps": rows[-1]["step"], "step_ms_median": 1000 * statistics.median(timed),

@@ -1,6 +1,6 @@
 """What the surviving node of a two-node job sees when the other fails (README "Several nodes").
 
-    python benchmarks/node_failures.py [--work /tmp/hybrid-nmt-nodes] [--own-hostnames]
+    python -m benchmarks.reliability.node_failures [--work /tmp/hybrid-nmt-nodes] [--own-hostnames]
 
 Two "nodes" on this machine, started as on real nodes without ssh: one `deepspeed --hostfile H
 --no_ssh --node_rank R --master_addr 127.0.0.1` each, hybrid_2 across them (one rank per node), the
@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,15 +32,10 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import REPO, free_port
+
 NODES = ("node-a", "node-b")
 QUIET = ("[INFO]", "[WARNING]", "SEED_LAYERS", "Using topology", "stage=", "DeepSpeed deepspeed.ops", "layout:")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare_tiny(work: Path) -> Path:
@@ -71,7 +65,7 @@ def start(work: Path, case: str, data: Path, own_hostnames: bool) -> tuple[list[
     if case == "node-b stops":
         args.append("train.comm_timeout_s=8")
     env = dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-    port, procs = _port(), []
+    port, procs = free_port(), []
     for rank, name in enumerate(NODES):
         setup = []
         if own_hostnames:

@@ -5,7 +5,7 @@ steps 5-8, and compare every logged loss with an uninterrupted `single` run of 8
 batches (fp32, dropout 0, Adam with warm-up and decay over a fixed 8 steps, 4 pair layers so hybrid_4
 fits). Also the same-layout resume of each layout, with dropout on, which must be bitwise.
 
-    python benchmarks/resume_layouts.py [--work DIR] [--steps 8]
+    python -m benchmarks.reliability.resume_layouts [--work DIR] [--steps 8]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 
-from benchmarks.common import REPO, _port
+from benchmarks.common import REPO, free_port, metrics
 
 LAYOUTS = {
     "single": (1, {"mode": "single", "num_pp": 1, "num_dp": 1}),
@@ -50,15 +50,14 @@ def run(work: Path, data: Path, run_dir: Path, layout: str, steps: int, *extra, 
             "data.min_batch_sentences=8", "decode.dev_max_sentences=8", "logging.wandb_mode=disabled",
             "logging.progress=false", *extra]
     cmd = [sys.executable, *args] if ranks == 1 else [sys.executable, "-m", "deepspeed.launcher.runner",
-                                                      "--num_gpus", str(ranks), "--master_port", str(_port()), *args]
+                                                      "--num_gpus", str(ranks), "--master_port", str(free_port()), *args]
     env = {"HNMT_FAULTS": faults, "WANDB_MODE": "disabled"} if faults else {"WANDB_MODE": "disabled"}
     subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=900)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows}
+    return {r["step"]: r["loss"] for r in metrics(run_dir)}
 
 
 def main() -> None:
