@@ -1,4 +1,4 @@
-"""Issue 23's goals from one command: `python benchmarks/scaling.py --goals [--rounds 2]`.
+"""Issue 23's goals from one command: `python -m benchmarks.scaling --goals [--rounds 2]`.
 
 Both model sizes, both precisions, every rank with 1 thread, side by side in each round:
 
@@ -21,7 +21,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from common import REPO, breakdown, cpu_model, ds_variant, train
+from benchmarks.common import REPO, breakdown, cpu_model, ds_variant, train
 
 SHIPPED = {"small": "hybrid_2", "wide": "hybrid_2_wide"}
 STEPS = {"small": 40, "wide": 20}  # a wide step costs 1-2.5 s on one core; 10 steps were too noisy

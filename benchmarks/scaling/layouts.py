@@ -1,37 +1,17 @@
-"""Scaling of the parallel modes on this machine, measured side by side in one run.
-
-    python benchmarks/scaling.py [--work /tmp/hybrid-nmt-bench] [--steps 40] [--precision both|bf16|fp32]
-                                 [--only NAME ...] [--rounds 1] [--model small|wide]
-                                 [--lstm-kernel fused|stepwise|both]
-    python benchmarks/scaling.py --goals [--work ...] [--rounds 2]
-
-enja-small (emb 256, hidden 256, 2+2 layers, general attention, 8k BPE vocabulary per side, 64 sentence
-pairs per step) on ../shared/data/small_parallel_enja, trained through the real CLI: single with 1 and
-2 threads, data_2 (DeepSpeed's data parallelism), pipeline_2 and hybrid_2 variants (1 thread per
-rank). `--model wide`: trainer/configs/enja_wide.yaml, the same at emb/hidden 1024 (the paper's width, where
-the LSTMs' compute dominates).
-`--lstm-kernel`: model.lstm_kernel of the parallel runs (`both`: each run with each); a single process
-always runs with both kernels, and the ratios are taken against the faster. Every run trains the same
-batches (same seed); the first 3 steps are warm-up. For each precision: a table of median step time, tokens/s, pairs/s, the ratio to single with 1 and with 2
-threads, model GFLOP/s (trainer/model/flops.py) and its fraction of this machine's measured matmul peak
-(benchmarks/peak.py: the 1-thread peak for one thread, the 2-thread peak for both cores); then per rank
-the busy / waiting / communicating / idle fractions (metrics.jsonl) and ms per step by category.
-Each run's Gantt chart of one step is copied to WORK/scaling/<precision>_<run>.png. Everything goes to
-WORK/scaling.json.
-`--goals`: issue 23's goals from one command, both sizes and both precisions (benchmarks/scaling_goals.py):
-which are met, by how much in each round, and where the shipped hybrid's milliseconds are on its timeline;
-to WORK/scaling_goals.json.
+"""The layouts side by side (the default mode of `python -m benchmarks.scaling`; its --help says what
+each run is and what the tables hold): RUNS, trained in every precision and round, then reported.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
-import statistics
 from pathlib import Path
 
-import scaling_goals
-from common import breakdown, ds_variant, matmul_peak, prepare_enja, train
+from benchmarks.common import RANK_CATEGORIES, breakdown, ds_variant, rank_fractions, train
+from benchmarks.scaling import goals
+
+MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
 
 # (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes)
 RUNS = [
@@ -66,47 +46,10 @@ RUNS = [
     ("hybrid_2 per_unit units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1,
                                                      "head_schedule": "per_unit"}),
 ]
-CATEGORIES = ("busy", "waiting", "communicating", "idle")
 
 
-def rank_fractions(run_dir: Path, warmup: int = 3) -> dict:
-    """Mean per-rank fractions over the logged rows after the warm-up."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if r["step"] > warmup]
-    out = {}
-    for key in rows[0]:
-        if key.startswith("rank") and key.split("/")[1] in CATEGORIES:
-            rank, cat = key[4:].split("/")
-            out.setdefault(int(rank), {})[cat] = statistics.mean(r[key] for r in rows if key in r)
-    gflop = statistics.median(r["model_gflop"] for r in rows)
-    return {"ranks": out, "model_gflop": gflop, "peak_rss_mb": max(v for r in rows for k, v in r.items()
-                                                                  if k.endswith("/peak_rss_mb"))}
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", type=Path, default=Path("/tmp/hybrid-nmt-bench"))
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--precision", choices=("both", "bf16", "fp32"), default="both")
-    p.add_argument("--only", nargs="*", default=None, help="run names to keep (default: all)")
-    p.add_argument("--rounds", type=int, default=1, help="repeat every run, interleaved; report the median")
-    p.add_argument("--model", choices=tuple(MODELS), default="small", help="small: emb/hidden 256; wide: 1024")
-    p.add_argument("--lstm-kernel", choices=("fused", "stepwise", "both"), default="fused")
-    p.add_argument("--goals", action="store_true", help="issue 23's goals: both models and precisions, "
-                   "fixed runs (--model, --only, --precision, --lstm-kernel, --steps are not used)")
-    args = p.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
-    data = prepare_enja(args.work)
-    peak = matmul_peak(args.work)
-    pngs = args.work / "scaling"
-    pngs.mkdir(exist_ok=True)
-    if args.goals:  # the report after every round, so that an interrupted run keeps what it measured
-        def write(results: dict, done: int) -> None:
-            out = scaling_goals.report(results, done)
-            (args.work / "scaling_goals.json").write_text(json.dumps({"peak": peak, **out, "results": results},
-                                                                     indent=1))
-        scaling_goals.measure(args.work, data, MODELS, args.rounds, pngs, on_round=write)
-        return
+def run(args: argparse.Namespace, steps: int, data: Path, peak: dict, pngs: Path) -> None:
+    """Train every run of RUNS (--only, --lstm-kernel) in each precision and round; report the median round."""
     precisions = ("bf16", "fp32") if args.precision == "both" else (args.precision,)
     runs = with_kernels([r for r in RUNS if args.only is None or r[0] in args.only], args.lstm_kernel)
     results: dict = {prec: {} for prec in precisions}
@@ -115,11 +58,11 @@ def main() -> None:
             for label, base, ranks, threads, layout, kernel in runs:
                 name = f"{args.model}_{prec}_{label.replace(' ', '_').replace('=', '')}"
                 cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"})
-                r = train(args.work, name, cfg, ranks, threads, args.steps, data, config=MODELS[args.model],
-                          extra=(f"train.timeline_every={args.steps - 1}", f"model.lstm_kernel={kernel}"))
+                r = train(args.work, name, cfg, ranks, threads, steps, data, config=MODELS[args.model],
+                          extra=(f"train.timeline_every={steps - 1}", f"model.lstm_kernel={kernel}"))
                 run_dir = args.work / "runs" / name
                 r.update(rank_fractions(run_dir), run_dir=str(run_dir))
-                png = run_dir / "timeline" / f"step_{args.steps - 1:08d}.png"
+                png = run_dir / "timeline" / f"step_{steps - 1:08d}.png"
                 if png.exists():
                     shutil.copy(png, pngs / f"{name}.png")
                 results[prec].setdefault(label, []).append(r)
@@ -135,8 +78,6 @@ def main() -> None:
     out = args.work / ("scaling.json" if args.model == "small" else f"scaling_{args.model}.json")
     out.write_text(json.dumps({"peak": peak, "model": args.model, "results": summary}, indent=1))
 
-
-MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
 
 
 def with_kernels(runs: list, kernel: str) -> list:
@@ -174,19 +115,15 @@ def report(prec: str, res: dict, peak: dict, runs: list) -> None:
     for label, r in res.items():
         for rank, f in sorted(r["ranks"].items()):
             b = breakdown(r["timing"].get(rank, r["timing"].get(str(rank), {})))
-            print(f"| {label} | {rank} | " + " | ".join(f"{f.get(c, 0):.2f}" for c in CATEGORIES) +
+            print(f"| {label} | {rank} | " + " | ".join(f"{f.get(c, 0):.2f}" for c in RANK_CATEGORIES) +
                   f" | {b['forward']:.0f} | {b['backward']:.0f} | {b['head']:.0f} | {b['optimizer_step']:.0f} |")
-    cols = ("forward", "backward", "head", "optimizer", *scaling_goals.PHASES, "step")
+    cols = ("forward", "backward", "head", "optimizer", *goals.PHASES, "step")
     print(f"\nhybrid runs ({prec}): the timeline's sampled step, ms per rank by where it falls "
-          f"(benchmarks/scaling_goals.where_ms)")
+          f"(benchmarks/scaling/goals.py::where_ms)")
     print("| run | rank | " + " | ".join(cols) + " |")
     print("|---|---:|" + "---:|" * len(cols))
     for label, r in res.items():
         trace = Path(r["run_dir"]) / "timeline" / "trace.json"
         if label.startswith("hybrid") and trace.exists():
-            for rank, row in scaling_goals.where_ms(json.loads(trace.read_text())).items():
+            for rank, row in goals.where_ms(json.loads(trace.read_text())).items():
                 print(f"| {label} | {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
-
-
-if __name__ == "__main__":
-    main()
