@@ -1,35 +1,21 @@
-"""A device profile a planner can read: datasheet peaks (with their source) and measured compute and
-transfer rates at the shapes of our models, plus the model FLOP count that MFU is taken against.
+"""Measuring a device for its profile: GEMM and LSTM rates at the shapes of our models, copy rates, the
+host's time per launched op (`measure`), the device's description (`describe`), and the model FLOP count
+that MFU is taken against. The profile's format (and the planner's "roofline" section) is the planner's:
+trainer/planner/profile.py. The GPU check (python -m benchmarks.gpu.gpu_check) writes device_profile.json
+with `profile`; this script turns one into a planner profile:
 
-Profile file (JSON), written by benchmarks/gpu_check.py:
-    device        {"name", "type": "cuda"|"cpu", "capability", "memory_gib", "multiprocessors", "threads"}
-    datasheet     {"name", "source", "peak_tflops": {"bf16", "tf32", "fp32"}, "memory_tb_s",
-                   "links_gb_s": {"nvlink", "pcie"}} (dense rates, no sparsity), or null (no entry)
-    compute       {precision: {"gemm": [{"m", "n", "k", "ms", "tflops"}], "lstm": [{"batch", "time",
-                   "input", "hidden", "ms_fwd_bwd", "tflops"}]}} for bf16, fp32 (TF32 off) and, on
-                   CUDA, tf32; the largest GEMM is the achievable matrix peak
-    memory        {"copy_tb_s": device-to-device copy, bytes read + written}
-    links         {"host_to_device_gb_s", "device_to_host_gb_s" (pinned), "nvlink_gb_s", "pcie_gb_s",
-                   "allreduce": null + why (one GPU: no peer to measure against), "sources"}
-    host          {"op_overhead_us"}: host time per tiny eager op (dispatch + launch), what small
-                   kernels cost when the host, not the GPU, sets the pace
-    sources       what each number is: "measured: <how>" or "datasheet: <document>"
+    python -m benchmarks.gpu.gpu_profile --planner-profile OUT.json [--from device_profile.json]
+    python -m benchmarks.gpu.gpu_profile --planner-profile OUT.json --device-name "NVIDIA H200"
 
-The planner (launch/plan.py) reads such a file once it has a "roofline" section:
-`python benchmarks/gpu_profile.py --planner-profile OUT.json [--from device_profile.json]` adds one,
 from the measured numbers where the file has them and datasheet figures or stated estimates elsewhere
-(benchmarks/profiles/h200.json was written so, from the datasheet and this workplace's measurements). The
-roofline section's format, the datasheets and the estimates live with the planner that reads them:
-trainer/planner/gpu_profile.py.
+(trainer/planner/profiles/h200.json was written so, from the datasheet and this workplace's measurements).
+torch is imported where a measurement needs it, so that writing a planner profile needs none.
 """
 from __future__ import annotations
 
 import statistics
 import time
 
-import torch
-
-from trainer.planner.gpu_profile import DATASHEETS, datasheet, roofline
 
 # ---- the model's FLOPs (matrix products only; what MFU counts): the trainer's own count ----
 def train_flops_per_pair(model: dict, tgt_vocab: int, src_len: float, tgt_len: float) -> float:
@@ -43,7 +29,9 @@ def train_flops_per_pair(model: dict, tgt_vocab: int, src_len: float, tgt_len: f
 
 
 # ---- timing ----
-def _timer(device: torch.device):
+def _timer(device):
+    import torch
+
     if device.type == "cuda":
         def run(fn, reps: int) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -72,17 +60,23 @@ def _sig(value: float) -> float:
 
 
 def _dtype(precision: str):
+    import torch
+
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
-def _tf32(device: torch.device, on: bool) -> None:
+def _tf32(device, on: bool) -> None:
     if device.type == "cuda":
+        import torch
+
         torch.backends.cuda.matmul.allow_tf32 = on
         torch.backends.cudnn.allow_tf32 = on
 
 
 def gemm(device, precision: str, shapes: list[tuple[int, int, int]], reps: int) -> list[dict]:
     """C (m, n) = A (m, k) @ B (k, n) on random data, median of `reps` after 3 warm-ups."""
+    import torch
+
     timer, out = _timer(device), []
     _tf32(device, precision == "tf32")
     for m, n, k in shapes:
@@ -98,6 +92,8 @@ def gemm(device, precision: str, shapes: list[tuple[int, int, int]], reps: int) 
 
 def lstm(device, precision: str, shapes: list[tuple[int, int, int, int]], reps: int) -> list[dict]:
     """One nn.LSTM layer (batch-first), forward + backward to inputs and weights, on random data."""
+    import torch
+
     timer, out = _timer(device), []
     _tf32(device, precision == "tf32")
     for batch, steps, inp, hidden in shapes:
@@ -120,6 +116,8 @@ def lstm(device, precision: str, shapes: list[tuple[int, int, int, int]], reps: 
 
 def copy_rates(device, mib: int, reps: int) -> dict:
     """Device-to-device copy (bytes read + written) and, on CUDA, pinned host<->device copies."""
+    import torch
+
     timer = _timer(device)
     n = mib * 2 ** 20 // 4
     src = torch.randn(n, device=device)
@@ -137,6 +135,8 @@ def copy_rates(device, mib: int, reps: int) -> dict:
 
 def op_overhead(device, reps: int = 200) -> float:
     """Host microseconds per tiny eager op (an add of 8 numbers), the device synchronised at the end."""
+    import torch
+
     x = torch.zeros(8, device=device)
     for _ in range(20):
         x.add_(1)
@@ -150,7 +150,7 @@ def op_overhead(device, reps: int = 200) -> float:
     return _sig(1e6 * (time.perf_counter() - t) / reps)
 
 
-def measure(device: torch.device, sizes: dict, reps: int) -> dict:
+def measure(device, sizes: dict, reps: int) -> dict:
     """Every measured number of the profile; `sizes` holds the GEMM and LSTM shapes and copy size."""
     precisions = ("bf16", "fp32", "tf32") if device.type == "cuda" else ("bf16", "fp32")
     compute = {}
@@ -166,7 +166,10 @@ def measure(device: torch.device, sizes: dict, reps: int) -> dict:
     return {"compute": compute, "rates": rates, "op_overhead_us": overhead}
 
 
-def describe(device: torch.device) -> dict:
+def describe(device) -> dict:
+    """The profile's "device" section of a torch.device."""
+    import torch
+
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         return {"name": p.name, "type": "cuda", "capability": f"{p.major}.{p.minor}",
@@ -178,31 +181,11 @@ def describe(device: torch.device) -> dict:
     return {"name": platform.processor() or platform.machine(), "type": "cpu", "threads": torch.get_num_threads()}
 
 
-def profile(device: torch.device, measured: dict) -> dict:
-    """The planner's file: measured numbers next to the datasheet's, each with its source."""
-    info = describe(device)
-    sheet = datasheet(info["name"]) if device.type == "cuda" else None
-    rates = measured["rates"]
-    links = {"host_to_device_gb_s": rates.get("host_to_device_gb_s"),
-             "device_to_host_gb_s": rates.get("device_to_host_gb_s"),
-             "nvlink_gb_s": sheet["links_gb_s"]["nvlink"] if sheet else None,
-             "pcie_gb_s": sheet["links_gb_s"]["pcie"] if sheet else None,
-             "allreduce": None,
-             "allreduce_note": "not measured: one device, no peer (NCCL all-reduce needs a second GPU)"}
-    sources = {
-        "compute": "measured: torch matmul / nn.LSTM forward+backward on random data, median of repeats after "
-                   "warm-up (CUDA events on GPU, perf_counter on CPU); tf32 = fp32 tensors with TF32 allowed",
-        "memory.copy_tb_s": "measured: device-to-device copy, bytes read + written",
-        "links.host_to_device_gb_s": "measured: pinned host memory copy" if device.type == "cuda" else None,
-        "links.nvlink_gb_s": f"datasheet: {sheet['source']}" if sheet else None,
-        "links.pcie_gb_s": f"datasheet: {sheet['source']}" if sheet else None,
-        "datasheet": sheet["source"] if sheet else "no datasheet entry for this device",
-    }
-    if "op_overhead_us" in measured:
-        sources["host.op_overhead_us"] = "measured: host time of 200 eager adds of 8 numbers, synchronised at the end"
-    return {"device": info, "datasheet": sheet, "compute": measured["compute"],
-            "memory": {"copy_tb_s": rates["copy_tb_s"]}, "links": links,
-            "host": {"op_overhead_us": measured.get("op_overhead_us")}, "sources": sources}
+def profile(device, measured: dict) -> dict:
+    """The device profile (trainer/planner/profile.py's format) of what `measure` measured on `device`."""
+    from trainer.planner.profile import device_profile
+
+    return device_profile(describe(device), measured)
 
 
 def main() -> None:
@@ -210,27 +193,28 @@ def main() -> None:
     import json
     import os
 
-    p = argparse.ArgumentParser(description="Write a planner profile (with a roofline section) from a device "
-                                            "profile, or from the datasheet alone.")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu.gpu_profile", description=(
+        "Write a planner profile (with a roofline section) from a device profile, or from the datasheet alone."))
     p.add_argument("--planner-profile", required=True, help="the file to write")
-    p.add_argument("--from", dest="source", default=None, help="a device_profile.json from benchmarks/gpu_check.sh")
+    p.add_argument("--from", dest="source", default=None,
+                   help="a device_profile.json from benchmarks/gpu/gpu_check.sh")
     p.add_argument("--device-name", default="NVIDIA H200", help="without --from: the datasheet entry to use")
     args = p.parse_args()
+    from trainer.planner.profile import ProfileError, datasheet_profile, planner_profile
+
     if args.source:
         with open(args.source, encoding="utf-8") as f:
             base = json.load(f)
     else:
-        sheet = datasheet(args.device_name)
-        if sheet is None:
-            raise SystemExit(f"--device-name {args.device_name!r}: no datasheet entry ({', '.join(DATASHEETS)})")
-        base = {"device": {"name": args.device_name, "type": "cuda"}, "datasheet": sheet,
-                "sources": {"datasheet": sheet["source"]}}
+        try:
+            base = datasheet_profile(args.device_name)
+        except ProfileError as e:
+            raise SystemExit(str(e)) from None
     if os.path.exists(args.planner_profile):
         raise SystemExit(f"--planner-profile {args.planner_profile}: exists; choose another path")
-    base["roofline"] = roofline(base)
-    base["measured_by"] = base.get("measured_by") or "datasheet + this workplace's measurements + stated estimates"
+    out = planner_profile(base)
     with open(args.planner_profile, "x", encoding="utf-8") as f:
-        json.dump(base, f, indent=1)
+        json.dump(out, f, indent=1)
         f.write("\n")
     print(f"wrote {args.planner_profile}")
 
