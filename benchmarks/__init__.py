@@ -1,5 +1,6 @@
 """The measurements behind docs/BENCHMARKS.md and docs/RELIABILITY.md, by subject. Each runs from the
-repository root as a module, `python -m benchmarks.SUBJECT[.SCRIPT] --help` saying what it measures:
+repository root as a module (`python -m benchmarks.scaling`, `python -m benchmarks.micro.peak`, ...), and
+its --help says what it measures:
 
     scaling      the parallel layouts side by side, issue 23's goals, one process alone (python -m benchmarks.scaling)
     peers        OpenNMT-py beside ours on the same model and batches
