@@ -16,7 +16,9 @@ import socket
 import traceback
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nothing listens on now, on the loopback: a job's MASTER_PORT (the tests' one copy; the
+    benchmarks have theirs in benchmarks/common.py, and tests never import benchmarks for it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -80,7 +82,7 @@ class Workers:
             raise ValueError(f"world {world} > pool size {self.size}")
         if not all(p.is_alive() for p in self.procs):
             self.restart()
-        port = _free_port()
+        port = free_port()
         for rank in range(world):
             self.inboxes[rank].put((rank, world, port, fn, args))
         results, errors = {}, []

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.sh on its CPU path (`--cpu`: the same stages at tiny sizes): it must run to the end
+"""benchmarks/gpu/gpu_check.sh on its CPU path (`--cpu`: the same stages at tiny sizes): it must run to the end
 where MeCab cannot be imported (as on the device) and write a report and a device profile a planner can
 read, with every number it promises; a run killed by its timeout, a stage that fails or overruns, and the
 deadline must leave the report and the runs' files of everything before them."""
@@ -20,8 +20,8 @@ from tests.conftest import REPO, run_cli
 def prepared(tmp_path_factory):
     """The check's data prepared before the device, where MeCab is installed (gpu_wheels.sh does this)."""
     work = tmp_path_factory.mktemp("gpudata")
-    run_cli([sys.executable, "benchmarks/gpu_check.py", "--prepare-only", "--device", "cpu", "--work", str(work)],
-            timeout=600)
+    run_cli([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--prepare-only", "--device", "cpu", "--work",
+             str(work)], timeout=600)
     return work
 
 
@@ -40,7 +40,7 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
     probe = run_cli([sys.executable, "-c", "import MeCab"], check=False, env_extra={"PYTHONPATH": no_mecab})
     assert probe.returncode != 0 and "hidden by the test" in probe.stderr
     out = tmp_path / "out"
-    proc = run_cli(["bash", "benchmarks/gpu_check.sh", "--cpu", "--work", str(tmp_path / "work"),
+    proc = run_cli(["bash", "benchmarks/gpu/gpu_check.sh", "--cpu", "--work", str(tmp_path / "work"),
                     "--data-root", str(prepared)], timeout=1200, env_extra={"OUT": str(out), "PYTHONPATH": no_mecab})
     assert "all checks passed" in proc.stdout, proc.stdout[-3000:]
     assert (out / "gpu_check.log").read_text().count("gpu_check:") > 10  # the log holds what was printed
@@ -87,7 +87,7 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
 @pytest.mark.slow
 def test_a_run_killed_by_its_timeout_leaves_the_report_and_its_files(tmp_path, prepared):
     out = tmp_path / "out"
-    proc = run_cli([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out), "--work",
+    proc = run_cli([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--device", "cpu", "--out", str(out), "--work",
                     str(tmp_path / "work"), "--data-root", str(prepared), "--stages", "environment,data,runs",
                     "--runs", "enja-small_bf16", "--run-timeout-s", "3"], timeout=300, check=False)
     assert proc.returncode == 1 and "KILLED after its 3s timeout" in proc.stdout, proc.stdout[-3000:]
@@ -100,7 +100,7 @@ def test_a_run_killed_by_its_timeout_leaves_the_report_and_its_files(tmp_path, p
 
 
 def test_stages_overrunning_failing_or_past_the_deadline_are_recorded_as_they_happen(tmp_path):
-    import gpu_check
+    from benchmarks.gpu import gpu_check
 
     check = gpu_check.Check(tmp_path, deadline_s=30, report={})
     check.started = time.time()
