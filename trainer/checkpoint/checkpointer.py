@@ -14,7 +14,7 @@ from typing import Callable
 
 from trainer.checkpoint import files, structure
 from trainer.checkpoint.collective import CollectiveWriter, agree
-from trainer.checkpoint.files import CheckpointError  # noqa: F401 (what the loop catches: one module to ask)
+from trainer.checkpoint.files import CheckpointError
 from trainer.checkpoint.optimizer import LayerKeyedOptimizerState
 from trainer.checkpoint.resume import RunIdentity, check_compatible, choose
 from trainer.checkpoint.state import TrainState, reseed, restore_rng
