@@ -95,10 +95,7 @@ def main() -> None:
         for link in args.links:
             for n in args.devices:
                 ranked, one, _ = plan.rank_layouts(work, profile, n, link)
-                best = {}
-                for pred in (q for q in ranked if not q.screened_only and q.candidate.ranks in (1, n)):
-                    mode = "hybrid" if pred.candidate.spec.mode == "grid" else pred.candidate.spec.mode
-                    best.setdefault(mode, pred)
+                best = plan.best_by_mode(ranked, n)
                 row = {"scenario": scenario, "link": link, "devices": n, "one_gpu_ms": 1000 * one.step_s,
                        "one_gpu_tokens_per_s": one.tokens_per_s, "pick": ranked[0].candidate.label() + (f" ({ranked[0].candidate.ranks} GPUs)"
                                                                if ranked[0].candidate.ranks < n else ""),
