@@ -30,6 +30,7 @@ while (( $# )); do
   esac
 done
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+unset PYTHONPATH  # nothing of the caller's (a checkout's egg-info, say) may look installed in the environment
 START=$(date +%s)
 say() { echo "gpu_rehearsal: [$(( $(date +%s) - START ))s] $*"; }
 quiet_pip() { grep -v "is ignored: it is neither a file nor a directory" || true; }  # this machine's pip.conf

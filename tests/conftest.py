@@ -72,12 +72,6 @@ def workers():
 DEFAULT_TIMEOUT_S = 600  # per test; a multi-process test that hangs fails instead of the CI
 
 
-def pytest_addoption(parser):
-    parser.addoption("--rehearsal", action="store_true", default=False,
-                     help="also rehearse the GPU check in a copy of the device's Python (benchmarks/gpu_rehearsal.sh: "
-                          "network, ~3 GB of wheels, minutes)")
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: starts the real CLIs as processes (end-to-end, faults); "
                                        "`pytest -m 'not slow' tests` is the fast tier")
