@@ -201,11 +201,10 @@ def predict(args: argparse.Namespace) -> None:
 
 def prediction_row(ranking, scenario: str, link: str, n: int) -> dict:
     """One row of the table: one GPU, the planner's pick, and the best of each mode on all `n` GPUs."""
+    from trainer.planner import plan
+
     ranked, one, _ = ranking
-    best = {}
-    for pred in (q for q in ranked if not q.screened_only and q.candidate.ranks in (1, n)):
-        mode = "hybrid" if pred.candidate.spec.mode == "grid" else pred.candidate.spec.mode
-        best.setdefault(mode, pred)
+    best = plan.best_by_mode(ranked, n)
     pick = ranked[0]
     return {"scenario": scenario, "link": link, "devices": n, "one_gpu_ms": 1000 * one.step_s,
             "one_gpu_tokens_per_s": one.tokens_per_s,

@@ -115,6 +115,8 @@ class Build:
     def trainer(self) -> Trainer:
         cfg, ds = self.cfg, self.ds
         self.runtime = rt = ParallelRuntime.start(self.spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
+        if rt.is_rank0:
+            print(rt.describe_device(), flush=True)
         threads = set_threads(cfg.train.threads)
         manifest = read_manifest(cfg.data.dir)
         bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step

@@ -7,6 +7,7 @@ import time
 
 from trainer.artifacts.run_dir import METRICS
 from trainer.checkpoint.checkpointer import CheckpointError
+from trainer.observe.run_totals import RunTotals
 from trainer.training import faults
 
 
@@ -25,6 +26,7 @@ class Trainer:
         self.cfg, self.rt, self.state, self.stream, self.module = train_cfg, runtime, state, stream, module
         self.engine, self.runner, self.checkpointer, self.validator = engine, runner, checkpointer, validator
         self.log, self.watch, self.stop, self.faults, self.flops = log, watch, stop, faults, flops
+        self.totals = RunTotals()  # every row's wall_s, sentences_seen, tokens_seen
 
     # ---- one optimizer step ----
     def train_step(self) -> dict:
@@ -51,6 +53,7 @@ class Trainer:
                "tokens_per_s": tokens / elapsed, "sentences_per_s": sum(b.size for b in batches) / elapsed,
                "model_gflop": flops / 1e9, "model_gflops_per_s": flops / 1e9 / elapsed,
                "step_time_s": elapsed, "skipped_steps": st.skipped_steps}
+        row.update(self.totals.add(start + elapsed, sum(b.size for b in batches), tokens))
         if skipped:
             row.update(skipped=True, bad_steps=st.bad_steps)
         self.watch.end(step, elapsed)
@@ -61,6 +64,7 @@ class Trainer:
         cfg, st = self.cfg, self.state
         self.module.train()
         stop = None
+        self.totals.begin()
         if st.step >= cfg.max_steps:
             self.log.message(f"nothing to do: the run is at step {st.step} and train.max_steps={cfg.max_steps}")
         if self.stop.begin():  # before the first step (e.g. the launcher watch): nothing new to save
