@@ -112,20 +112,21 @@ def train(work: Path, name: str, ds_config: Path, ranks: int, threads: int, step
 
 
 def start_train(work: Path, name: str, ds_config: Path, ranks: int, threads: int, steps: int, data: Path,
-                extra: tuple = ()) -> tuple[subprocess.Popen, Path]:
+                config: str = "trainer/configs/enja_small.yaml", extra: tuple = ()) -> tuple[subprocess.Popen, Path]:
     """Start a training run like `train` without waiting (runs meant to share the machine); `wait_train`
     finishes it."""
-    cmd, env, run = train_command(work, name, ds_config, ranks, threads, steps, data, extra=extra)
+    cmd, env, run = train_command(work, name, ds_config, ranks, threads, steps, data, config, extra)
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True), run
 
 
-def wait_train(label: str, proc: subprocess.Popen, run_dir: Path, timeout: int = 3600) -> dict:
-    """Wait for a run of `start_train` and summarise it (exits with its stderr if it failed)."""
+def wait_train(label: str, proc: subprocess.Popen, run_dir: Path, timeout: int = 3600,
+               last_step: int | None = None) -> dict:
+    """Wait for a run of `start_train` and summarise it, up to `last_step` (exits with its stderr if it failed)."""
     _, err = proc.communicate(timeout=timeout)
     if proc.returncode:
         sys.exit(f"{label} failed ({proc.returncode}):\n{err[-3000:]}")
-    return summarise(run_dir)
+    return summarise(run_dir, last_step=last_step)
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -133,17 +134,20 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def summarise(run_dir: Path, warmup: int = 3) -> dict:
+def summarise(run_dir: Path, warmup: int = 3, last_step: int | None = None) -> dict:
+    """Throughput over the logged steps after `warmup` (up to `last_step`), the per-rank seconds per step of
+    every instruction (RUN_DIR/timing/rank*.json) and, as `cpu`, each rank's CPU ms per step by thread."""
     rows = metrics(run_dir)
-    timed = [r for r in rows if r["step"] > warmup]
+    timed = [r for r in rows if r["step"] > warmup and (last_step is None or r["step"] <= last_step)]
     seconds = sum(r["step_time_s"] for r in timed)
     tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in timed)
     pairs = sum(r["sentences_per_s"] * r["step_time_s"] for r in timed)
-    timing = {}
+    timing, cpu = {}, {}
     for path in sorted((run_dir / "timing").glob("rank*.json")):
         t = json.loads(path.read_text())
         timing[t["rank"]] = t["seconds_per_step"]
-    return {"steps": len(timed), "step_ms_median": 1000 * statistics.median(r["step_time_s"] for r in timed),
+        cpu[t["rank"]] = t.get("cpu_ms_per_step", {})
+    return {"cpu": cpu, "steps": len(timed), "step_ms_median": 1000 * statistics.median(r["step_time_s"] for r in timed),
             "step_ms_mean": 1000 * seconds / len(timed), "pairs_per_s": pairs / seconds,
             "tokens_per_s": tokens / seconds, "final_loss": rows[-1]["loss"], "timing": timing}
 

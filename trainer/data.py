@@ -25,6 +25,8 @@ class Batch:
     src_len, tgt_len: the same lengths as host numpy arrays (tgt_len counts y + EOS). Everything a step
     decides from lengths (trimming, token counts, packed sequences, the head's token positions) reads
     these, so nothing waits for the device to hand a length back (trainer.observe.op_counter).
+    ids: the distinct ids of src and of tgt_in as host numpy arrays (the embedding rows the batch touches),
+    when it was collated from host data; None otherwise.
     """
 
     src: torch.Tensor
@@ -33,6 +35,7 @@ class Batch:
     tgt_out: torch.Tensor
     src_len: np.ndarray | None = None
     tgt_len: np.ndarray | None = None
+    ids: tuple | None = None
 
     def __post_init__(self):
         if self.src_len is None:  # built from tensors alone (tests, tools): read the lengths once
@@ -87,7 +90,7 @@ class Batch:
             tensors = tuple(to_device(t, device) for t in tensors)
         else:
             tensors = tuple(t.to(device) for t in tensors)
-        return Batch(*tensors, self.src_len, self.tgt_len)
+        return Batch(*tensors, self.src_len, self.tgt_len, self.ids)
 
     def token_positions(self, width: int | None = None, round_bits: int = 4) -> np.ndarray:
         """Flat positions (row * width + t) of the real target tokens in a (batch, width) layout
@@ -129,7 +132,7 @@ def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
     tgt_in[:, 0] = BOS_ID
     tgt_out[rows, tgt_len] = EOS_ID
     return Batch(torch.from_numpy(src), torch.from_numpy(src_len + 1), torch.from_numpy(tgt_in),
-                 torch.from_numpy(tgt_out), src_len + 1, tgt_len + 1)
+                 torch.from_numpy(tgt_out), src_len + 1, tgt_len + 1, (np.unique(src), np.unique(tgt_in)))
 
 
 def _positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -338,7 +338,7 @@ def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_st
 
 
 class Engine:
-    """What the trainer uses of a DeepSpeedEngine: backward, step, the replica all-reduce, the
+    """What the trainer uses of a DeepSpeedEngine: backward, step, the
     learning rate and counters, and the optimizer state by parameter (for layout-independent
     checkpoints)."""
 
@@ -387,8 +387,6 @@ class Engine:
         self.along = None
         return self.read
 
-    def allreduce_replica_grads(self) -> None:
-        self.ds.allreduce_gradients()
 
     @property
     def accumulation_steps(self) -> int:

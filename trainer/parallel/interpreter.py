@@ -6,9 +6,9 @@ micro-step builds up (autograd records, received activations, the head's inputs 
 lives in one `MicroStep`, made fresh for every micro-step.
 
 Reductions: each head replica sums token cross-entropies of its shard and divides by the token count
-of the whole accumulation window (all replicas, all micro-batches), times num_dp because DeepSpeed's
-data-parallel all-reduce averages over replicas. So every gradient is d(global summed CE / global
-tokens).
+of the whole accumulation window (all replicas, all micro-batches), and every reduction over ranks sums
+(the head's over the pipeline, `reduce_grads` over a stage's replicas: trainer.parallel.replica_grads). So
+every gradient is d(global summed CE / global tokens).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from trainer.observe.op_counter import host
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.comm import AsyncCollective
 from trainer.parallel.cut import ReplicaCut, cut_replica
+from trainer.parallel.replica_grads import ReplicaGrads
 from trainer.parallel.runtime import CommError, ParallelRuntime, is_comm_failure
 from trainer.parallel.schedule import KIND_CATEGORY, OPS, Instr, eval_program, rank_programs
 
@@ -144,6 +145,18 @@ class StepRunner:
         self.ms: MicroStep | None = None
         # LSTM weight gradients deferred to the program's `weight_grads` (the schedule decides which stages)
         self.weight_grads = WeightGradQueue() if any(i.op == "weight_grads" for i in self.programs[True]) else None
+        # the replicas' gradient sums (reduce_grads): what this rank's optimizer updates, embeddings by touched row
+        self.replica_grads = (ReplicaGrads(runtime, module.optimizer_parameters(), self._row_tables())
+                              if self.layout.num_dp > 1 else None)
+
+    def _row_tables(self) -> dict:
+        """The embedding tables whose gradients the replicas sum by touched row (not one tied to the head's
+        projection, model.tie_embeddings: its gradient is dense)."""
+        if self.embeddings is None:
+            return {}
+        tables = {"src": self.embeddings.src.weight, "tgt": self.embeddings.tgt.weight}
+        head = [] if self.module.head is None else list(self.module.head.parameters())
+        return {side: t for side, t in tables.items() if not any(p is t for p in head)}
 
     @property
     def window_size(self) -> int:
@@ -159,6 +172,8 @@ class StepRunner:
         Returns the window's {'loss_sum', 'nll_sum'} summed over every rank."""
         window = AccumulationWindow(batches, self.device)
         for micro, batch in enumerate(batches):
+            if self.replica_grads is not None:
+                self.replica_grads.note(batch)
             self.ms = ms = self._micro_step(batch, window, window.boundary(micro))
             ms.metrics = window.sums
             ms.dropout = DropoutKeys((*key, micro), batch.size, {"src": batch.src.shape[1],
@@ -261,8 +276,8 @@ class StepRunner:
     def _micro_step(self, batch: Batch, window: AccumulationWindow | None, boundary: bool) -> MicroStep:
         spec = self.layout.spec
         cut = cut_replica(spec, batch, self.layout.replica).to(self.device)
-        # num_dp: DeepSpeed averages over replicas; we want the sum over the global window
-        loss_scale = spec.num_dp / window.tokens if window is not None and window.tokens else 0.0
+        # the replicas' gradients are summed (reduce_grads, trainer.parallel.replica_grads): the sum over the window
+        loss_scale = 1.0 / window.tokens if window is not None and window.tokens else 0.0
         return MicroStep(cut, loss_scale, window, boundary)
 
     def _act_shape(self, kind: str, unit: int, chunk: int):
@@ -479,8 +494,8 @@ class StepRunner:
         ms.reduced = self.rt.all_reduce(host(torch.tensor(values, dtype=torch.float64)), group=OPS[ins.op].group)
 
     def op_reduce_grads(self, ins: Instr) -> None:
-        if self.layout.num_dp > 1:
-            self.engine.allreduce_replica_grads()  # DeepSpeed's, over the grid's data group
+        if self.replica_grads is not None:
+            self.replica_grads.start().wait()
 
     def op_reduce_head_grads(self, ins: Instr) -> AsyncCollective:
         """Start summing every replica's (final) head gradients into the owner (last stage); it runs

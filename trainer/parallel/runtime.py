@@ -203,6 +203,11 @@ class ParallelRuntime:
         return AsyncCollective(tensors, lambda t: dist.reduce(t, dst=dst, op=dist.ReduceOp.SUM,
                                                               group=self.groups[group], async_op=True))
 
+    def all_reduce_async(self, tensors: list[torch.Tensor], group: str) -> AsyncCollective:
+        """Start the in-place SUM of `tensors` over `group`; after `wait()` every rank of it has the sums."""
+        return AsyncCollective(tensors, lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.groups[group],
+                                                                  async_op=True))
+
     def broadcast_async(self, tensors: list[torch.Tensor], src: int, group: str) -> AsyncCollective:
         """Start sending `src`'s values of `tensors` to every rank of `group`; after `wait()` every rank
         has them."""

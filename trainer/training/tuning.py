@@ -1,0 +1,113 @@
+"""Settings whose best value depends on the machine, measured on the machine itself (not guessed from its
+vendor's name), once, and cached.
+
+`train.loss_chunk_rows=0` (the default) on a CPU: the rows of logits the head's loss works on at a time
+(trainer.model.seq2seq._chunked_loss). A chunk's logits should stay in cache while the softmax, the loss
+and the logits' gradient pass over them, and the GEMMs that make and consume them should be large enough
+to run at speed; where that balance lies depends on the CPU's caches and matrix units (an AMD EPYC and an
+Intel Xeon with AMX disagree), the precision, the threads and the vocabulary. So it is timed here, on the
+loss itself at the model's width and vocabulary, for a few candidate sizes (well under a second each at
+enja-small), and the fastest is kept in a cache file keyed by what decides it. On an accelerator it is
+8192 (each chunk costs ~15 launches there: as few chunks as memory allows).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import torch
+
+from trainer.model.seq2seq import LOSS_CHUNK_ROWS, projected_cross_entropy
+
+CANDIDATES = (128, 256, 512, 1024)
+TOKENS = 1024  # target tokens of the timed loss: about half a 64-pair batch of enja-small
+REPEATS = 3
+
+
+def cache_path() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hybrid-nmt", "tuning.json")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _key(width: int, vocab: int, dtype: torch.dtype) -> str:
+    return (f"loss_chunk_rows|{_cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|"
+            f"{str(dtype).replace('torch.', '')}|width {width}|vocab {vocab}")
+
+
+def _read_cache() -> dict:
+    try:
+        with open(cache_path(), encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # no cache yet, or one another tool damaged: measure again
+
+
+def _write_cache(key: str, value: int) -> None:
+    """Add `key` to the cache file (a temporary file renamed in place: a reader never sees half of it).
+    A cache that cannot be written costs a measurement next time, nothing else."""
+    path = cache_path()
+    data = _read_cache()
+    data[key] = value
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def time_loss_chunks(width: int, vocab: int, dtype: torch.dtype, candidates=CANDIDATES,
+                     tokens: int = TOKENS) -> dict[int, float]:
+    """Seconds of the chunked loss (forward with its gradients, as the head runs it) per candidate chunk,
+    the best of REPEATS after one warm-up, on this process's threads; the candidates take turns, so that a
+    machine that slows down or speeds up meanwhile favours none of them."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(tokens, width, generator=gen).to(dtype)
+    weight = (torch.randn(vocab, width, generator=gen) * width ** -0.5).to(dtype).requires_grad_(True)
+    bias = torch.zeros(vocab, dtype=dtype, requires_grad=True)
+    hidden.requires_grad_(True)
+    target = torch.randint(4, vocab, (tokens,), generator=gen)
+    out = {rows: float("inf") for rows in candidates}
+    for rep in range(REPEATS + 1):
+        for rows in candidates:
+            start = time.perf_counter()
+            loss, _ = projected_cross_entropy(hidden, weight, bias, target, 0.1, rows)
+            loss.backward()
+            if rep:  # the first turn warms up
+                out[rows] = min(out[rows], time.perf_counter() - start)
+            hidden.grad = weight.grad = bias.grad = None
+    return out
+
+
+def loss_chunk_rows(configured: int, device: torch.device, width: int, vocab: int, dtype: torch.dtype
+                    ) -> tuple[int, str]:
+    """The loss chunk to run with, and where it came from (for the run's log)."""
+    if configured:
+        return configured, "train.loss_chunk_rows"
+    if device.type != "cpu":
+        return LOSS_CHUNK_ROWS["accelerator"], "the accelerator's default"
+    key = _key(width, vocab, dtype)
+    cached = _read_cache().get(key)
+    if isinstance(cached, int) and cached in CANDIDATES:
+        return cached, f"measured on this machine earlier ({cache_path()})"
+    times = time_loss_chunks(width, vocab, dtype)
+    best = min(times, key=times.get)
+    _write_cache(key, best)
+    spread = ", ".join(f"{rows}: {1000 * s:.1f} ms" for rows, s in times.items())
+    return best, f"measured now ({spread}; cached in {cache_path()})"
