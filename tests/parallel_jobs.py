@@ -186,6 +186,7 @@ def timeline_job(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     for _ in range(steps):
         trainer.train_step()
     stats = trainer.watch.rank_stats()
+    trainer.watch.finish(steps)  # RUN_DIR/timing/rank{R}.json
     program = [i.op for i in trainer.runner.programs[True]]
     trainer.runner.sync_head()
     trainer.log.close()

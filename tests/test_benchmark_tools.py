@@ -241,31 +241,35 @@ def test_where_ms_puts_every_ms_of_the_step_in_one_place():
     assert got[1]["fill"] == pytest.approx(11) and got[1]["drain"] == pytest.approx(30 - 1 - 5 + 1)
 
 
-def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path):
+def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, capsys):
     from benchmarks.scaling import goals as scaling_goals
 
-    def run(tps, fb=(100, 100), step=500.0):
-        timing = {0: {"forward": fb[0] / 2000, "backward": fb[1] / 2000, "head": 0.0},
-                  1: {"forward": fb[0] / 2000, "backward": fb[1] / 2000, "head": 0.0}}
+    def run(tps, step=500.0, cpu=None):
+        timing = {0: {"forward": 0.05, "backward": 0.05, "head": 0.0}, 1: {"forward": 0.05, "backward": 0.05}}
         return {"tokens_per_s": tps, "step_ms_median": step, "timing": timing, "kernel": "stepwise",
-                "run_dir": str(tmp_path)}
+                "run_dir": str(tmp_path), "cpu": cpu or {}}
 
     (tmp_path / "timeline").mkdir()
     (tmp_path / "timeline" / "trace.json").write_text(json.dumps(_trace(HYBRID_STEP)))
     rows = {"single 1 thread fused": [run(100), run(100)], "single 1 thread stepwise": [run(90), run(110)],
-            "single 2 threads": [run(150), run(150)], "data_2": [run(140), run(145)],
-            "pipeline_2 units=4": [run(100), run(100)], "hybrid_2 units=1": [run(150), run(150)],
-            "hybrid_2 chunks=4": [run(180, (100, 104)), run(176, (100, 108))]}
-    rows["hybrid_2 shipped"] = rows["hybrid_2 chunks=4"]
+            "ceiling": [run(190, cpu={0: {"main": 480.0}}), run(200, cpu={0: {"main": 470.0}})],
+            "single 2 threads": [run(150), run(150)], "data_2": [run(170), run(160)],
+            "pipeline_2 units=4": [run(100), run(100)],
+            "hybrid_2 shipped": [run(180), run(176, cpu={0: {"main": 300.0, "gloo_tcp_loop x4": 20.0}})]}
     results = {"wide": {"bf16": rows}}
-    table = {(g["goal"]): g for g in scaling_goals.goals_table(results)}
-    assert scaling_goals.shipped_row("wide") == "hybrid_2 shipped"  # ds_configs/hybrid_2_wide.json: its own row
+    table = {g["goal"]: g for g in scaling_goals.goals_table(results)}
     assert scaling_goals.shipped_layout("wide") == {"micro_batches": 1, "time_chunks": 4, "head_split": "time"}
-    assert scaling_goals.shipped_row("small") == "hybrid_2 units=1"
-    assert table["1"]["min"] == pytest.approx(1.6) and table["1"]["max"] == pytest.approx(1.8)  # 176/110, 180/100
-    assert not table["1"]["met"]  # 1.7x is reached in one round only
-    assert table["2a"]["met"] and table["2b"]["met"]
-    assert table["3"]["min"] == pytest.approx(1.02) and table["3"]["max"] == pytest.approx(1.04)
-    assert table["3"]["met"]
+    assert table["ceiling"]["min"] == pytest.approx(200 / 110) and table["ceiling"]["max"] == pytest.approx(1.9)
+    assert table["ceiling"]["met"] is None  # reported, no target
+    assert table["2"]["min"] == pytest.approx(0.88) and table["2"]["max"] == pytest.approx(0.947, abs=1e-3)
+    assert not table["2"]["met"]  # 0.9 of the ceiling is reached in one round only
+    assert table["3"]["min"] == pytest.approx(0.8) and not table["3"]["met"]  # 160/200
+    assert table["4"]["min"] == pytest.approx(180 / 170) and not table["4"]["met"]  # the wide model's target: 1.2x
+    g = scaling_goals.gap(rows, "2", 0.9, 0)  # round 1: 180 tok/s at 500 ms against 0.9 x 190
+    assert g["needed_ms"] == pytest.approx(500 * 180 / (0.9 * 190)) and g["gap_ms"] == pytest.approx(500 - g["needed_ms"])
     out = scaling_goals.report(results, 2)
-    assert out["where_ms"]["wide_bf16"]["row"] == "hybrid_2 shipped" and set(out["where_ms"]["wide_bf16"]["ranks"]) == {0, 1}
+    assert set(out["gaps"]) == {"2_wide_bf16", "3_wide_bf16", "4_wide_bf16"}
+    where = out["gaps"]["2_wide_bf16"]
+    assert where["round"] == 2  # the median round (of equal steps, the later)
+    assert set(where["ranks"]) == {0, 1} and where["cpu"]["ceiling run"] == {"main": 470.0}
+    assert "gloo_tcp_loop x4 20.0" in capsys.readouterr().out

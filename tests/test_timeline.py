@@ -32,7 +32,7 @@ def test_hybrid_timeline_has_every_instruction_of_every_rank(workers, tiny_data,
     ds.update(train_micro_batch_size_per_gpu=16)
     ds["parallel_layout"].update(micro_batches=2)
     out = workers.run(2, timeline_job, [f"data.dir={tiny_data}", "model.emb_dim=16", "model.hidden=16",
-                                        "data.min_batch_sentences=8"], ds, str(tmp_path / "tl"), 2)
+                                        "data.min_batch_sentences=8"], ds, str(tmp_path / "tl"), 5)
     run = Path(out[0]["run_dir"])
     trace = json.loads((run / "timeline" / "trace.json").read_text())["traceEvents"]
     spans = [e for e in trace if e["ph"] == "X"]
@@ -49,6 +49,10 @@ def test_hybrid_timeline_has_every_instruction_of_every_rank(workers, tiny_data,
         assert sum(stats[f"rank{rank}/{c}"] for c in CATEGORIES) == pytest.approx(1.0, abs=2e-4)
         assert stats[f"rank{rank}/busy"] > 0.05 and stats[f"rank{rank}/peak_rss_mb"] > 50
     assert stats["rank0/waiting"] + stats["rank1/waiting"] > 0  # a 2-stage pipeline always waits somewhere
+    for rank in (0, 1):  # steps 4-5 (after the warm-up): seconds per instruction, CPU ms per thread
+        timing = json.loads((run / "timing" / f"rank{rank}.json").read_text())
+        assert timing["steps"] == 2 and set(timing["seconds_per_step"]) == set(out[rank]["program"])
+        assert timing["cpu_ms_per_step"]["main"] > 0 and timing["wall_ms_per_step"] > 0
 
 
 def test_step_profiler_writes_the_window_per_operator(tmp_path):

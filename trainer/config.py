@@ -86,8 +86,9 @@ class TrainConfig:
     step_timing: str = _key("auto", "per-instruction timing (timeline, per-rank fractions, timing files): auto = every "
                                     "step on a CPU; on an accelerator only logged, sampled and profiled steps, which "
                                     "synchronise the device at every instruction edge | every = every step, synchronised")
-    loss_chunk_rows: int = _key(0, "rows of logits the loss computes at a time; 0 = by device (128 on a CPU, 8192 on "
-                                   "an accelerator)")
+    loss_chunk_rows: int = _key(0, "rows of logits the loss computes at a time; 0 = on a CPU the fastest of 128-1024 "
+                                   "measured on this machine at the start (cached: trainer/training/tuning.py), 8192 "
+                                   "on an accelerator")
     compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")
     count_ops: bool = _key(False, "the train.profile_steps window counts operator launches and would-be device "
                                   "syncs per step (by place) instead of running torch.profiler")

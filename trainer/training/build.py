@@ -23,7 +23,6 @@ from trainer.data import BatchStream, ParallelData, Prefetcher, has_split, read_
 from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
 from trainer.metrics import dev_tokenize
 from trainer.model.flops import batch_flops
-from trainer.model.seq2seq import LOSS_CHUNK_ROWS
 from trainer.observe.logger import NullLogger, RunLogger
 from trainer.observe.profiling import StepProfiler
 from trainer.observe.timeline import TimelineWriter
@@ -32,7 +31,7 @@ from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.rank_module import RankModule, build_rank_module
 from trainer.parallel.runtime import ParallelRuntime, launched_world, set_threads
-from trainer.training import faults, start
+from trainer.training import faults, start, tuning
 from trainer.training.loop import Trainer
 from trainer.training.stopping import StopCheck
 from trainer.training.validation import Validator
@@ -64,15 +63,25 @@ def identity(cfg, manifest: dict, global_micro: int) -> RunIdentity:
                        seed=cfg.train.seed, force=cfg.train.resume_force)
 
 
-def tune_head(head, train_cfg, device) -> None:
-    """The head's loss chunk for the device (train.loss_chunk_rows) and, with train.compile_head, its
-    forward compiled by torch.compile with dynamic shapes (batches change every shape but the hidden
-    width; the token count is already rounded to a few dozen values)."""
-    head.loss_chunk_rows = train_cfg.loss_chunk_rows or LOSS_CHUNK_ROWS["cpu" if device.type == "cpu" else "accelerator"]
-    if train_cfg.compile_head:
-        import torch
+def tune_head(module: RankModule, train_cfg, runtime: ParallelRuntime, vocab: int) -> str:
+    """The head's loss chunk (train.loss_chunk_rows; 0: measured on this machine by the last rank, which always
+    holds a head, and the same on every rank: trainer.training.tuning) and, with train.compile_head, its forward
+    compiled by torch.compile with dynamic shapes (batches change every shape but the hidden width; the token
+    count is already rounded to a few dozen values). Call on every rank, once the engine has cast the weights.
+    Returns where the chunk came from, for the log."""
+    head = module.head
+    rows, origin = train_cfg.loss_chunk_rows, "train.loss_chunk_rows"
+    if runtime.rank == runtime.world_size - 1:
+        rows, origin = tuning.loss_chunk_rows(train_cfg.loss_chunk_rows, runtime.device(), head.proj.in_features,
+                                              vocab, head.proj.weight.dtype)
+    rows, origin = runtime.broadcast_object((rows, origin), src=runtime.world_size - 1)
+    if head is not None:
+        head.loss_chunk_rows = rows
+        if train_cfg.compile_head:
+            import torch
 
-        head.forward = torch.compile(head.forward, dynamic=True)
+            head.forward = torch.compile(head.forward, dynamic=True)
+    return f"loss chunk: {rows} rows of logits ({origin})"
 
 
 class ModelParts(NamedTuple):
@@ -85,8 +94,6 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
     """This rank's layers and head, its DeepSpeed engine and the schedule's interpreter, on a started runtime."""
     module = build_rank_module(cfg.model, runtime.spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
                                cfg.train.seed)
-    if module.head is not None:
-        tune_head(module.head, cfg.train, runtime.device())
     engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum())
     return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
 
@@ -123,6 +130,7 @@ class Build:
         train_data = ParallelData(cfg.data.dir, "train")
         dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
+        part_notes = [tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
         stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
                                         seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
@@ -143,7 +151,7 @@ class Build:
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
                     f"gas={engine.accumulation_steps}")
-        for line in notes + schedule_notes(ds):
+        for line in part_notes + notes + schedule_notes(ds):
             log.message(line)
         return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
                        runner=self.runner, checkpointer=checkpointer, validator=validator, log=log,

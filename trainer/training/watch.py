@@ -11,6 +11,7 @@ import torch
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import TIMING_DIR
 from trainer.observe import timeline
+from trainer.observe.cpu_threads import ThreadClock
 from trainer.observe.op_counter import host
 
 TIMING_WARMUP_STEPS = 3  # steps left out of RUN_DIR/timing/ (the first steps' allocations and caches)
@@ -26,6 +27,9 @@ class StepWatch:
         self.interval_wall = 0.0  # seconds of timed steps since the per-rank numbers were last gathered
         self.timed_steps = 0  # timed steps after the warm-up (their op_seconds go to RUN_DIR/timing/)
         self._timed = self._sampled = False
+        # CPU time per thread over the training steps after the warm-up, up to the last one (not the final save
+        # and dev decode after it): RUN_DIR/timing/ too (trainer.observe.cpu_threads)
+        self.cpu, self.cpu_steps, self.cpu_wall, self.cpu_ms = ThreadClock(), 0, 0.0, None
 
     def begin(self, step: int) -> bool:
         """Before step `step` (before its batches are read): whether it times every instruction."""
@@ -57,6 +61,11 @@ class StepWatch:
         if self._timed:
             self.interval_wall += elapsed
             self.timed_steps += step > TIMING_WARMUP_STEPS
+        if step > TIMING_WARMUP_STEPS and self.cpu_ms is None:
+            self.cpu_steps += 1
+            self.cpu_wall += elapsed
+            if step == self.cfg.max_steps:
+                self.cpu_ms = self.cpu.per_step(self.cpu_steps)
         if self._sampled:
             self._write_timeline(step, self.runner.take_spans(), elapsed)
         profile = self.profiler.after(step)
@@ -64,6 +73,7 @@ class StepWatch:
             self.log.message(f"step {step}: profile {profile}")
         if step == TIMING_WARMUP_STEPS:
             self.runner.restart_op_seconds()
+            self.cpu.start()
 
     def _write_timeline(self, step: int, spans: list, elapsed: float) -> None:
         """Every rank's spans of this step to rank 0, which writes the trace and the Gantt chart."""
@@ -95,7 +105,9 @@ class StepWatch:
         if steps <= 0:
             return
         layout = self.rt.layout
+        cpu = self.cpu_ms if self.cpu_ms is not None else self.cpu.per_step(self.cpu_steps)
         with run_files.open_write(self.run_dir, f"{TIMING_DIR}/rank{self.rt.rank}.json") as f:
             json.dump({"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
-                       "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())}}, f,
+                       "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())},
+                       "wall_ms_per_step": 1000 * self.cpu_wall / max(self.cpu_steps, 1), "cpu_ms_per_step": cpu}, f,
                       indent=1)

@@ -1,0 +1,79 @@
+"""What the trainer measures of the machine it runs on: CPU time per thread (trainer.observe.cpu_threads) and the
+head's loss chunk, timed once and cached (trainer.training.tuning)."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from trainer.observe.cpu_threads import ThreadClock, thread_cpu
+from trainer.training import tuning
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_threads_cpu_time_is_its_own_and_named():
+    clock = ThreadClock()
+    clock.start()
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: (_spin(0.3), stop.wait()), name="spinner")
+    worker.start()
+    _spin(0.1)
+    time.sleep(0.4)  # the main thread waits (no CPU) while the spinner burns 0.3 s
+    per_step = clock.per_step(2)
+    stop.set()
+    worker.join()
+    assert per_step["spinner"] == pytest.approx(150, abs=40)  # 0.3 s over 2 steps, at the kernel's 10 ms ticks
+    assert per_step["main"] == pytest.approx(50, abs=40)
+    assert "main" in {name for name, _ in thread_cpu().values()}
+
+
+def test_threads_that_ended_are_counted_apart():
+    clock = ThreadClock()
+    clock.start()
+    worker = threading.Thread(target=_spin, args=(0.3,), name="short-lived")
+    worker.start()
+    worker.join()
+    per_step = clock.per_step(1)
+    assert "short-lived" not in per_step and per_step["(threads that ended)"] == pytest.approx(300, abs=60)
+
+
+def test_the_loss_chunk_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: calls.append(a) or {128: 3.0, 256: 1.0, 512: 2.0})
+    rows, origin = tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.float32)
+    assert rows == 256 and origin.startswith("measured now") and len(calls) == 1
+    assert rows == tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.float32)[0] and len(calls) == 1
+    assert "earlier" in tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.float32)[1]
+    cached = json.loads((tmp_path / "hybrid-nmt" / "tuning.json").read_text())
+    assert list(cached.values()) == [256] and "width 16|vocab 100" in next(iter(cached))
+    tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.bfloat16)  # another key: measured again
+    assert len(calls) == 2
+
+
+def test_a_stated_chunk_or_an_accelerator_measures_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: pytest.fail("measured"))
+    assert tuning.loss_chunk_rows(384, torch.device("cpu"), 16, 100, torch.float32) == (384, "train.loss_chunk_rows")
+    assert tuning.loss_chunk_rows(0, torch.device("cuda"), 16, 100, torch.float32)[0] == 8192
+
+
+def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "hybrid-nmt").mkdir()
+    (tmp_path / "hybrid-nmt" / "tuning.json").write_text("[not an object")
+    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: {128: 1.0, 256: 2.0})
+    assert tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.float32)[0] == 128
+
+
+def test_the_timed_loss_runs_every_candidate():
+    times = tuning.time_loss_chunks(16, 50, torch.float32, candidates=(8, 32), tokens=64)
+    assert set(times) == {8, 32} and all(0 < t < 5 for t in times.values())
