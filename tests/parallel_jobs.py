@@ -105,7 +105,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     obs["stage_id"] = dsa.stage_id(module.stages)
     obs["backward_allreduce"] = engine.ds.enable_backward_allreduce
     obs["mpu_is_grid"] = engine.ds.mpu is rt.grid
-    obs["bf16"] = engine.bf16
+    obs["bf16"], obs["fp16"], obs["loss_scale"] = engine.bf16, engine.fp16, engine.loss_scale
     # one real step: the recorded global norm equals the norm of every owned gradient over all ranks
     stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_micro_batch(ds, spec.num_dp),
                          max_tokens=0,
@@ -146,7 +146,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
         obs["hp_mapping_refused"] = True
     del owned[0]._hp_mapping
     # fp32 only: a non-finite gradient makes the guarded step skip the update (as bf16's optimizer does)
-    if not engine.bf16:
+    if not (engine.bf16 or engine.fp16):
         before = [p.detach().clone() for p in owned]
         skipped = engine.skipped_steps
         runner.inject_nan(True)
@@ -276,3 +276,24 @@ def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1, c
     trainer.log.close()
     trainer.rt.close()
     return {"syncs": counter.syncs, "launches": counter.launches, "by_op": dict(counter.by_op), "row": row}
+
+
+def overflow_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
+    """`steps` optimizer steps: per step whether it was skipped, the learning rate after it, the loss scale before
+    and after it, and whether this rank's fp32 master weights changed (fp16's dynamic loss scaling)."""
+    import torch
+
+    trainer = _trainer(overrides, ds, work)
+    masters = trainer.engine.masters()
+    params = [masters.get(id(p), p) for p in trainer.module.optimizer_parameters()]
+    out = []
+    for _ in range(steps):
+        before, scale = [p.detach().clone() for p in params], trainer.engine.loss_scale
+        row = trainer.train_step()
+        out.append({"skipped": bool(row.get("skipped")), "lr": row["lr"], "scale": (scale, trainer.engine.loss_scale),
+                    "moved": any(not torch.equal(a, p.detach()) for a, p in zip(before, params)),
+                    "skipped_steps": trainer.engine.skipped_steps})
+    trainer.runner.sync_head()
+    trainer.log.close()
+    trainer.rt.close()
+    return {"steps": out}

@@ -11,7 +11,7 @@ DIST = re.compile(r"\btorch \. distributed\b|\bdist \. \w+ \(|\bnew_group \(")
 DEEPSPEED = re.compile(r"\bimport deepspeed\b|\bfrom deepspeed\b")
 INTERNALS = {"_local_start", "forward_funcs", "fp16_groups", "fp32_groups", "_hp_mapping", "loss_scale_config",
              "clip_fp32_gradients", "enable_backward_allreduce", "micro_steps", "_grid", "PipelineParallelGrid",
-             "PipeDataParallelTopology", "PipelineModule", "LayerSpec"}
+             "PipeDataParallelTopology", "PipelineModule", "LayerSpec", "is_fp16_supported"}
 PACKAGE = REPO / "trainer" / "parallel"
 ADAPTER = PACKAGE / "deepspeed_adapter.py"
 SKIP = {tokenize.STRING, tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,

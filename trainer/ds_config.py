@@ -56,6 +56,7 @@ def validate(ds, path: str) -> None:
         sec = _section(path, ds, key)
         if "enabled" in sec:
             _check(path, f"{key}.enabled", sec["enabled"], isinstance(sec["enabled"], bool), "true or false")
+    _check_fp16(ds, path)
     zero = _section(path, ds, "zero_optimization")
     if "stage" in zero:
         _check(path, "zero_optimization.stage", zero["stage"], _is_int(zero["stage"]), "an integer")
@@ -90,9 +91,30 @@ def validate(ds, path: str) -> None:
         raise DSConfigError(f"{path}: zero_optimization.stage > 0 is not supported: checkpoints keep optimizer "
                             f"state per parameter, which ZeRO's flat partitions do not expose (and the schedule "
                             f"owns the gradient reductions)")
-    if ds.get("fp16", {}).get("enabled"):
-        raise DSConfigError(f"{path}: fp16 is not supported (use bf16): checkpoints keep optimizer state per "
-                            f"parameter, which DeepSpeed's fp16 optimizer does not expose")
+
+
+FP16_KEYS = {"loss_scale": ("a finite number >= 0 (0: dynamic loss scaling)", lambda v: _is_number(v) and v >= 0),
+             "initial_scale_power": ("an integer in 0..64", lambda v: _is_int(v) and 0 <= v <= 64),
+             "loss_scale_window": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+             "hysteresis": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+             "min_loss_scale": ("a finite number > 0", lambda v: _is_number(v) and v > 0),
+             "consecutive_hysteresis": ("true or false", lambda v: isinstance(v, bool))}
+
+
+def _check_fp16(ds: dict, path: str) -> None:
+    """fp16 (DeepSpeed's dynamic loss scaling by default) for GPUs without bf16; one precision at a time."""
+    fp16, bf16 = ds.get("fp16", {}), ds.get("bf16", {})
+    if not fp16.get("enabled"):
+        return
+    if bf16.get("enabled"):
+        raise DSConfigError(f"{path}: fp16.enabled and bf16.enabled are both true: choose one (bf16 where the GPU "
+                            f"has it, fp16 on V100/T4-class GPUs)")
+    for key, (what, ok) in FP16_KEYS.items():
+        if key in fp16:
+            _check(path, f"fp16.{key}", fp16[key], ok(fp16[key]), what)
+    if fp16.get("auto_cast"):
+        raise DSConfigError(f"{path}: fp16.auto_cast=true: the trainer calls its layers itself, so DeepSpeed would "
+                            f"cast nothing; the weights are already fp16 with fp16.enabled: drop auto_cast")
 
 
 def global_micro_batch(ds: dict, num_dp: int) -> int:

@@ -5,16 +5,18 @@ silently somewhere in the training loop.
 
 Touch points, each wrapped by one function or `Engine` method below:
     distributed  deepspeed.init_distributed on a process group we started, without the CPU comm op
-                 `deepspeed_shm_comm` (`comm.torch.build_shm_op`, see `init_comm`)
+                 `deepspeed_shm_comm` (`comm.torch.build_shm_op`, see `init_comm`); the CPU accelerator's
+                 `is_fp16_supported` answered yes (fp16 rehearsed on a CPU, see `_let_the_cpu_run_fp16`)
     grid         PipeDataParallelTopology / PipelineParallelGrid and its group members (`pp_group`,
                  `dp_group`)
     stages       PipelineModule + LayerSpec: `_local_start`, `forward_funcs`, `parts`, `stage_id`
     engine       deepspeed.initialize with the grid as mpu, `enable_backward_allreduce`, the fp32
                  clipping hook `clip_fp32_gradients` (a no-op) and `optimizer.step` (`lean_step`), the counters
-                 `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`
+                 `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`; its `backward` is not used
+                 (plain autograd: the interpreter scales the loss once, `Engine.loss_scale`)
     names        the optimizer and scheduler types DeepSpeed accepts (`optimizer_names`, `scheduler_names`),
                  checked when the JSON is read
-    optimizer    the bf16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
+    optimizer    the bf16 / fp16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
                  `_hp_mapping` (flat-partitioned optimizers we refuse), `loss_scale_config`, `_skip_invalid_grad_norm`,
                  `_update_scale`; its `step` replaced by `lean_step` (same arithmetic, a third of the
                  passes, one device sync)
@@ -222,7 +224,7 @@ def local_layers(stages) -> list[nn.Module]:
 
 
 # ---- engine ----
-def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=None,
+def lean_step(opt, closure=None, *, mixed: bool, clip: float, sum_over_stages=None,
               engine: "Engine | None" = None) -> bool:
     """The optimizer step DeepSpeed's engine calls at an accumulation boundary (bound to the optimizer
     instance, replacing its `step`), with the same arithmetic as DeepSpeed's and one device sync.
@@ -234,31 +236,34 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=Non
     one all-reduce over the pipeline's stages: DeepSpeed's get_weight_norm / clip_grad_norm_ with the
     grid as mpu), and read back once, in the same copy as `engine.step`'s `along` values (the step's
     loss sums): that read decides the skip (a non-finite norm skips the update, as an overflow does)
-    and the clip factor, and gives the logged norm. bf16: the gradients go into fp32 buffers kept from
-    step to step (the masters' `.grad`), and the masters are copied back into the bf16 weights.
+    and the clip factor, and gives the logged norm. `mixed` (bf16 or fp16, DeepSpeed's FP16_UnfusedOptimizer): the
+    gradients go into fp32 buffers kept from step to step (the masters' `.grad`), and the masters are copied back
+    into the low-precision weights. fp16: the gradients carry the dynamic loss scale (the interpreter multiplied
+    the loss by `Engine.loss_scale`); an overflow is a non-finite norm, which skips the update and halves the scale,
+    as DeepSpeed's fp16 step does; the logged norm is the unscaled one.
     Returns `overflow`, as DeepSpeed's."""
-    grads, scale = _master_grads(opt) if bf16 else (
+    grads, scale = _master_grads(opt) if mixed else (
         [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], 1.0)
     norm, read = _read_global_norm(grads, sum_over_stages, engine.along if engine is not None else None)
     if engine is not None:
-        engine.read, engine.last_grad_norm = read, norm
+        engine.read, engine.last_grad_norm = read, norm / scale
     if not math.isfinite(norm):
-        if bf16:
+        if mixed:
             return opt._skip_invalid_grad_norm()
         opt.overflow = True
         return True
     opt.overflow = False
-    combined = scale
-    if bf16:
+    if mixed:
         opt._global_grad_norm = norm
         opt._update_scale(False)
+    combined = scale
     if clip > 0.0:
         factor = ((norm / scale) + 1e-6) / clip
         if factor > 1:
             combined = factor * scale
     if combined != 1.0:
         torch._foreach_mul_(grads, 1.0 / combined)
-    if not bf16:
+    if not mixed:
         type(opt).step(opt)  # the torch optimizer's own step (the instance's is this function)
         return False
     opt.optimizer.step()
@@ -268,7 +273,7 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=Non
 
 
 def _master_grads(opt) -> tuple[list, float]:
-    """bf16: the gradients copied into the fp32 masters' `.grad` buffers (kept from step to step), and the
+    """bf16 / fp16: the gradients copied into the fp32 masters' `.grad` buffers (kept from step to step), and the
     loss scale."""
     lows = [p for g in opt.fp16_groups for p in g]
     highs = [p for g in opt.fp32_groups for p in g]
@@ -330,11 +335,27 @@ def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_st
     with one stage."""
     import deepspeed
 
+    if ds_config.get("fp16", {}).get("enabled"):
+        _let_the_cpu_run_fp16()
     with _quiet_prints():
         ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config,
                                                   mpu=grid)
     ds_engine.enable_backward_allreduce = False
     return Engine(ds_engine, sum_over_stages)
+
+
+def _let_the_cpu_run_fp16() -> None:
+    """DeepSpeed's CPU accelerator refuses fp16 unless oneDNN has fast fp16 kernels (AVX512-FP16 / AMX-FP16 CPUs),
+    though torch computes every op of this model in fp16 on any CPU (slowly: it is for rehearsing a V100/T4 run's
+    fp16 path, loss scaling and overflow skips, not for speed). On the CPU accelerator its answer becomes yes;
+    a GPU's answer is left alone."""
+    accel = accelerator()
+    if accel.device_name() == "cpu" and not accel.is_fp16_supported():
+        type(accel).is_fp16_supported = _yes
+
+
+def _yes(*_args) -> bool:
+    return True
 
 
 class Engine:
@@ -358,18 +379,29 @@ class Engine:
         from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
         ds = self.ds
-        bf16 = ds.bfloat16_enabled()
+        mixed = ds.bfloat16_enabled() or ds.fp16_enabled()
         opt = ds.optimizer
-        if bf16 and not isinstance(opt, FP16_UnfusedOptimizer):
+        if mixed and not isinstance(opt, FP16_UnfusedOptimizer):
             return  # a flat-partitioned optimizer: refused by check_per_parameter_state
         ds.clip_fp32_gradients = lambda: None
-        opt.step = types.MethodType(functools.partial(lean_step, bf16=bf16, clip=ds.gradient_clipping(),
+        opt.step = types.MethodType(functools.partial(lean_step, mixed=mixed, clip=ds.gradient_clipping(),
                                                       sum_over_stages=self.sum_over_stages, engine=self), opt)
 
     # the step
+    @property
+    def loss_scale(self) -> float:
+        """What the loss is multiplied by before its backward: fp16's dynamic loss scale (DeepSpeed's optimizer
+        keeps it, halves it on an overflow and doubles it after a quiet window); 1 in bf16 and fp32."""
+        cfg = self._scaler()
+        return float(cfg.cur_scale) if cfg is not None else 1.0
+
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a scalar whose scale we chose (no division by the accumulation steps)."""
-        self.ds.backward(loss, scale_wrt_gas=False)
+        """Backward of a scalar whose scale the interpreter chose (the loss scale and the window's tokens, applied
+        to the head's loss once; the pipeline's hand-on gradients carry it). Plain autograd: DeepSpeed's
+        engine.backward would add its own scaling to every call (ZeRO's optimizers scale each one, which would
+        scale the hand-on gradients twice; FP16_UnfusedOptimizer scales none in 0.19), and its gradient
+        all-reduce is off: the schedule reduces."""
+        loss.backward()
 
     def step(self, *, boundary: bool, along: torch.Tensor | None = None) -> list[float] | None:
         """Call after every micro-batch; `boundary`: the accumulation window's last (the runner's window decides:
@@ -395,6 +427,10 @@ class Engine:
     @property
     def bf16(self) -> bool:
         return self.ds.bfloat16_enabled()
+
+    @property
+    def fp16(self) -> bool:
+        return self.ds.fp16_enabled()
 
     @property
     def skipped_steps(self) -> int:
@@ -449,14 +485,19 @@ class Engine:
 
     SCALER_KEYS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 
+    def _scaler(self):
+        """The loss scaler's state object: FP16_UnfusedOptimizer's `loss_scale_config`."""
+        return getattr(self.ds.optimizer, "loss_scale_config", None)
+
     def loss_scaler_state(self) -> dict:
-        cfg = getattr(self.ds.optimizer, "loss_scale_config", None)
+        cfg = self._scaler()
         if cfg is None:
             return {}
-        return {k: getattr(cfg, k) for k in self.SCALER_KEYS if isinstance(getattr(cfg, k, None), (int, float))}
+        return {k: getattr(cfg, k) for k in self.SCALER_KEYS
+                if isinstance(getattr(cfg, k, None), (int, float)) and not isinstance(getattr(cfg, k), bool)}
 
     def load_loss_scaler_state(self, state: dict) -> None:
-        cfg = getattr(self.ds.optimizer, "loss_scale_config", None)
+        cfg = self._scaler()
         for k, v in state.items():
             if cfg is not None and hasattr(cfg, k):
                 setattr(cfg, k, v)

@@ -1,0 +1,60 @@
+"""What a DeepSpeed user types (issue 31, part B): each key works in the layouts where it makes sense (the parity,
+resume and sync tests say so: tests/test_parallel_parity.py, tests/test_zero.py, tests/test_device_syncs.py) or is
+refused before anything is built, in one line that names the key and says what to use instead."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO
+from trainer.config import load_config
+from trainer.ds_config import DSConfigError, load_ds_config
+
+
+def _ds(tmp_path, change=None, base="hybrid_2", name="ds.json") -> str:
+    ds = json.loads((REPO / "ds_configs" / f"{base}.json").read_text())
+    if change:
+        change(ds)
+    path = tmp_path / name
+    path.write_text(json.dumps(ds))
+    return str(path)
+
+
+def _one_line(err) -> str:
+    text = str(err.value)
+    assert "\n" not in text and "Traceback" not in text, text
+    return text
+
+
+# ---- fp16 -----------------------------------------------------------------------------------------------------
+
+def _fp16(**keys):
+    return lambda d: (d.__setitem__("bf16", {"enabled": False}), d.__setitem__("fp16", {"enabled": True, **keys}))
+
+
+def test_fp16_with_dynamic_loss_scaling_is_accepted(tmp_path):
+    ds = load_ds_config(_ds(tmp_path, _fp16(loss_scale=0, initial_scale_power=12, loss_scale_window=500,
+                                            hysteresis=2, min_loss_scale=1)), 100)
+    assert ds["fp16"]["enabled"] and not ds["bf16"]["enabled"]
+
+
+@pytest.mark.parametrize("change,expected", [
+    (lambda d: d.__setitem__("fp16", {"enabled": True}), r"fp16.enabled and bf16.enabled are both true: choose one"),
+    (_fp16(loss_scale=-1), r"fp16.loss_scale=-1: must be a finite number >= 0 \(0: dynamic loss scaling\)"),
+    (_fp16(initial_scale_power=99), r"fp16.initial_scale_power=99: must be an integer in 0..64"),
+    (_fp16(loss_scale_window=0), r"fp16.loss_scale_window=0: must be an integer >= 1"),
+    (_fp16(auto_cast=True), r"fp16.auto_cast=true: .* drop auto_cast"),
+])
+def test_a_bad_fp16_section_names_the_key(tmp_path, change, expected):
+    with pytest.raises(DSConfigError, match=expected) as err:
+        load_ds_config(_ds(tmp_path, change), 100)
+    _one_line(err)
+
+
+def test_the_planner_prices_fp16_as_bf16(tiny_data, tmp_path):
+    from trainer.planner.plan import workload
+
+    cfg = load_config(None, [f"data.dir={tiny_data}", "model.layers=2"])
+    ds = load_ds_config(_ds(tmp_path, _fp16()), 100)
+    assert workload(cfg, ds, steps=1).precision == "bf16"
