@@ -58,3 +58,28 @@ def test_the_planner_prices_fp16_as_bf16(tiny_data, tmp_path):
     cfg = load_config(None, [f"data.dir={tiny_data}", "model.layers=2"])
     ds = load_ds_config(_ds(tmp_path, _fp16()), 100)
     assert workload(cfg, ds, steps=1).precision == "bf16"
+
+
+# ---- gradient_accumulation_steps and train_batch_size -----------------------------------------------------------
+
+@pytest.mark.parametrize("base,world,micro,gas,num_dp", [("single", 1, 64, 4, 1), ("data_2", 2, 32, 3, 2),
+                                                          ("hybrid_2", 2, 64, 2, 1), ("grid_2x4", 8, 16, 2, 4)])
+def test_train_batch_size_is_micro_times_accumulation_times_replicas(tmp_path, base, world, micro, gas, num_dp):
+    """Stated as DeepSpeed derives it, train_batch_size is accepted (and the window holds gas micro-batches);
+    any other number is refused in one line naming the three numbers and their product."""
+    from trainer.training.build import plan
+
+    cfg = load_config(None, ["model.layers=4"])
+    batch = micro * gas * num_dp
+
+    def stated(n):
+        return lambda d: d.update(gradient_accumulation_steps=gas, train_batch_size=n)
+
+    ds, spec = plan(cfg, _ds(tmp_path, stated(batch), base=base), world=world)
+    assert (ds["train_batch_size"], spec.num_dp, ds["gradient_accumulation_steps"]) == (batch, num_dp, gas)
+    with pytest.raises(DSConfigError, match=rf"train_batch_size={batch + num_dp} != train_micro_batch_size_per_gpu="
+                                            rf"{micro} x gradient_accumulation_steps={gas} x replicas "
+                                            rf"\(parallel_layout.num_dp\)={num_dp} = {batch}: drop train_batch_size "
+                                            rf"\(it is derived\) or make it {batch}") as err:
+        plan(cfg, _ds(tmp_path, stated(batch + num_dp), base=base, name="bad.json"), world=world)
+    _one_line(err)

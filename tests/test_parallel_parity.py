@@ -23,18 +23,19 @@ MODEL = ["model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout
          "data.min_batch_sentences=8"]
 
 
-def _ds(micro: int, layout: dict, bf16: bool = False, fp16: bool = False) -> dict:
+def _ds(micro: int, layout: dict, bf16: bool = False, fp16: bool = False, gas: int = 2) -> dict:
     ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=2, gradient_clipping=0.05,
+    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, gradient_clipping=0.05,
               parallel_layout=layout, bf16={"enabled": bf16}, fp16={"enabled": fp16})
     ds["optimizer"] = {"type": "SGD", "params": {"lr": 1.0}}
     ds.pop("scheduler")
     return ds
 
 
-def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0, extra=(), fp16=False):
+def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0, extra=(), fp16=False,
+         gas=2):
     out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL, f"model.dropout={dropout}", *extra],
-                      _ds(micro, layout, bf16, fp16), str(tmp_path / name), 2)
+                      _ds(micro, layout, bf16, fp16, gas), str(tmp_path / name), 2)
     params = {}
     for rank_out in out:
         params.update(rank_out["params"])
@@ -146,6 +147,21 @@ def test_fp16_overflow_skips_the_step_holds_the_lr_and_halves_the_scale(workers,
     assert steps[-1]["skipped_steps"] == sum(s["skipped"] for s in steps)
     agreed = [[(s["skipped"], s["lr"], s["scale"]) for s in o["steps"]] for o in out]
     assert all(a == agreed[0] for a in agreed), agreed  # every rank skips the same steps
+
+
+@pytest.fixture(scope="module")
+def single14_gas3(workers, tiny_data, tmp_path_factory):
+    return _run(workers, tiny_data, tmp_path_factory.mktemp("s14gas3"), "single", 1, 14, {"mode": "single"}, gas=3)
+
+
+@pytest.mark.parametrize("name", ["data_2", "grid_2x2", "hybrid_4", "pipeline_2", "hybrid_2_per_unit"])
+def test_three_accumulation_steps_match_single(workers, tiny_data, tmp_path, single14_gas3, name):
+    """gradient_accumulation_steps=3 (every other test here takes 2): two micro-batches between boundaries, whose
+    gradients accumulate before the replicas' sum, the head's reduction and the step; single's step in every
+    kind of layout."""
+    world, _, layout = LAYOUTS[name]
+    got = _run(workers, tiny_data, tmp_path, name, world, 14 // layout.get("num_dp", 1), layout, gas=3)
+    _compare(single14_gas3, got, f"{name} gas=3")
 
 
 def test_bidirectional_bottom_layer_in_the_quickstart_layout_matches_single(workers, tiny_data, tmp_path):

@@ -124,12 +124,15 @@ def global_micro_batch(ds: dict, num_dp: int) -> int:
 
 
 def check_batch(ds: dict, path: str, num_dp: int) -> None:
-    """DeepSpeed refuses (with a traceback) a train_batch_size that is not micro x accumulation x replicas."""
+    """DeepSpeed refuses (with a traceback) a train_batch_size that is not micro x accumulation x replicas; here it
+    is one line with the three numbers. (It is derived: a JSON need not state it.)"""
     if "train_batch_size" in ds:
-        want = global_micro_batch(ds, num_dp) * ds.get("gradient_accumulation_steps", 1)
+        micro, gas = ds["train_micro_batch_size_per_gpu"], ds.get("gradient_accumulation_steps", 1)
+        want = global_micro_batch(ds, num_dp) * gas
         if ds["train_batch_size"] != want:
-            raise DSConfigError(f"{path}: train_batch_size={ds['train_batch_size']} != train_micro_batch_size_per_gpu "
-                                f"x gradient_accumulation_steps x replicas (num_dp) = {want}; drop it or fix it")
+            raise DSConfigError(f"{path}: train_batch_size={ds['train_batch_size']} != train_micro_batch_size_per_gpu="
+                                f"{micro} x gradient_accumulation_steps={gas} x replicas (parallel_layout.num_dp)="
+                                f"{num_dp} = {want}: drop train_batch_size (it is derived) or make it {want}")
 
 
 def read_json_file(path: str, *, flag: str, kind: str, max_bytes: int, error: type[Exception]):
