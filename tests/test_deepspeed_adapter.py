@@ -148,3 +148,28 @@ def test_lean_step_equals_deepspeeds_step(workers, tiny_data, tmp_path, clip, pr
         if bf16:
             assert r["norm"][1] == pytest.approx(r["norm"][0], rel=1e-6), r
         assert r["max_diff"] <= 1e-6, r
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("clip", [1.0, 1e-3])  # clipping inactive and active
+def test_lean_zero_step_equals_deepspeeds_zero_step(workers, tiny_data, tmp_path, clip, precision):
+    """ZeRO stage 1 on the 2x2 grid (trainer/parallel/deepspeed_zero.py): the adapter reads ZeRO's layout (each
+    parameter's elements are held by exactly one replica's partition; the gradient hooks are gone), and its one-sync
+    step equals DeepSpeedZeroOptimizer.step on the same gradients: the same norm, master partitions, weights and
+    Adam state, to the float32 summation order of the norm."""
+    from tests.parallel_jobs import lean_zero_step_matches_deepspeed
+
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2}
+    ds = dict(_ds(layout, precision == "bf16"), gradient_clipping=clip, zero_optimization={"stage": 1})
+    ds.pop("scheduler")  # a warm-up from lr 0 would not move the weights at the first step
+    out = workers.run(4, lean_zero_step_matches_deepspeed, [f"data.dir={tiny_data}", *MODEL], ds, str(tmp_path / "z"))
+    for stage in (0, 1):  # ranks stage * 2 + replica
+        replicas = [out[stage * 2 + r]["layout"] for r in (0, 1)]
+        assert all(r["hooks"] == 0 for r in replicas) and replicas[0]["masters"] == replicas[1]["masters"]
+        numel = replicas[0]["numel"]
+        held = {n: sum(r["held"].get(n, 0) for r in replicas) for n in numel}
+        assert held == numel and all(r["held"] for r in replicas), (held, numel)  # each element once; both hold some
+    for r in out:
+        assert r["moved"] > 0, "the step must change the weights for the comparison to mean something"
+        assert r["norm"][1] == pytest.approx(r["norm"][0], rel=1e-6), r["norm"]
+        assert r["max_diff"] <= 1e-6, r["max_diff"]

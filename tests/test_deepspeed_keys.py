@@ -83,3 +83,27 @@ def test_train_batch_size_is_micro_times_accumulation_times_replicas(tmp_path, b
                                             rf"\(it is derived\) or make it {batch}") as err:
         plan(cfg, _ds(tmp_path, stated(batch + num_dp), base=base, name="bad.json"), world=world)
     _one_line(err)
+
+
+# ---- the planner reads a JSON with these keys -------------------------------------------------------------------
+
+def test_the_planner_plans_with_fp16_zero_and_accumulation_and_writes_them_back(tiny_data, tmp_path, capsys):
+    """The planner prices layouts, not ZeRO: a JSON with fp16, ZeRO-1, 2 accumulation steps and a consistent
+    train_batch_size plans (priced as bf16), and the written winner keeps fp16, ZeRO and the accumulation; its
+    train_batch_size, which the winner's num_dp changes, is dropped."""
+    from tests.test_planner import _tiny_cfg, _tiny_profile
+    from trainer.planner.cli import main
+
+    def keys(d):
+        _fp16()(d)
+        d.update(zero_optimization={"stage": 1}, gradient_accumulation_steps=2, train_micro_batch_size_per_gpu=16,
+                 train_batch_size=32)
+        d["parallel_layout"] = {"mode": "single", "num_pp": 1, "num_dp": 1}
+
+    out = tmp_path / "best.json"
+    main(["--devices", "2", "--profile", str(_tiny_profile(tmp_path, tiny_data)), "--steps", "1",
+          "--deepspeed_config", _ds(tmp_path, keys), "--write-config", str(out), *_tiny_cfg(tiny_data)])
+    assert "hybrid" in capsys.readouterr().out
+    written = load_ds_config(str(out), 100)
+    assert written["fp16"]["enabled"] and written["zero_optimization"] == {"stage": 1}
+    assert written["gradient_accumulation_steps"] == 2 and "train_batch_size" not in written

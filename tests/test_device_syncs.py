@@ -78,6 +78,17 @@ def test_one_device_sync_per_optimizer_step_in_every_layout(workers, tiny_data, 
         _one_sync(out, f"{name} bf16={bf16}")
 
 
+@pytest.mark.parametrize("name,precision", [("data_2", "bf16"), ("grid_2x2", "fp16"), ("grid_2x2", "fp32")])
+def test_zero_stage_1_keeps_one_device_sync_per_step(workers, tiny_data, tmp_path, name, precision):
+    """ZeRO-1's step (trainer.parallel.deepspeed_zero.lean_zero_step): the partitions' norms summed over the ranks
+    on the device, read once; the all-gather of the updated partitions does not wait for the device."""
+    world, micro, layout = LAYOUTS[name]
+    ds = {**_ds(micro, layout, precision == "bf16", fp16=precision == "fp16"), "zero_optimization": {"stage": 1}}
+    out = workers.run(world, count_step_ops, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3"], ds,
+                      str(tmp_path / name))
+    _one_sync(out, f"{name} {precision} ZeRO-1")
+
+
 @pytest.mark.parametrize("name", ["single", "hybrid_2", "data_2", "grid_2x2"])
 def test_fp16_keeps_one_device_sync_per_step(workers, tiny_data, tmp_path, name):
     """fp16's dynamic loss scale is a host number (DeepSpeed's optimizer keeps it), and an overflow is the norm's

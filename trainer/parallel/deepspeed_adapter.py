@@ -29,10 +29,13 @@ import io
 import logging
 import math
 import types
+import warnings
 from datetime import timedelta
 
 import torch
 import torch.nn as nn
+
+from trainer.parallel import deepspeed_zero as zero
 
 WRITTEN_FOR = "0.19"  # major.minor of the DeepSpeed these touch points were written and tested against
 
@@ -53,6 +56,8 @@ class _DropNoise(logging.Filter):
 
 
 logging.getLogger("DeepSpeed").addFilter(_DropNoise())  # before deepspeed is imported: it reuses this logger
+# ZeRO's all-gather of the updated partitions calls a torch function that torch 2.13 deprecates, once per rank
+warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor` is deprecated", category=FutureWarning)
 
 
 def set_verbose(verbose: bool) -> None:
@@ -256,11 +261,7 @@ def lean_step(opt, closure=None, *, mixed: bool, clip: float, sum_over_stages=No
     if mixed:
         opt._global_grad_norm = norm
         opt._update_scale(False)
-    combined = scale
-    if clip > 0.0:
-        factor = ((norm / scale) + 1e-6) / clip
-        if factor > 1:
-            combined = factor * scale
+    combined = zero.unscale_factor(norm, scale, clip)
     if combined != 1.0:
         torch._foreach_mul_(grads, 1.0 / combined)
     if not mixed:
@@ -328,11 +329,28 @@ def scheduler_names() -> frozenset:
     return frozenset(VALID_LR_SCHEDULES) | torch_names
 
 
-def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None) -> "Engine":
+def zero_optimizer_names() -> frozenset:
+    """The `optimizer.type`s DeepSpeed's ZeRO runs without "zero_allow_untested_optimizer" (its
+    ZERO_SUPPORTED_OPTIMIZERS, by the name the JSON gives them, lower case): anything else it refuses with an
+    AssertionError after the model is built."""
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    names = set()
+    for cls in ZERO_SUPPORTED_OPTIMIZERS:
+        name = cls.__name__
+        for prefix in ("Fused", "DeepSpeedCPU", "ZenFlowCPU"):
+            name = name[len(prefix):] if name.startswith(prefix) else name
+        names.add(name.lower())
+    return frozenset(names)
+
+
+def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None,
+               sum_over_ranks=None) -> "Engine":
     """deepspeed.initialize with the runtime's grid as mpu. The schedule owns every gradient
     reduction, so DeepSpeed's own backward all-reduce is switched off. `sum_over_stages(tensor)`: an
     in-place all-reduce over the pipeline's stages (the runtime's), for the global gradient norm; None
-    with one stage."""
+    with one stage. `sum_over_ranks`: the same over every rank (ZeRO: each replica holds a partition), None
+    with one rank."""
     import deepspeed
 
     if ds_config.get("fp16", {}).get("enabled"):
@@ -341,7 +359,7 @@ def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_st
         ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config,
                                                   mpu=grid)
     ds_engine.enable_backward_allreduce = False
-    return Engine(ds_engine, sum_over_stages)
+    return Engine(ds_engine, sum_over_stages, sum_over_ranks)
 
 
 def _let_the_cpu_run_fp16() -> None:
@@ -363,10 +381,11 @@ class Engine:
     learning rate and counters, and the optimizer state by parameter (for layout-independent
     checkpoints)."""
 
-    def __init__(self, ds_engine, sum_over_stages=None):
+    def __init__(self, ds_engine, sum_over_stages=None, sum_over_ranks=None):
         self.ds = ds_engine
-        self.sum_over_stages = sum_over_stages
+        self.sum_over_stages, self.sum_over_ranks = sum_over_stages, sum_over_ranks
         self.module = ds_engine.module
+        self.zero_groups: list[zero.ZeroGroup] = []  # ZeRO stage 1: this rank's partition of each parameter group
         self.last_grad_norm = None
         self.along = None  # a device tensor read back with the gradient norm at the next optimizer step
         self.read = None  # its values, once read
@@ -381,11 +400,30 @@ class Engine:
         ds = self.ds
         mixed = ds.bfloat16_enabled() or ds.fp16_enabled()
         opt = ds.optimizer
+        if self.zero_stage:
+            if zero.is_zero_optimizer(opt):
+                self._install_zero_step()
+            return
         if mixed and not isinstance(opt, FP16_UnfusedOptimizer):
             return  # a flat-partitioned optimizer: refused by check_per_parameter_state
         ds.clip_fp32_gradients = lambda: None
         opt.step = types.MethodType(functools.partial(lean_step, mixed=mixed, clip=ds.gradient_clipping(),
                                                       sum_over_stages=self.sum_over_stages, engine=self), opt)
+
+    def _install_zero_step(self) -> None:
+        """ZeRO stage 1: its gradient hooks removed (the schedule reduces), its `step` the one-sync
+        `lean_zero_step` over this rank's partitions (trainer.parallel.deepspeed_zero)."""
+        opt = self.ds.optimizer
+        zero.remove_gradient_hooks(opt)
+        self.zero_groups = zero.zero_groups(opt)
+        opt.step = types.MethodType(functools.partial(
+            zero.lean_zero_step, groups=self.zero_groups, clip=self.ds.gradient_clipping(),
+            sum_over_ranks=self.sum_over_ranks, read_norm=_read_global_norm, engine=self), opt)
+
+    @property
+    def zero_stage(self) -> int:
+        """zero_optimization.stage (0, or 1: the optimizer state and fp32 masters sharded over the replicas)."""
+        return int(self.ds.zero_optimization_stage())
 
     # the step
     @property
@@ -431,6 +469,10 @@ class Engine:
     @property
     def fp16(self) -> bool:
         return self.ds.fp16_enabled()
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
 
     @property
     def skipped_steps(self) -> int:
@@ -479,15 +521,28 @@ class Engine:
                 for lp, hp in zip(lp_group, hp_group)}
 
     def base_optimizer(self):
-        """The torch optimizer whose `state` is keyed by the master parameters."""
+        """The torch optimizer whose `state` is keyed by the master parameters (ZeRO: by the master partitions)."""
         opt = self.ds.optimizer
-        return opt.optimizer if hasattr(opt, "fp32_groups") else opt
+        return opt.optimizer if hasattr(opt, "fp32_groups") or zero.is_zero_optimizer(opt) else opt
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer memory on this rank: the fp32 masters kept beside low-precision weights (ZeRO: this
+        rank's partition, kept in every precision) and the torch optimizer's state (Adam's two moments: of the
+        partition with ZeRO). Gradients and the weights themselves are not counted."""
+        opt, base = self.ds.optimizer, self.base_optimizer()
+        tensors = [t for st in base.state.values() for t in st.values() if torch.is_tensor(t)]
+        if self.zero_groups:
+            tensors += [g.master for g in self.zero_groups]
+        elif hasattr(opt, "fp32_groups"):
+            tensors += [p for group in opt.fp32_groups for p in group]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     SCALER_KEYS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 
     def _scaler(self):
-        """The loss scaler's state object: FP16_UnfusedOptimizer's `loss_scale_config`."""
-        return getattr(self.ds.optimizer, "loss_scale_config", None)
+        """The loss scaler's state object: FP16_UnfusedOptimizer's `loss_scale_config`, ZeRO's `loss_scaler`."""
+        opt = self.ds.optimizer
+        return getattr(opt, "loss_scale_config", None) or getattr(opt, "loss_scaler", None)
 
     def loss_scaler_state(self) -> dict:
         cfg = self._scaler()

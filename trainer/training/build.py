@@ -94,7 +94,8 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
     """This rank's layers and head, its DeepSpeed engine and the schedule's interpreter, on a started runtime."""
     module = build_rank_module(cfg.model, runtime.spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
                                cfg.train.seed)
-    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum())
+    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum(),
+                            runtime.rank_sum())
     return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
 
 
@@ -150,7 +151,7 @@ class Build:
         log.message(f"layout: mode={rt.spec.mode} num_pp={rt.spec.num_pp} num_dp={rt.spec.num_dp} "
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
-                    f"gas={engine.accumulation_steps}")
+                    f"gas={engine.accumulation_steps} {engine.precision} zero_stage={engine.zero_stage}")
         for line in part_notes + notes + schedule_notes(ds):
             log.message(line)
         return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
