@@ -300,12 +300,14 @@ def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1, c
 
 def overflow_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     """`steps` optimizer steps: per step whether it was skipped, the learning rate after it, the loss scale before
-    and after it, and whether this rank's fp32 master weights changed (fp16's dynamic loss scaling)."""
+    and after it, and whether this rank's fp32 master weights (ZeRO: its partitions) changed (fp16's dynamic loss
+    scaling)."""
     import torch
 
     trainer = _trainer(overrides, ds, work)
     masters = trainer.engine.masters()
-    params = [masters.get(id(p), p) for p in trainer.module.optimizer_parameters()]
+    params = ([g.master for g in trainer.engine.zero_groups] or
+              [masters.get(id(p), p) for p in trainer.module.optimizer_parameters()])
     out = []
     for _ in range(steps):
         before, scale = [p.detach().clone() for p in params], trainer.engine.loss_scale

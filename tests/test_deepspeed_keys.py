@@ -107,3 +107,20 @@ def test_the_planner_plans_with_fp16_zero_and_accumulation_and_writes_them_back(
     written = load_ds_config(str(out), 100)
     assert written["fp16"]["enabled"] and written["zero_optimization"] == {"stage": 1}
     assert written["gradient_accumulation_steps"] == 2 and "train_batch_size" not in written
+
+
+def test_zero_over_one_replica_is_named_at_the_start():
+    from types import SimpleNamespace
+
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.training.build import zero_notes
+
+    def engine(stage, precision):
+        return SimpleNamespace(zero_stage=stage, precision=precision)
+
+    one, two = LayoutSpec("hybrid", 2, 1), LayoutSpec("data", 1, 2)
+    assert zero_notes(engine(1, "fp32"), one) == [
+        "zero_optimization.stage=1 with one replica (parallel_layout.num_dp=1) shards nothing; in fp32 it adds an fp32 "
+        "master copy (1.5x the optimizer memory): drop it, or use replicas"]
+    assert zero_notes(engine(1, "bf16"), one)[0].endswith("shards nothing: drop it, or use replicas")
+    assert zero_notes(engine(1, "fp32"), two) == [] and zero_notes(engine(0, "fp32"), one) == []

@@ -51,6 +51,41 @@ def test_zero1_step_equals_singles_step(workers, tiny_data, tmp_path, single14, 
     _compare(single14, (out[0]["rows"], _params(out)), f"{name} ZeRO-1")
 
 
+def test_zero1_in_fp16_equals_fp16_single(workers, tiny_data, tmp_path):
+    """fp16 with ZeRO-1 on the 2x2 grid: ZeRO's own loss scaler (2^16) scales the loss, its step divides it out;
+    single's fp16 step without ZeRO, to an fp16 rounding of a weight."""
+    ref = workers.run(1, train_steps, [f"data.dir={tiny_data}", *MODEL], _ds(14, {"mode": "single"}, fp16=True),
+                      str(tmp_path / "single"), 2)
+    layout = LAYOUTS["grid_2x2"][2]
+    out = workers.run(4, train_steps, [f"data.dir={tiny_data}", *MODEL], _zero_ds(7, layout, fp16=True),
+                      str(tmp_path / "grid"), 2)
+    _compare((ref[0]["rows"], _params(ref)), (out[0]["rows"], _params(out)), "grid_2x2 fp16 ZeRO-1", tol=1e-3)
+
+
+def test_zero1_fp16_overflow_skips_the_step_and_holds_the_lr(workers, tiny_data, tmp_path):
+    """An fp16 overflow with ZeRO-1 (data_2): the step is skipped on every replica, the master partitions and the
+    LR stay; ZeRO's loss scaler halves the scale after `fp16.hysteresis` (2) overflows, as DeepSpeed's does."""
+    from tests.parallel_jobs import overflow_steps
+
+    ds = _zero_ds(7, LAYOUTS["data_2"][2], fp16=True)
+    ds["fp16"]["initial_scale_power"] = 24
+    ds["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.1, "warmup_max_lr": 1.0,
+                                                      "warmup_num_steps": 10, "warmup_type": "linear"}}
+    out = workers.run(2, overflow_steps, [f"data.dir={tiny_data}", *MODEL], ds, str(tmp_path / "z"), 10)
+    steps = out[0]["steps"]
+    print([(s["skipped"], s["lr"], s["scale"]) for s in steps])
+    assert steps[0]["skipped"] and not steps[-1]["skipped"], steps
+    lr = 0.1
+    for s in steps:
+        if s["skipped"]:
+            assert not s["moved"] and s["lr"] == lr and s["scale"][1] in (s["scale"][0], s["scale"][0] / 2), s
+        else:
+            assert s["moved"] and s["scale"][1] == s["scale"][0], s
+        lr = s["lr"]
+    assert lr > 0.1 and steps[-1]["scale"][1] < steps[0]["scale"][0], steps
+    assert [[(s["skipped"], s["lr"]) for s in o["steps"]] for o in out[1:]] == [[(s["skipped"], s["lr"]) for s in steps]]
+
+
 def _adam_ds(micro: int, layout: dict, zero: bool, bf16: bool = False) -> dict:
     """The shipped recipe (Adam, warm-up then decay, clipping 1.0), 2 accumulation steps."""
     ds = json.loads((REPO / "ds_configs" / "single.json").read_text())

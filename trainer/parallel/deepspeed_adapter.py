@@ -507,8 +507,9 @@ class Engine:
     # the optimizer by parameter
     def check_per_parameter_state(self) -> None:
         if any(getattr(p, "_hp_mapping", None) is not None for p in self.ds.module.parameters()):
-            raise NotImplementedError("checkpointing DeepSpeed's flat-partitioned optimizers (ZeRO, BF16_Optimizer) "
-                                      "per layer is not implemented; use zero_optimization.stage 0")
+            raise NotImplementedError("checkpointing DeepSpeed's BF16_Optimizer (flat partitions) per layer is not "
+                                      "implemented; use zero_optimization.stage 0 or 1 without "
+                                      "data_types.grad_accum_dtype")
 
     def masters(self) -> dict:
         """id(model parameter) -> its fp32 master, for DeepSpeed's per-parameter mixed-precision

@@ -111,6 +111,15 @@ def schedule_notes(ds: dict) -> list[str]:
     return []
 
 
+def zero_notes(engine, spec: LayoutSpec) -> list[str]:
+    """ZeRO stage 1 over one replica shards nothing (and in fp32 keeps a master copy the run would not need)."""
+    if not engine.zero_stage or spec.num_dp > 1:
+        return []
+    cost = "; in fp32 it adds an fp32 master copy (1.5x the optimizer memory)" if engine.precision == "fp32" else ""
+    return [f"zero_optimization.stage={engine.zero_stage} with one replica (parallel_layout.num_dp=1) shards "
+            f"nothing{cost}: drop it, or use replicas"]
+
+
 class Build:
     """Builds one training run: `trainer()` starts the runtime and builds every part. What it started stays here
     so that the caller can take it down after a failure (`abandon`) or a finished run (`close`)."""
@@ -152,7 +161,7 @@ class Build:
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
                     f"gas={engine.accumulation_steps} {engine.precision} zero_stage={engine.zero_stage}")
-        for line in part_notes + notes + schedule_notes(ds):
+        for line in part_notes + notes + schedule_notes(ds) + zero_notes(engine, rt.spec):
             log.message(line)
         return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
                        runner=self.runner, checkpointer=checkpointer, validator=validator, log=log,
