@@ -15,11 +15,13 @@ Touch points, each wrapped by one function or `Engine` method below:
                  `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`; its `backward` is not used
                  (plain autograd: the interpreter scales the loss once, `Engine.loss_scale`)
     names        the optimizer and scheduler types DeepSpeed accepts (`optimizer_names`, `scheduler_names`),
-                 checked when the JSON is read
+                 and those its ZeRO tests (`zero_optimizer_names`), checked when the JSON is read
     optimizer    the bf16 / fp16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
                  `_hp_mapping` (flat-partitioned optimizers we refuse), `loss_scale_config`, `_skip_invalid_grad_norm`,
                  `_update_scale`; its `step` replaced by `lean_step` (same arithmetic, a third of the
                  passes, one device sync)
+    zero         ZeRO stage 1's optimizer (DeepSpeedZeroOptimizer): its partitions, gradient hooks, loss
+                 scaler and `step`, in trainer/parallel/deepspeed_zero.py (`Engine._install_zero_step`)
 """
 from __future__ import annotations
 
