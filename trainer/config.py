@@ -11,7 +11,6 @@ import dataclasses
 import io
 import math
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -19,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from data_prep.dataformat import userfiles
 from trainer.metrics import TOKENIZE_CHOICES, tokenizer_problem
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -257,6 +257,10 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
         if "${" in item:
             raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
+        try:  # the value is read as YAML: bounded like a file's
+            userfiles.check_yaml(item.partition("=")[2], f"override {item[:60]!r}")
+        except userfiles.UserFileError as e:
+            raise ConfigError(str(e)) from None
     loaded = read_yaml(path)
     _text_keys_read_as_bool(loaded, path)
     try:
@@ -288,19 +292,27 @@ def describe(cfg: DictConfig) -> str:
 
 
 def read_yaml(path: str) -> DictConfig:
-    """The YAML file at `path` as an untyped DictConfig, or a ConfigError naming the file (and line)."""
-    if not os.path.exists(path):
+    """The YAML file at `path` as an untyped DictConfig, or a ConfigError naming the file (and line): read
+    strictly (data_prep.userfiles: a regular file, every key once, nesting bounded)."""
+    if not os.path.lexists(path):
         raise ConfigError(f"--config {path}: no such file")
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise ConfigError(f"{path}: not a regular file")
-    if os.path.getsize(path) > MAX_CONFIG_BYTES:
+    try:
+        with userfiles.open_regular(path, "a config") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except userfiles.UserFileError as e:
+        raise ConfigError(str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: {os.path.getsize(path)} bytes; a config has at most {MAX_CONFIG_BYTES}")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        userfiles.check_yaml(text, path)
+    except userfiles.UserFileError as e:
+        raise ConfigError(str(e)) from None
     try:
         loaded = OmegaConf.load(io.StringIO(text))
     except yaml.YAMLError as e:

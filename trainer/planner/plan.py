@@ -8,6 +8,7 @@ head waits for is charged when it would arrive later than that head starts.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -169,7 +170,7 @@ def _mode(p: "Prediction") -> tuple[str, int]:
 def winner_config(base: dict, winner: Candidate, global_batch: int) -> dict:
     """The base DeepSpeed JSON (optimizer, schedule, precision ...) with the winner's layout and the
     micro-batch per replica that keeps the global micro-batch."""
-    ds = json.loads(json.dumps(base))
+    ds = copy.deepcopy(base)
     # the schedule's length is the trainer's (train.max_steps of the run that uses the file), never the plan's
     (ds.get("scheduler") or {}).get("params", {}).pop("total_num_steps", None)
     ds["train_micro_batch_size_per_gpu"] = global_batch // winner.spec.num_dp

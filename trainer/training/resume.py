@@ -1,11 +1,10 @@
 """Continuing a run (`train.resume`): which checkpoint, whether it fits this run, and loading it."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
-from data_prep.dataformat import OutputDirError, check_output_dir, json_marker
+from data_prep.dataformat import OutputDirError, check_output_dir, json_marker, userfiles
 from trainer.artifacts import checkpoint, run_files
 from trainer.artifacts.run_dir import METRICS, RUN_DIR_DIRS, RUN_DIR_FILES, RUN_DIR_MARKER, RUN_DIR_NAMES
 from trainer.parallel.layout import LayoutSpec
@@ -139,7 +138,7 @@ def truncate_metrics(path: str, step: int) -> str | None:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = userfiles.parse_json(line, path, line=number)  # a torn, repeated-key or too deep row
                 if not isinstance(row, dict):
                     raise ValueError("not an object")
             except ValueError:
