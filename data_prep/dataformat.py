@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from . import numbers, userfiles
 from .binary import (BOS_ID, EOS_ID, OFFSET_DTYPE, PAD_ID, SIDES, SPECIAL_IDS, TOKEN_DTYPE, UNK_ID, TokenArray,
-                     file_sha256, files_checksum, first_out_of_range, has_split, load_pair, side_paths)
+                     file_sha256, files_checksum, first_out_of_range, has_split, load_pair, open_data,
+                     side_paths)
 from .clean import base_lang
 from .normalize import CJK_SPACES, PLACEHOLDER, normalize, repair, restore_formulas
 from .outdir import OutputDirError, check_output_dir, json_marker
@@ -31,4 +32,4 @@ __all__ = ["BOS_ID", "CJK_SPACES", "EOS_ID", "MANIFEST", "MANIFEST_KEYS", "OFFSE
            "PAD_ID", "PLACEHOLDER", "SIDES", "SPECIAL_IDS", "SPM_MODELS", "TOKEN_DTYPE", "TokenArray",
            "TrainingLimits", "UNK_ID", "base_lang", "check_output_dir", "file_sha256", "files_checksum",
            "first_out_of_range", "has_split", "join_segments", "json_marker", "load_pair", "normalize", "numbers",
-           "repair", "restore_formulas", "segment", "side_paths", "userfiles"]
+           "open_data", "repair", "restore_formulas", "segment", "side_paths", "userfiles"]

@@ -58,8 +58,10 @@ class DataConfig:
     bucket_batches: int = _key(100, "length-sort windows of this many batches, then shuffle batches")
     min_batch_sentences: int = _key(8, "smallest batch; the same in every layout so runs stay comparable "
                                        "(a layout needs replicas x max(units, head shards))")
-    verify: str = _key("ids", "check the binarized data at start: ids (every token id inside its vocabulary, "
-                              "cheap) | checksums (also each file's sha256 against the manifest) | none")
+    verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest, "
+                              "every token id inside its vocabulary; cheap) | checksums (also each binarized "
+                              "file's sha256) | full (also the SentencePiece models' and the manifest's checksum) "
+                              "| none (nothing)")
 
 
 @dataclass
@@ -144,7 +146,7 @@ _CHOICES = {
     "logging.wandb_mode": ("online", "offline", "disabled", "off"),
     "train.step_timing": ("auto", "every"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
-    "data.verify": ("ids", "checksums", "none"),
+    "data.verify": ("ids", "checksums", "full", "none"),
 }
 _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",
              "train.log_every", "train.keep_last", "decode.beam", "decode.dev_beam", "decode.batch_size",
