@@ -61,7 +61,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def workers():
-    """Four spawned gloo workers, reused by every in-process multi-rank test (tests/harness.py)."""
+    """Four spawned gloo workers, reused by every in-process multi-rank test (tests/harness.py). They start
+    with the first job, so a start that fails (after its retries) fails that test alone, not the fixture of
+    every later one."""
     from tests.harness import Workers
 
     pool = Workers(4)
