@@ -145,8 +145,9 @@ class RooflineDevice:
         tokens = sum(counts)
         g4 = 4 * hidden
         peak = self.lstm_peak
-        per = [max(self.step, self.gemm(n, g4, hidden, peak) + 10 * n * g4 * self.bytes / self.bw) for n in counts if n]
-        gpu = sum(per) * (2 if backward else 1)
+        each = {n: max(self.step, self.gemm(n, g4, hidden, peak) + 10 * n * g4 * self.bytes / self.bw)
+                for n in set(counts) if n}  # a step's price depends on its rows alone: once per distinct count
+        gpu = sum([each[n] for n in counts if n]) * (2 if backward else 1)
         if backward:  # gradients of the input and of both weight matrices, one product each at the end
             gpu += self.gemm(tokens, in_dim, g4, peak) + self.gemm(g4, in_dim + hidden, tokens, peak)
         else:
