@@ -15,8 +15,8 @@ RANKS=${RANKS:-2}
 DS_CONFIG=${DS_CONFIG:-ds_configs/demo_hybrid_2.json}
 WORK=${WORK:-.}
 MAX_WORDS=${MAX_WORDS:-20}
-TEXT=$WORK/data/demo_text
 DATA=$WORK/data/demo
+TEXT=${DATA}_text
 RUN=$WORK/runs/demo
 EXTRA=()
 [ -n "${STEPS:-}" ] && EXTRA+=("train.max_steps=$STEPS")
@@ -24,11 +24,7 @@ EXTRA=()
 # No GPU: say so, so that DeepSpeed's launcher does not probe for one and warn (README, "Two commands").
 command -v nvidia-smi > /dev/null 2>&1 || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 
-python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1 --max-words "$MAX_WORDS" \
-    --baseline-out "$TEXT/test.baseline.ja"
-python -m data_prep.prepare --format moses --src-lang en --tgt-lang ja --train-src "$TEXT/train.en" --train-tgt "$TEXT/train.ja" \
-    --dev-src "$TEXT/dev.en" --dev-tgt "$TEXT/dev.ja" --test-src "$TEXT/test.en" --test-tgt "$TEXT/test.ja" \
-    --out "$DATA" --vocab-size 8000 --model-type bpe --number-placeholders 8
+MAX_WORDS=$MAX_WORDS bash launch/prepare_demo.sh "$DATA"  # the corpus into ${DATA}_text, prepared into $DATA
 rm -rf "$RUN"
 deepspeed --log_level error --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
     data.dir="$DATA" run.dir="$RUN" "${EXTRA[@]}"

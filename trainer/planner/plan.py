@@ -43,17 +43,32 @@ class Workload:
         return sum(b.src_tokens + b.tgt_tokens for b in window)
 
 
+DEMO_DATA = "data/demo"  # what launch/prepare_demo.sh makes on any clone (demo.yaml's data.dir)
+
+
+def require_prepared(data_dir: str, config: str | None = None) -> None:
+    """The planner (and its calibration) reads real batches of data.dir: on a fresh clone there are none. Says
+    the command that prepares it: the demo corpus's script, or for another corpus where its command is."""
+    if os.path.exists(os.path.join(data_dir, "manifest.json")):
+        return
+    if os.path.normpath(data_dir) == DEMO_DATA:
+        fix = "bash launch/prepare_demo.sh (the demo corpus: nothing to download, about 20 s)"
+    else:
+        fix = (f"python -m data_prep.prepare ... --out {data_dir} (the first lines of "
+               f"{config or 'the YAML'} give the command for its corpus; README, 'Choosing a layout', for "
+               f"paper_size.yaml), or plan on the demo corpus any clone can make: bash launch/prepare_demo.sh, then "
+               f"data.dir={DEMO_DATA}")
+    raise FileNotFoundError(f"data.dir={data_dir}: not prepared (no manifest.json); the planner reads real batches of "
+                            f"it: prepare it first: {fix}")
+
+
 def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
     """The first `skip + steps` steps' batches of the training stream (the trainer's own batching),
     the last `steps` of them kept."""
     world = layout_world(ds)
     base = LayoutSpec.from_ds_config(ds, world) if "parallel_layout" in ds else LayoutSpec("single", 1, 1)
     global_batch = global_micro_batch(ds, base.num_dp)
-    if not os.path.exists(os.path.join(cfg.data.dir, "manifest.json")):  # a fresh clone has no prepared data
-        raise FileNotFoundError(f"data.dir={cfg.data.dir}: not prepared (no manifest.json); the planner simulates "
-                                f"real batches of it: prepare it first with python -m data_prep.prepare ... --out "
-                                f"{cfg.data.dir} (README, 'Choosing a layout', gives the command for "
-                                f"trainer/configs/paper_size.yaml), or point data.dir= at a prepared corpus")
+    require_prepared(cfg.data.dir)
     vocab = read_manifest(cfg.data.dir)["vocab"]
     stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_batch,
                          max_tokens=cfg.data.max_tokens, seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
