@@ -1,5 +1,6 @@
-"""What a newcomer with a fresh clone and the README meets (issue 30, part B item 3): the README's planner
-commands run on a clone without data, or are refused with the command that prepares what they need."""
+"""What a newcomer with a fresh clone and the README meets (issue 30, part B items 2 and 3): rerunning the
+quickstart keeps the earlier run aside instead of deleting it, and the README's planner commands run on a clone
+without data, or are refused with the command that prepares what they need."""
 from __future__ import annotations
 
 import os
@@ -22,6 +23,46 @@ def fresh_clone(root: Path) -> Path:
     for name in TOP:
         (root / name).symlink_to(REPO / name)
     return root
+
+
+# ---- the quickstart keeps an earlier run ----------------------------------------------------------------------
+
+FAKE = """#!/usr/bin/env bash
+# stands in for {name}: records its arguments; deepspeed writes a run.dir as training would
+echo "{name} $*" >> "$FAKE_LOG"
+for a in "$@"; do case "$a" in run.dir=*) mkdir -p "${{a#run.dir=}}" && echo new > "${{a#run.dir=}}/metrics.jsonl";; esac; done
+"""
+
+
+def _quickstart(clone: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("python", "deepspeed", "nvidia-smi"):
+        (bin_dir / name).write_text(FAKE.format(name=name))
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "log")}
+    return subprocess.run(["bash", str(clone / "launch" / "quickstart.sh")], env=env, capture_output=True,
+                          text=True, timeout=60, check=True)
+
+
+def test_rerunning_the_quickstart_keeps_the_earlier_run_aside_and_says_so(tmp_path):
+    clone = fresh_clone(tmp_path / "clone")
+    first = _quickstart(clone, tmp_path)
+    assert "kept" not in first.stdout and (clone / "runs" / "demo" / "metrics.jsonl").read_text() == "new\n"
+    (clone / "runs" / "demo" / "metrics.jsonl").write_text("a resumed run's hours\n")
+    kept = [_quickstart(clone, tmp_path) for _ in range(2)]  # twice within a second: two places, none overwritten
+    aside = sorted((clone / "runs").glob("demo.prev-*"))
+    assert len(aside) == 2 and (aside[0] / "metrics.jsonl").read_text() == "a resumed run's hours\n"
+    for proc, path in zip(kept, aside):
+        assert f"quickstart: ./runs/demo exists: kept it as ./runs/{path.name}; training a new run in ./runs/demo" \
+               in proc.stdout
+    assert (clone / "runs" / "demo" / "metrics.jsonl").read_text() == "new\n"
+    log = (tmp_path / "log").read_text()
+    assert "python -m data_prep.demo_corpus --out ./data/demo_text" in log and "--out ./data/demo " in log
+    header = (REPO / "launch" / "quickstart.sh").read_text().split("set -euo")[0]
+    assert "kept aside, moved to runs/demo.prev-DATE-TIME" in header
+    readme = (REPO / "README.md").read_text()
+    assert "runs/demo.prev-" in readme[:readme.index("2. Set up and run the tests")]
 
 
 # ---- the README's planner commands ----------------------------------------------------------------------------
