@@ -328,7 +328,7 @@ class Trainer:
         tmp = self.s.persist.write_rank_files(st.step)
         row, best = {}, False
         if evaluate and self.s.validator is not None:
-            row, samples = self.s.validator.evaluate(tmp)
+            row, samples = self.s.validator.evaluate(tmp, say=self.log.message)
             self.log.samples(st.step, samples)
             loss = row.get("dev_loss")
             self.log.message(f"step {st.step}: dev loss {loss if loss is None else round(loss, 4)} "
