@@ -99,9 +99,14 @@ class Prediction:
 
 
 def predict(candidate: Candidate, work: Workload, profile: dict, link: str | None = None,
-            steps: int | None = None) -> Prediction:
+            steps: int | None = None, devices: dict | None = None) -> Prediction:
+    """`devices`: a memo of the priced devices (per thread count) that the candidates of one ranking share;
+    a calibrated machine's device fits its curves when built."""
     spec = candidate.spec
-    device = device_for(profile, work.precision, candidate.threads, link, work.dims)
+    devices = {} if devices is None else devices
+    if candidate.threads not in devices:
+        devices[candidate.threads] = device_for(profile, work.precision, candidate.threads, link, work.dims)
+    device = devices[candidate.threads]
     stages = stages_of(work.dims, spec)
     groups = group_members(spec)
     shared = device.kind == "measured" and candidate.ranks > 1  # ranks on one host's cores
@@ -163,13 +168,14 @@ def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None =
         raise ValueError(f"--devices {devices}: no layout fits (model.layers={work.dims.layers}, batch of "
                          f"{work.global_batch}, data.min_batch_sentences={work.cfg.data.min_batch_sentences})")
     baseline = Candidate(LayoutSpec("single", 1, 1, partition_method=method), 1, 1 if cpu_threads else 0)
-    screened = sorted((predict(c, work, profile, link, steps=screen_steps) for c in cands), key=lambda p: p.step_s)
+    devices: dict = {}
+    screened = sorted((predict(c, work, profile, link, screen_steps, devices) for c in cands), key=lambda p: p.step_s)
     keep = screened[:12] + [p for p in screened[12:] if p is next(q for q in screened if _mode(q) == _mode(p))]
-    final = sorted((predict(p.candidate, work, profile, link) for p in keep), key=lambda p: p.step_s)
+    final = sorted((predict(p.candidate, work, profile, link, None, devices) for p in keep), key=lambda p: p.step_s)
     kept = {id(p) for p in keep}
     rest = [p for p in screened if id(p) not in kept]
-    one = predict(baseline, work, profile, link)
-    one_screened = predict(baseline, work, profile, link, steps=screen_steps)
+    one = predict(baseline, work, profile, link, None, devices)
+    one_screened = predict(baseline, work, profile, link, screen_steps, devices)
     for p in final + [one]:
         p.speedup = one.step_s / p.step_s
     for p in rest:  # screened on fewer steps: against the baseline on those steps

@@ -127,6 +127,7 @@ class RooflineDevice:
         self.vocab = dims.tgt_vocab if dims is not None else 0
         self.src_vocab = dims.src_vocab if dims is not None else 0
         self.emb = dims.emb if dims is not None else 0
+        self._memo: dict = {}  # (counts, in_dim, hidden, backward) -> seconds of an LSTM call
 
     def instruction(self, op: str) -> float:
         return self.per_instruction
@@ -156,10 +157,17 @@ class RooflineDevice:
 
     # ---- the interface costs.py prices with (seconds) ----
     def lstm_fused(self, direction: str, in_dim: int, hidden: int, rows: int, steps: int) -> float:
-        return self._steps([rows] * steps, in_dim, hidden, direction == "bwd") if rows and steps else 0.0
+        return self._memo_steps((rows,) * steps, in_dim, hidden, direction == "bwd") if rows and steps else 0.0
 
     def lstm_packed(self, direction: str, in_dim: int, hidden: int, counts) -> float:
-        return self._steps(list(counts), in_dim, hidden, direction == "bwd") if any(counts) else 0.0
+        return self._memo_steps(tuple(counts), in_dim, hidden, direction == "bwd") if any(counts) else 0.0
+
+    def _memo_steps(self, counts: tuple, in_dim: int, hidden: int, backward: bool) -> float:
+        """_steps, once per shape: the candidates of a ranking share this device and mostly the same chunks."""
+        key = (counts, in_dim, hidden, backward)
+        if key not in self._memo:
+            self._memo[key] = self._steps(list(counts), in_dim, hidden, backward)
+        return self._memo[key]
 
     def embed(self, side: str, direction: str, tokens: int) -> float:
         if not tokens:
