@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: prepare the enja-small data, run the real training CLI, read its numbers."""
+"""Shared by the benchmarks, once: the checkout and the shared data, this CPU's name, a free port, the
+enja-small data, running the real training CLI, reading its metrics and timing, this machine's GEMM peak."""
 from __future__ import annotations
 
 import json
@@ -76,7 +77,8 @@ def ds_variant(work: Path, base: str, name: str, **changes) -> Path:
     return path
 
 
-def _port() -> int:
+def free_port() -> int:
+    """A TCP port nothing listens on now, on the loopback (a launcher's --master_port)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -93,7 +95,7 @@ def train_command(work: Path, name: str, ds_config: Path, ranks: int, threads: i
             "logging.wandb_mode=disabled", "logging.progress=false", *extra]
     cmd = ([sys.executable, *args] if ranks == 1 else
            [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks),
-            "--master_port", str(_port()), *args])
+            "--master_port", str(free_port()), *args])
     if run_dir.exists():
         subprocess.run(["rm", "-rf", str(run_dir)], check=True)
     return cmd, dict(os.environ, WANDB_MODE="disabled", PYTHONUNBUFFERED="1"), run_dir
@@ -126,8 +128,13 @@ def wait_train(label: str, proc: subprocess.Popen, run_dir: Path, timeout: int =
     return summarise(run_dir)
 
 
+def metrics(run_dir: Path) -> list[dict]:
+    """RUN_DIR/metrics.jsonl, one dict per logged row."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
 def summarise(run_dir: Path, warmup: int = 3) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run_dir)
     timed = [r for r in rows if r["step"] > warmup]
     seconds = sum(r["step_time_s"] for r in timed)
     tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in timed)
@@ -139,6 +146,23 @@ def summarise(run_dir: Path, warmup: int = 3) -> dict:
     return {"steps": len(timed), "step_ms_median": 1000 * statistics.median(r["step_time_s"] for r in timed),
             "step_ms_mean": 1000 * seconds / len(timed), "pairs_per_s": pairs / seconds,
             "tokens_per_s": tokens / seconds, "final_loss": rows[-1]["loss"], "timing": timing}
+
+
+RANK_CATEGORIES = ("busy", "waiting", "communicating", "idle")
+
+
+def rank_fractions(run_dir: Path, warmup: int = 3) -> dict:
+    """Mean per-rank fractions of the step (busy / waiting / communicating / idle) over the logged rows
+    after the warm-up, the median model GFLOP per step and the largest peak RSS of any rank."""
+    rows = [r for r in metrics(run_dir) if r["step"] > warmup]
+    out = {}
+    for key in rows[0]:
+        if key.startswith("rank") and key.split("/")[1] in RANK_CATEGORIES:
+            rank, cat = key[4:].split("/")
+            out.setdefault(int(rank), {})[cat] = statistics.mean(r[key] for r in rows if key in r)
+    gflop = statistics.median(r["model_gflop"] for r in rows)
+    return {"ranks": out, "model_gflop": gflop, "peak_rss_mb": max(v for r in rows for k, v in r.items()
+                                                                  if k.endswith("/peak_rss_mb"))}
 
 
 COMPUTE = ("forward", "backward", "head", "optimizer_step", "weight_grads")
@@ -160,12 +184,13 @@ def breakdown(seconds_per_step: dict) -> dict:
 
 def matmul_peak(work: Path) -> dict:
     """This machine's measured GEMM peak, {"fp32": {"1": flop/s, "2": ...}, "bf16": {...}, "cpu": ...}, from
-    WORK/peak.json (benchmarks/peak.py); measured now when that file is missing or was measured on another CPU."""
+    WORK/peak.json (python -m benchmarks.micro.peak); measured now when that file is missing or was measured on
+    another CPU."""
     path = work / "peak.json"
     if path.exists() and _read_peak(path).get("cpu") != cpu_model():
         path.unlink()  # ours, from another machine kind
     if not path.exists():
-        subprocess.run([sys.executable, str(REPO / "benchmarks" / "peak.py"), "--work", str(work)], check=True)
+        subprocess.run([sys.executable, "-m", "benchmarks.micro.peak", "--work", str(work)], cwd=REPO, check=True)
     return _read_peak(path)
 
 
@@ -177,5 +202,5 @@ def _read_peak(path: Path) -> dict:
                 if not float(peak[precision][threads]) > 0:
                     raise ValueError(f"{precision}.{threads} = {peak[precision][threads]}")
     except (ValueError, KeyError, TypeError) as e:
-        sys.exit(f"{path}: not a peak file of benchmarks/peak.py ({type(e).__name__}: {e}); delete it to measure again")
+        sys.exit(f"{path}: not a peak file of benchmarks/micro/peak.py ({type(e).__name__}: {e}); delete it to measure again")
     return peak

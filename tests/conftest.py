@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -55,13 +57,8 @@ def launch_main(script: str, argv: list, capsys) -> tuple[int, str, str]:
 
 def deepspeed_cmd(num_ranks: int, *args) -> list[str]:
     """The deepspeed launcher with N local CPU ranks (gloo), on a port of its own."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),
-            "--master_port", str(port), *map(str, args)]
+            "--master_port", str(free_port()), *map(str, args)]
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,9 @@ READY_TIMEOUT_S = 300  # spawning and importing torch + DeepSpeed, four at once 
 MEET_TIMEOUT_S = 60  # every worker has imported by then: the rendezvous itself takes a second
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nothing listens on now, on the loopback: a job's MASTER_PORT (the tests' one copy; the
+    benchmarks have theirs in benchmarks/common.py, and tests never import benchmarks for it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -130,7 +132,7 @@ class Workers:
             p.start()
 
     def _dispatch(self, world: int, fn, args, timeout: float) -> list:
-        port = _free_port()
+        port = free_port()
         for rank in range(world):
             self.inboxes[rank].put((rank, world, port, fn, args))
         return self._collect(world, timeout, f"{fn.__name__} on {world} ranks")

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-import common
-import opennmt_peer
-import opennmt_runner
-import peak
-
+from benchmarks import common
+from benchmarks.micro import peak
+from benchmarks.peers import opennmt_peer, opennmt_runner
+from tests.conftest import REPO
 from trainer.config import load_config
 
 REFERENCE = REPO / "trainer" / "configs" / "enja_small.yaml"
@@ -129,7 +126,7 @@ def test_matmul_peak_measures_again_for_another_cpu(tmp_path, monkeypatch):
 
     monkeypatch.setattr(common.subprocess, "run", fake_measure)
     assert common.matmul_peak(tmp_path)["cpu"] == common.cpu_model()
-    assert len(calls) == 1 and calls[0][1].endswith("benchmarks/peak.py")
+    assert len(calls) == 1 and calls[0][1:3] == ["-m", "benchmarks.micro.peak"]
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", '{"cpu": "x", "fp32": {"1": 0, "2": 1}, "bf16": {"1": 1, "2": 1}}',
@@ -161,7 +158,7 @@ def test_peer_report_gives_ratios_goal_and_flags_a_busy_machine(capsys):
 def test_head_rows_times_the_reference_head_forward_and_backward():
     import torch
 
-    import head_rows
+    from benchmarks.micro import head_rows
 
     threads = torch.get_num_threads()
     try:
@@ -173,7 +170,7 @@ def test_head_rows_times_the_reference_head_forward_and_backward():
 
 
 def test_number_copy_counts_masking_and_ordinals():
-    import number_copy
+    from benchmarks.quality import number_copy
 
     src = ["the battery of claim 1 , wherein the first electrode has 2 layers .", "a motor ."]
     tgt = ["請求項１に記載の電池であって、第１の電極は２つの層を有する", "モータ"]
@@ -190,7 +187,7 @@ def test_number_copy_counts_masking_and_ordinals():
 def test_scaling_runs_single_processes_with_both_lstm_kernels():
     """The baseline of every ratio is the faster single process, so a single process runs with each
     kernel; the parallel runs with the chosen one (or each, for `both`)."""
-    from scaling import RUNS, with_kernels
+    from benchmarks.scaling.layouts import RUNS, with_kernels
 
     runs = with_kernels([r for r in RUNS if r[0] in ("single 1 thread", "data_2")], "stepwise")
     assert [(r[0], r[-1]) for r in runs] == [("single 1 thread fused", "fused"),
@@ -201,7 +198,7 @@ def test_scaling_runs_single_processes_with_both_lstm_kernels():
 
 def test_lstm_kernels_times_each_kernel_cut_in_chunks():
     import torch
-    from lstm_kernels import time_chunks
+    from benchmarks.micro.lstm_kernels import time_chunks
 
     lstm = torch.nn.LSTM(8, 8, batch_first=True)
     x = torch.randn(2, 6, 8)
@@ -232,7 +229,7 @@ HYBRID_STEP = {  # two ranks, 2 chunks: rank 1 waits to fill, rank 0 waits for t
 
 
 def test_where_ms_puts_every_ms_of_the_step_in_one_place():
-    from scaling_goals import PHASES, where_ms
+    from benchmarks.scaling.goals import PHASES, where_ms
 
     got = where_ms(_trace(HYBRID_STEP))
     for rank, row in got.items():
@@ -245,7 +242,7 @@ def test_where_ms_puts_every_ms_of_the_step_in_one_place():
 
 
 def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path):
-    import scaling_goals
+    from benchmarks.scaling import goals as scaling_goals
 
     def run(tps, fb=(100, 100), step=500.0):
         timing = {0: {"forward": fb[0] / 2000, "backward": fb[1] / 2000, "head": 0.0},

@@ -298,7 +298,7 @@ def test_planning_on_data_that_was_never_prepared_says_how_to_prepare_it(tmp_pat
     with pytest.raises(FileNotFoundError, match=r"data.dir=data/enja32k_joint: not prepared \(no manifest.json\); "
                                                 r".*python -m data_prep.prepare"):
         main(["--config", str(REPO / "trainer" / "configs" / "paper_size.yaml"), "--devices", "2", "--profile",
-              str(REPO / "benchmarks" / "profiles" / "h200.json"), "data.dir=data/enja32k_joint"])
+              "h200", "data.dir=data/enja32k_joint"])
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("### Choosing a layout"):readme.index("## Data preparation")]
     assert "--out data/enja32k_joint --vocab-size 32000 --model-type bpe --joint-vocab" in section

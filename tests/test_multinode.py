@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
+from tests.harness import free_port
 from trainer.artifacts import checkpoint
 
 NODES = ("node-a", "node-b")
@@ -43,16 +43,10 @@ def _train_args(data: Path, run: Path, ds: Path, *overrides) -> list[str]:
             "logging.wandb_mode=disabled", "logging.progress=false", *overrides]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_nodes(hostfile: Path, args: list[str], logs: Path) -> list[subprocess.Popen]:
     """One `deepspeed --hostfile H --no_ssh --node_rank R --master_addr 127.0.0.1` per node, each in a
     process session of its own (what a job script on each node would run)."""
-    port, procs = _port(), []
+    port, procs = free_port(), []
     env = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="disabled", PYTHONPATH=str(REPO))
     for rank in range(len(NODES)):
         cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hostfile), "--no_ssh",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from trainer.parallel.simulate import simulate, simulate_shared
 from trainer.planner.candidates import enumerate_layouts
 from trainer.planner.costs import MicroStepCosts, encoder_counts
 from trainer.planner.fit import Curve, nnls
-from trainer.planner.profile import MeasuredDevice, ProfileError, load
+from trainer.planner.profile import MeasuredDevice, ProfileError, load, resolve
 from trainer.planner.shapes import Cut, ModelDims, stages_of
 
 VOCAB = 50
@@ -218,7 +219,7 @@ def test_a_profile_for_another_model_is_refused(tmp_path):
     broken["layers"]["bf16"]["1"]["head"][0][-1] = float("inf")
     with pytest.raises(ProfileError, match=r"layers\.bf16\.1\.head: must be a non-empty list of lists of finite"):
         MeasuredDevice(broken, "bf16", 1, dims)
-    gpu = load(str(REPO / "benchmarks" / "profiles" / "h200.json"))
+    gpu = load(resolve("h200"))
     gpu["roofline"]["memory_tb_s"]["value"] = 0
     from trainer.planner.roofline import RooflineDevice
     with pytest.raises(ProfileError, match=r"roofline\.memory_tb_s: must be a finite number > 0"):
@@ -301,7 +302,7 @@ def test_launch_plan_bad_input_is_one_line(tmp_path):
 def test_gpu_profile_states_a_source_for_every_number_and_plans(tiny_data):
     from trainer.planner import plan
 
-    profile = load(str(REPO / "benchmarks" / "profiles" / "h200.json"))
+    profile = load(resolve("h200"))
 
     def leaves(node, path=()):
         if isinstance(node, dict) and "value" in node:
@@ -324,6 +325,44 @@ def test_gpu_profile_states_a_source_for_every_number_and_plans(tiny_data):
         best[link] = {p.candidate.spec.mode: p for p in reversed(ranked)}
         assert one.step_s > 0 and all(p.step_s > 0 for p in ranked)
     assert best["pcie"]["data"].step_s > best["nvlink"]["data"].step_s  # the whole model crosses the link
+
+
+def test_shipped_profiles_are_named_package_data_and_what_the_format_code_writes():
+    import os
+    import tomllib
+
+    from trainer.planner import profile as profiles
+
+    assert "h200" in profiles.shipped() and resolve("h200") == os.path.join(profiles.PROFILES, "h200.json")
+    assert resolve("my_machine.json") == "my_machine.json"  # a path: as given
+    assert resolve(str(REPO / "x" / "h200")) == str(REPO / "x" / "h200")
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trainer"]
+    shipped = sorted(p.relative_to(REPO / "trainer").as_posix() for p in (REPO / "trainer").glob("planner/profiles/*"))
+    assert shipped and all(any(Path(f).match(g) for g in globs) for f in shipped), (shipped, globs)
+    # h200.json is the datasheet's entry with the roofline section: written by the format's code, not by hand
+    written = profiles.planner_profile(profiles.datasheet_profile("NVIDIA H200"))
+    assert written == {k: v for k, v in load(resolve("h200")).items() if k != "_path"}
+    with pytest.raises(ProfileError, match="--device-name 'NVIDIA X1': no datasheet entry"):
+        profiles.datasheet_profile("NVIDIA X1")
+
+
+def test_a_device_profile_puts_each_measured_number_beside_the_datasheet_with_its_source():
+    from trainer.planner.profile import device_profile, planner_profile
+
+    measured = {"compute": {"bf16": {"gemm": [{"m": 8, "n": 8, "k": 8, "ms": 1.0, "tflops": 700.0}], "lstm": []}},
+                "rates": {"copy_tb_s": 4.0, "host_to_device_gb_s": 50.0, "device_to_host_gb_s": 51.0},
+                "op_overhead_us": 6.0}
+    got = device_profile({"name": "NVIDIA H200 NVL", "type": "cuda"}, measured)
+    assert got["datasheet"]["name"] == "NVIDIA H200 NVL" and got["links"]["nvlink_gb_s"] == 900.0
+    assert got["links"]["host_to_device_gb_s"] == 50.0 and got["links"]["allreduce"] is None
+    assert got["memory"] == {"copy_tb_s": 4.0} and got["host"] == {"op_overhead_us": 6.0}
+    assert got["sources"]["links.nvlink_gb_s"].startswith("datasheet:") and "host.op_overhead_us" in got["sources"]
+    roof = planner_profile(got)["roofline"]
+    assert roof["gemm_tflops"]["bf16"] == {"value": 700.0,
+                                           "source": "measured: largest torch matmul of compute.bf16.gemm (8x8x8)"}
+    assert roof["op_overhead_us"]["value"] == 6.0 and roof["memory_tb_s"]["value"] == 4.0
+    cpu = device_profile({"name": "x86_64", "type": "cpu", "threads": 2}, {**measured, "rates": {"copy_tb_s": 0.01}})
+    assert cpu["datasheet"] is None and cpu["links"]["nvlink_gb_s"] is None
 
 
 # ---- calibration ----

@@ -158,7 +158,7 @@ def test_every_shipped_json_and_yaml_passes_the_strict_reader():
     """The limits refuse nothing the project itself writes or ships (profiles nest the deepest: 7 levels)."""
     from data_prep.userfiles import read_json
 
-    shipped = sorted([*REPO.glob("ds_configs/*.json"), *REPO.glob("benchmarks/profiles/*.json")])
+    shipped = sorted([*REPO.glob("ds_configs/*.json"), *REPO.glob("trainer/planner/profiles/*.json")])
     assert len(shipped) >= 5
     for path in shipped:
         read_json(str(path), 1 << 20)

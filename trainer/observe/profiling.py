@@ -4,13 +4,13 @@ writes RUN_DIR/profile/rank{R}.json and rank{R}.txt, and the window as a trace, 
 operators and, on CUDA, the kernels on their streams: open it in Perfetto or chrome://tracing). On CUDA the
 window also counts the device syncs by place (torch.cuda.set_sync_debug_mode): `device_syncs_per_step`.
 `train.count_ops=true` counts instead, on any device, the window's operator launches and the operations that
-would force a device sync (trainer.observe.op_counter), per step and by place: what benchmarks/step_ops.py
+would force a device sync (trainer.observe.op_counter), per step and by place: what benchmarks/micro/step_ops.py
 tabulates per layout.
 
 The timeline (trainer.observe.timeline) says *when* each instruction ran and who waited for whom; this says
 *what* the busy time was made of, per operator: self CPU milliseconds and calls per step, plus the
 minor page faults and the step wall time over the profiled steps. Two runs' files side by side
-(benchmarks/cpu_accounting.py) show where a parallel layout does more work than one process.
+(benchmarks/micro/cpu_accounting.py) show where a parallel layout does more work than one process.
 """
 from __future__ import annotations
 

@@ -172,6 +172,14 @@ class ParallelRuntime:
     def device(self) -> torch.device:
         return torch.device(dsa.accelerator().current_device_name())
 
+    def describe_device(self) -> str:
+        """Where this rank computes, as the trainer prints it at start (`device: cuda:0 (NVIDIA H200) ...`):
+        a GPU job that fell back to DeepSpeed's CPU accelerator says `device: cpu` here."""
+        dev = self.device()
+        name = f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""
+        return (f"device: {dev}{name}; DeepSpeed accelerator {dsa.accelerator().device_name()}, "
+                f"backend {dsa.comm_backend()}")
+
     # ---- point to point ----
     def stage_comm(self, dtype) -> StageComm:
         return StageComm(self.layout.stage_ranks, self.device(), dtype)

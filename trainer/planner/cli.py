@@ -21,7 +21,8 @@ def parser() -> argparse.ArgumentParser:
         "winner's DeepSpeed JSON; or measure this machine's profile (--calibrate)."))
     p.add_argument("--config", default=None, help="model/data YAML (default trainer/configs/demo.yaml)")
     p.add_argument("--devices", type=int, help="devices to plan for: GPUs, or on a CPU profile cores")
-    p.add_argument("--profile", help="device profile JSON (benchmarks/profiles/)")
+    p.add_argument("--profile", help="device profile: a JSON file (one written by --calibrate), or a shipped "
+                                      "profile's name (h200: trainer/planner/profiles/h200.json)")
     p.add_argument("--deepspeed_config", default=DEFAULT_BASE,
                    help="base DeepSpeed JSON: optimizer, precision, batch (global micro-batch = its "
                         "train_micro_batch_size_per_gpu x its num_dp), accumulation (default ds_configs/single.json)")
@@ -58,14 +59,17 @@ def main(argv=None) -> int:
     if args.devices is None or args.devices < 1:
         raise ValueError(f"--devices {args.devices}: give the number of devices to plan for (>= 1)")
     if not args.profile:
-        raise ValueError("--profile PROFILE is required (benchmarks/profiles/*.json, or one written by --calibrate)")
+        from trainer.planner.profile import shipped
+
+        raise ValueError(f"--profile PROFILE is required (a shipped one: {', '.join(shipped())}; or a file written "
+                         f"by --calibrate)")
     if args.steps < 1 or args.top < 1:
         raise ValueError("--steps and --top must be >= 1")
     from trainer.ds_config import load_ds_config
     from trainer.planner import plan
-    from trainer.planner.profile import load
+    from trainer.planner.profile import load, resolve
 
-    profile = load(args.profile)
+    profile = load(resolve(args.profile))
     plan.require_prepared(cfg.data.dir, args.config)
     ds = load_ds_config(args.deepspeed_config, None)  # the schedule is not planned; written without a length
     work = plan.workload(cfg, ds, args.steps)

@@ -1,9 +1,10 @@
-"""The GPU profile format the planner reads (trainer/planner/roofline.py), and how it is made: datasheet
-peaks of the GPUs we may be lent, this workplace's measurements, stated estimates for what no GPU run has
-measured yet, and `roofline(profile)`, which turns a device profile measured by the GPU check
-(benchmarks/gpu_check.py -> device_profile.json; format in benchmarks/gpu_profile.py) into the "roofline"
-section: measured numbers where the profile has them, the datasheet's or an estimate (each with its source)
-elsewhere. `python benchmarks/gpu_profile.py --planner-profile OUT.json [--from device_profile.json]` writes it.
+"""The GPU side of the profile format (trainer/planner/profile.py): datasheet peaks of the GPUs we may be
+lent, this workplace's measurements, stated estimates for what no GPU run has measured yet, and
+`roofline(profile)`, which turns a device profile measured by the GPU check (python -m
+benchmarks.gpu.gpu_check -> device_profile.json) into the planner's "roofline" section (read by
+trainer/planner/roofline.py): measured numbers where the profile has them, the datasheet's or an estimate
+(each with its source) elsewhere. `python -m benchmarks.gpu.gpu_profile --planner-profile OUT.json [--from
+device_profile.json]` writes it.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ KINDS_MEASUREMENT = ("measured: this workplace's H200 (device tool, KINDS.md, 20
                      "8192^3 torch matmul on random data 769-798 TFLOP/s; device-to-device copy 4.3 TB/s (read + write)")
 ESTIMATES = {
     "op_overhead_us": (5.0, "estimate: PyTorch eager dispatch + cudaLaunchKernel per aten op on a server host "
-                            "(typically 4-10 us); measured by benchmarks/gpu_profile.py on the next GPU run (host.op_overhead_us)"),
+                            "(typically 4-10 us); measured by benchmarks/gpu/gpu_profile.py on the next GPU run (host.op_overhead_us)"),
     "lstm_step_us": (6.0, "estimate: cuDNN LSTM forward time step (a recurrent GEMM and a gate kernel launched back to "
                           "back, ~3 us each at these sizes); from compute.lstm once measured (slope over time steps)"),
     "instruction_us": (20.0, "estimate: the interpreter's own Python per instruction (timing, handler dispatch, "

@@ -188,6 +188,15 @@ def _mode(p: "Prediction") -> tuple[str, int]:
     return ("hybrid" if p.candidate.spec.mode == "grid" else p.candidate.spec.mode), p.candidate.ranks
 
 
+def best_by_mode(ranked: list[Prediction], devices: int) -> dict[str, Prediction]:
+    """The fastest layout of each mode (hybrid counts the grid) on one or all `devices`, among those
+    simulated on every sampled step (`rank_layouts`' order)."""
+    best: dict[str, Prediction] = {}
+    for pred in (q for q in ranked if not q.screened_only and q.candidate.ranks in (1, devices)):
+        best.setdefault(_mode(pred)[0], pred)
+    return best
+
+
 def winner_config(base: dict, winner: Candidate, global_batch: int) -> dict:
     """The base DeepSpeed JSON (optimizer, schedule, precision ...) with the winner's layout and the
     micro-batch per replica that keeps the global micro-batch."""

@@ -1,8 +1,23 @@
-"""Device profiles: JSON files that say how long the model's pieces take on a device.
+"""Device profiles: JSON files that say how long the model's pieces take on a device. The format is
+defined here, and the shipped profiles are in trainer/planner/profiles/ (`--profile h200` names
+trainer/planner/profiles/h200.json).
 
-One format, an extension of the device profile `benchmarks/gpu_profile.py` writes (device, datasheet,
-compute, memory, links, sources are its keys and keep their meaning). The planner reads two more
-sections, whichever the file has:
+A device profile (`device_profile`; written by the GPU check, python -m benchmarks.gpu.gpu_check, as
+device_profile.json) has:
+    device        {"name", "type": "cuda"|"cpu", "capability", "memory_gib", "multiprocessors", "threads"}
+    datasheet     {"name", "source", "peak_tflops": {"bf16", "tf32", "fp32"}, "memory_tb_s",
+                   "links_gb_s": {"nvlink", "pcie"}} (dense rates, no sparsity), or null (no entry)
+    compute       {precision: {"gemm": [{"m", "n", "k", "ms", "tflops"}], "lstm": [{"batch", "time",
+                   "input", "hidden", "ms_fwd_bwd", "tflops"}]}} for bf16, fp32 (TF32 off) and, on
+                   CUDA, tf32; the largest GEMM is the achievable matrix peak
+    memory        {"copy_tb_s": device-to-device copy, bytes read + written}
+    links         {"host_to_device_gb_s", "device_to_host_gb_s" (pinned), "nvlink_gb_s", "pcie_gb_s",
+                   "allreduce": null + why (one GPU: no peer to measure against), "sources"}
+    host          {"op_overhead_us"}: host time per tiny eager op (dispatch + launch), what small
+                   kernels cost when the host, not the GPU, sets the pace
+    sources       what each number is: "measured: <how>" or "datasheet: <document>"
+
+The planner reads two more sections, whichever the file has:
 
     layers      measured by `python launch/plan.py --calibrate` (trainer/planner/calibrate.py): the real
                 layers of one model timed at a few shapes, per precision and thread count:
@@ -21,22 +36,40 @@ sections, whichever the file has:
                 transfers    {"gloo": {p2p [[bytes, one_way_ms, post_ms]], all_reduce / reduce /
                              broadcast [[bytes, ms]] between two ranks}}
     roofline    a GPU's rates, each with its source (datasheet figure, a measurement, or an estimate):
-                see trainer/planner/roofline.py
+                see trainer/planner/roofline.py; `planner_profile` adds it to a device profile
+                (trainer/planner/gpu_profile.py: the datasheets, estimates and `roofline`), and
+                `python -m benchmarks.gpu.gpu_profile --planner-profile OUT [--from device_profile.json]`
+                writes the file (trainer/planner/profiles/h200.json was written so).
 
 Every number the planner uses is read from the file: nothing device-specific lives in code.
 """
 from __future__ import annotations
 
 import math
+import os
 
 from trainer.ds_config import read_json_file
 from trainer.planner.fit import Curve, linear
+from trainer.planner.gpu_profile import DATASHEETS, datasheet, roofline
 
 MAX_BYTES = 4 << 20
+PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")  # the shipped ones (package data)
 
 
 class ProfileError(ValueError):
     """A profile that cannot be used; the message names the file and the key."""
+
+
+def shipped() -> list[str]:
+    """The names of the shipped profiles (trainer/planner/profiles/NAME.json)."""
+    return sorted(f[:-len(".json")] for f in os.listdir(PROFILES) if f.endswith(".json"))
+
+
+def resolve(profile: str) -> str:
+    """--profile's value as a file: a shipped profile's name (`h200`) is its file in PROFILES; anything
+    else is a path, as given."""
+    named = os.path.join(PROFILES, f"{profile}.json")
+    return named if profile in shipped() and not os.path.exists(profile) else profile
 
 
 def load(path: str) -> dict:
@@ -50,6 +83,52 @@ def load(path: str) -> dict:
     return data
 
 
+# ---- writing the format ----
+def device_profile(device: dict, measured: dict) -> dict:
+    """A device profile from what was measured on `device` (its "device" section): `measured` holds
+    "compute", "rates" (copy_tb_s, and on CUDA host_to_device_gb_s / device_to_host_gb_s) and, when
+    measured, "op_overhead_us"; the datasheet's figures stand beside them, each number with its source."""
+    cuda = device.get("type") == "cuda"
+    sheet = datasheet(device["name"]) if cuda else None
+    rates = measured["rates"]
+    links = {"host_to_device_gb_s": rates.get("host_to_device_gb_s"),
+             "device_to_host_gb_s": rates.get("device_to_host_gb_s"),
+             "nvlink_gb_s": sheet["links_gb_s"]["nvlink"] if sheet else None,
+             "pcie_gb_s": sheet["links_gb_s"]["pcie"] if sheet else None,
+             "allreduce": None,
+             "allreduce_note": "not measured: one device, no peer (NCCL all-reduce needs a second GPU)"}
+    sources = {
+        "compute": "measured: torch matmul / nn.LSTM forward+backward on random data, median of repeats after "
+                   "warm-up (CUDA events on GPU, perf_counter on CPU); tf32 = fp32 tensors with TF32 allowed",
+        "memory.copy_tb_s": "measured: device-to-device copy, bytes read + written",
+        "links.host_to_device_gb_s": "measured: pinned host memory copy" if cuda else None,
+        "links.nvlink_gb_s": f"datasheet: {sheet['source']}" if sheet else None,
+        "links.pcie_gb_s": f"datasheet: {sheet['source']}" if sheet else None,
+        "datasheet": sheet["source"] if sheet else "no datasheet entry for this device",
+    }
+    if "op_overhead_us" in measured:
+        sources["host.op_overhead_us"] = "measured: host time of 200 eager adds of 8 numbers, synchronised at the end"
+    return {"device": device, "datasheet": sheet, "compute": measured["compute"],
+            "memory": {"copy_tb_s": rates["copy_tb_s"]}, "links": links,
+            "host": {"op_overhead_us": measured.get("op_overhead_us")}, "sources": sources}
+
+
+def datasheet_profile(name: str) -> dict:
+    """A device profile of nothing measured: the datasheet entry of the GPU `name`."""
+    sheet = datasheet(name)
+    if sheet is None:
+        raise ProfileError(f"--device-name {name!r}: no datasheet entry ({', '.join(DATASHEETS)})")
+    return {"device": {"name": name, "type": "cuda"}, "datasheet": sheet, "sources": {"datasheet": sheet["source"]}}
+
+
+def planner_profile(device: dict) -> dict:
+    """A device profile with the planner's "roofline" section added: measured numbers where it has them,
+    datasheet figures or stated estimates elsewhere."""
+    return {**device, "roofline": roofline(device),
+            "measured_by": device.get("measured_by") or "datasheet + this workplace's measurements + stated estimates"}
+
+
+# ---- reading it ----
 def _get(profile: dict, *keys):
     node = profile
     for i, k in enumerate(keys):

@@ -72,6 +72,8 @@ def train_main(config_path, overrides, ds_config_path) -> int:
     runtime = session = None
     try:
         runtime = ParallelRuntime.start(spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
+        if runtime.is_rank0:
+            print(runtime.describe_device(), flush=True)
         session = build_session(cfg, ds, runtime)
         Trainer(session).fit()
     except Exception as e:

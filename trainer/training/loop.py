@@ -19,6 +19,7 @@ from trainer.observe import timeline
 from trainer.observe.logger import NullLogger, RunLogger
 from trainer.observe.op_counter import host
 from trainer.observe.profiling import StepProfiler
+from trainer.observe.run_totals import RunTotals
 from trainer.training import faults, job_control, resume
 from trainer.training.state import TrainState
 
@@ -64,6 +65,7 @@ class Trainer:
         self.interval_wall = 0.0  # seconds of timed steps since the per-rank numbers were last gathered
         self.timed_steps = 0  # timed steps after the warm-up (their op_seconds go to RUN_DIR/timing/)
         self.stop_signal = None  # what stopped the run, for its last message
+        self.totals = RunTotals()  # every row's wall_s, sentences_seen, tokens_seen
 
     def _schedule_notes(self) -> list[str]:
         """What DeepSpeed would warn once per rank, said once: a schedule shorter than its warm-up."""
@@ -136,6 +138,7 @@ class Trainer:
                "tokens_per_s": tokens / elapsed, "sentences_per_s": sum(b.size for b in batches) / elapsed,
                "model_gflop": flops / 1e9, "model_gflops_per_s": flops / 1e9 / elapsed,
                "step_time_s": elapsed, "skipped_steps": st.skipped_steps}
+        row.update(self.totals.add(start + elapsed, sum(b.size for b in batches), tokens))
         if skipped:
             row.update(skipped=True, bad_steps=st.bad_steps)
         if sampled:
@@ -176,7 +179,7 @@ class Trainer:
         cfg, st = self.cfg.train, self.state
         self.s.module.train()
         stop = None
-        started = time.perf_counter()
+        started = self.totals.begin()
         if st.step >= cfg.max_steps:
             self.log.message(f"nothing to do: the run is at step {st.step} and train.max_steps={cfg.max_steps}")
         job_control.STOP.begin_training(self._announce_stop)  # signals are stop requests from here on

@@ -1,0 +1,1 @@
+"""Data preparation at scale, the TMX reader, batching of patent-length sentences."""

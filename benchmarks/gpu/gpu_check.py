@@ -1,0 +1,609 @@
+"""The GPU check (run it through benchmarks/gpu/gpu_check.sh, which installs carried wheels first): one
+prepared script for the one short try a lent GPU gives. It cannot waste that try: every stage has a
+timeout (training runs `--run-timeout-s`, 75 s), the whole check a deadline (`--deadline-s`, 300 s: later
+stages are skipped, and say so), OUT/gpu_check.json is rewritten after every stage, and the runs' logs,
+metrics, timing and profile files (no checkpoints) are packed into OUT/runs.tar.gz after every run and
+whenever the check ends (a training child is killed with its whole process group first). Data is prepared
+before the device (`--prepare-only`, run by benchmarks/gpu/gpu_wheels.sh into .gpudata/): nothing on the
+device needs MeCab; without it, dev BLEU is scored with sacreBLEU's `char` tokenizer (recorded).
+
+    python3 -m benchmarks.gpu.gpu_check [--device cuda|cpu] [--out DIR] [--work DIR] [--data-root DIR]
+    python3 -m benchmarks.gpu.gpu_check --prepare-only --work .gpudata      # here, before the device
+
+Stages, in order (the most wanted first: a deadline cuts the end):
+ 1. environment: versions, the GPU, whether MeCab imports;
+ 2. data: the prepared DATA_DIRs, and the patent-length one derived from the 32k one (gpu_patent.py);
+ 3. placement: DeepSpeed's accelerator and its current device (where the trainer puts everything) are
+    the requested device; a model step there leaves every parameter and gradient on it, with the loss
+    and gradient norm of the same step on the CPU in fp32 (TF32 off; relative difference < 1e-3);
+ 4. profile: benchmarks/gpu/gpu_profile.py: GEMM and LSTM TFLOP/s by precision at our shapes, copy rates,
+    datasheet peaks with their source -> OUT/device_profile.json;
+ 5. latency: the planner's estimated latencies measured at patent length (host time per launch, one
+    device sync, the LSTM's time per time step) -> OUT/planner_profile.json (gpu_patent.py);
+ 6. training through the real CLI (`python launch/train.py`, one process, NCCL world of one on CUDA), the
+    key runs first: enja-small bf16 (trainer/configs/enja_small.yaml: emb/hidden 256, 2+2 layers, 64 pairs,
+    8k BPE per side), paper-size bf16 (4+4 LSTM layers of 1024, 128 pairs, one joint 32k BPE model) and
+    patent bf16 (the paper-size model without dropout on sentences 4 times as long: the planner's
+    patent_len scenario); each: pairs/s, tokens/s and mean step from the steps between logged rows
+    (untimed, unprofiled: gpu_runs.py), the logged (timed) steps' own for reference, peak memory of the
+    process (nvidia-smi; RSS on CPU), model TFLOP/s and MFU against the datasheet peak of the precision (fp32
+    also against TF32) and against the measured GEMM peak; a dev-BLEU decode on the device at the end, and
+    the device the trainer says it computed on (a CPU fallback fails the run);
+ 7. resume: the first run continued by 5 steps with train.resume=auto (fused Adam state, RNG states and
+    the data position restored on the device), every step after the first run's logged once;
+ 8. portability: `launch/translate.py` in a process that sees no GPU translates from that checkpoint;
+ 9. the fp32 twins of enja-small and paper-size, and `units`: enja-small bf16 as a world-of-one `hybrid`
+    layout with 2 pipeline units and 2 time chunks (the interpreter's chunked, packed and head-piece paths);
+10. profiled: enja-small bf16 with torch.profiler over 3 steps (CUDA kernels, a trace, the device syncs
+    per step by place), in a run of its own;
+11. compile: enja-small bf16 with train.compile_head=true (if the deadline leaves time);
+12. wandb: a short enja-small run logging to wandb offline, the last run and alone (its failure costs
+    nothing else);
+13. planner (host CPU only, so last; the same from OUT's planner_profile.json here: docs/BENCHMARKS.md 7):
+    launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the shipped estimates
+    (trainer/planner/profiles/h200.json) and from planner_profile.json, beside the patent run's measured step.
+
+`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus, so the
+script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with a
+run killed by its timeout, and in the device's Python with the carried wheels: gpu_rehearsal.sh).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import REPO
+from benchmarks.gpu import gpu_patent
+from benchmarks.gpu import gpu_profile
+from benchmarks.gpu.gpu_runs import log, mecab_importable, pack_runs, portability, train_run
+
+ENJA_YAML = "trainer/configs/enja_small.yaml"
+PAPER = {"emb_dim": 1024, "hidden": 1024, "layers": 4}
+# per device: model overrides, micro-batch, data; steps and rows; shapes of the profile; the patent length
+SIZES = {
+    "cuda": {
+        "models": {"enja-small": ({}, 64, "enja8k"),
+                   "paper-size": (PAPER, 128, "enja32k_joint"),
+                   "patent": ({**PAPER, "dropout": 0.0}, 128, "patent")},
+        "steps": 60, "log_every": 10, "warmup": 10, "profile_from": 5, "dev_sentences": 64, "reps": 20,
+        "copy_mib": 1024, "patent_repeat": 4, "planner_overrides": [], "planner_steps": 2, "planner_timeout": 150,
+        "gemm": [(2048, 4096, 1024), (128, 4096, 1024), (2048, 32000, 1024), (8192, 8192, 8192)],
+        "lstm": [(64, 16, 256, 256), (128, 16, 1024, 1024), (128, 32, 1024, 1024), (128, 64, 1024, 1024)],
+    },
+    "cpu": {
+        "models": {"enja-small": ({"emb_dim": 16, "hidden": 16}, 8, "tiny"),
+                   "paper-size": ({"emb_dim": 32, "hidden": 32, "layers": 4}, 16, "tiny_joint"),
+                   "patent": ({"emb_dim": 32, "hidden": 32, "layers": 4, "dropout": 0.0}, 16, "patent")},
+        "steps": 6, "log_every": 2, "warmup": 2, "profile_from": 1, "dev_sentences": 4, "reps": 3,
+        "copy_mib": 16, "patent_repeat": 2, "planner_steps": 1, "planner_timeout": 400,
+        "planner_overrides": ["model.emb_dim=32", "model.hidden=32", "data.min_batch_sentences=8"],
+        "gemm": [(128, 512, 128), (16, 512, 128), (128, 1000, 128), (256, 256, 256)],
+        "lstm": [(8, 8, 16, 16), (16, 8, 32, 32)],
+    },
+}
+STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "resume", "portability", "profiled",
+          "compile", "wandb", "planner")
+
+
+# ---- data ----
+def prepare(work: Path, device: str, corpus: Path | None, data_root: Path | None = None,
+            timeout: int = 600) -> dict[str, Path]:
+    """Prepared DATA_DIRs by name: from small_parallel_enja on CUDA, from the demo corpus on CPU. A DATA_DIR
+    already prepared under `data_root` (.gpudata/, made before the device) is used as it is; one prepared
+    here uses MeCab only where it imports (--pretokenize auto, else none)."""
+    if device == "cpu":
+        plans = {"tiny": ["--vocab-size", "2000"], "tiny_joint": ["--vocab-size", "4000", "--joint-vocab"]}
+    else:
+        plans = {"enja8k": ["--vocab-size", "8000", "--model-type", "bpe"],
+                 "enja32k_joint": ["--vocab-size", "32000", "--model-type", "bpe", "--joint-vocab"]}
+    out = {}
+    for name, extra in plans.items():
+        ready = [d / name for d in (data_root, work) if d is not None and (d / name / "manifest.json").exists()]
+        if ready:
+            out[name] = ready[0]
+            continue
+        if device == "cpu":
+            corpus = work / "demo_text"
+            if not (corpus / "train.en").exists():
+                _run([sys.executable, "-m", "data_prep.demo_corpus", "--out", corpus, "--pairs", "600", "--dev", "40",
+                      "--test", "40", "--seed", "3"], 300)
+        if corpus is None:
+            raise RuntimeError(f"{name}: not prepared in {data_root} and no raw corpus (--corpus)")
+        data = work / name
+        args = ["--format", "moses", "--out", data, *extra,
+                "--pretokenize", "auto" if mecab_importable() else "none"]
+        for split in ("train", "dev", "test"):
+            args += [f"--{split}-src", corpus / f"{split}.en", f"--{split}-tgt", corpus / f"{split}.ja"]
+        t = time.time()
+        _run([sys.executable, "-m", "data_prep.prepare", *args], timeout)
+        log(f"prepared {name} in {time.time() - t:.1f}s")
+        out[name] = data
+    return out
+
+
+def _run(cmd, timeout: int) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def data_shape(data: Path) -> dict:
+    """Mean real tokens per pair (with EOS, as the trainer counts them) and vocabulary sizes."""
+    from trainer.data import ParallelData, read_manifest
+
+    train = ParallelData(str(data), "train")
+    vocab = read_manifest(str(data))["vocab"]
+    return {"pairs": len(train), "src_len": float(train.src_len.mean()) + 1, "tgt_len": float(train.tgt_len.mean()) + 1,
+            "src_vocab": vocab["src_size"], "tgt_vocab": vocab["tgt_size"]}
+
+
+# ---- 1. placement ----
+def placement(device_name: str, data: Path, model_overrides: dict) -> dict:
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from trainer.config import ModelConfig
+    from trainer.data import ParallelData
+    from trainer.model.seq2seq import build_model
+
+    # the trainer places everything on DeepSpeed's accelerator's current device
+    accel, dev = get_accelerator().device_name(), torch.device(get_accelerator().current_device_name())
+    result = {"deepspeed_accelerator": accel, "trainer_device": str(dev)}
+    if dev.type != device_name:
+        raise RuntimeError(f"placement: asked for {device_name}, but DeepSpeed's accelerator is {accel!r} "
+                         f"and the trainer would run on {dev} (is CUDA visible? torch {torch.__version__}, "
+                         f"cuda available: {torch.cuda.is_available()})")
+    gpu_profile._tf32(dev, False)  # compare true fp32 with the CPU (cuDNN allows TF32 by default)
+    cfg = ModelConfig(**{**model_overrides, "dropout": 0.0})
+    shape = data_shape(data)
+    batch = ParallelData(str(data), "train").batch(range(32))
+    tokens = batch.tgt_tokens
+    losses, norms = {}, {}
+    for where in ("cpu", dev):
+        model = build_model(cfg, shape["src_vocab"], shape["tgt_vocab"], seed=3).to(where)
+        b = batch.to(where)
+        loss = model(b.src, b.src_lengths, b.tgt_in, b.tgt_out)[0] / tokens
+        loss.backward()
+        off = [n for n, p in model.named_parameters() if p.device.type != torch.device(where).type
+               or p.grad is None or p.grad.device.type != torch.device(where).type]
+        if off:
+            raise RuntimeError(f"placement: parameters or gradients not on {where}: {off[:5]}")
+        losses[str(where)] = loss.item()
+        norms[str(where)] = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters()))
+    ref, got = losses["cpu"], losses[str(dev)]
+    result.update(loss_cpu=ref, loss_device=got, loss_rel_diff=abs(got - ref) / abs(ref),
+                  grad_norm_cpu=norms["cpu"], grad_norm_device=norms[str(dev)],
+                  grad_norm_rel_diff=abs(norms[str(dev)] - norms["cpu"]) / norms["cpu"])
+    result["ok"] = result["loss_rel_diff"] < 1e-3 and result["grad_norm_rel_diff"] < 1e-3
+    log(f"placement: {json.dumps(result)}")
+    return result
+
+
+class Check:
+    """The report and the clock: every stage runs under a timeout and the overall deadline, and the
+    report (OUT/gpu_check.json) is rewritten after each, so whatever kills the check later, what ran
+    is there."""
+
+    def __init__(self, out: Path, deadline_s: float, report: dict):
+        self.out, self.deadline, self.report = out, time.time() + deadline_s, report
+        self.report["stages"] = {}
+        self.save()
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def save(self) -> None:
+        self.report["elapsed_s"] = round(time.time() - self.started, 1) if hasattr(self, "started") else 0.0
+        tmp = self.out / "gpu_check.json.tmp"
+        tmp.write_text(json.dumps(self.report, indent=1, default=str))
+        os.replace(tmp, self.out / "gpu_check.json")
+
+    def stage(self, name: str, fn, timeout: float, need: float = 0.0):
+        """fn() under min(timeout, the time left); its result, or None when it failed, timed out or was
+        skipped for the deadline (each recorded in report["stages"])."""
+        left = self.left()
+        if left < max(need, 1.0):
+            self.report["stages"][name] = {"status": "skipped", "why": f"deadline: {left:.0f}s left, needs {need:.0f}s"}
+            log(f"{name}: skipped ({left:.0f}s left before the deadline)")
+            self.save()
+            return None
+        limit = max(1, int(min(timeout, left)))
+        start = time.time()
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(limit)
+        try:
+            result, status = fn(), "ok"
+        except StageTimeout:
+            result, status = None, "timeout"
+            log(f"{name}: stopped after its {limit}s limit")
+        except Exception as e:  # noqa: BLE001 - a failed stage is recorded and the check goes on
+            result, status = None, "failed"
+            self.report["stages"][name] = {"error": f"{type(e).__name__}: {str(e)[-2000:]}"}
+            log(f"{name}: FAILED: {type(e).__name__}: {str(e)[-2000:]}")
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        self.report["stages"][name] = {**self.report["stages"].get(name, {}), "status": status,
+                                       "seconds": round(time.time() - start, 1)}
+        self.save()
+        return result
+
+
+class StageTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise StageTimeout()
+
+
+class StageTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise StageTimeout()
+
+
+def _sigterm(signum, frame):
+    log("SIGTERM: stopping (the running training is killed, its files packed); the report holds what ran")
+    sys.exit(3)  # SystemExit unwinds through every `finally`: the child's process group, pack_runs, the report
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default=os.environ.get("GPU_CHECK_DEVICE", "cuda"))
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/gpu_check")))
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpu_check_work"))
+    p.add_argument("--corpus", type=Path, default=None, help="raw small_parallel_enja (default: .gpudata/ or ../shared/data/)")
+    p.add_argument("--data-root", type=Path, default=None, help="prepared DATA_DIRs (default: .gpudata/ on cuda)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--deadline-s", type=float, default=None, help="the whole check (default 300 on cuda, 900 on cpu)")
+    p.add_argument("--run-timeout-s", type=int, default=None, help="each training run (default 90 on cuda, 240 on cpu)")
+    p.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(STAGES)} (default: all; compile "
+                                                 f"on cuda only)")
+    p.add_argument("--runs", default="", help="comma-separated names of the `runs` stage to do (default: all)")
+    p.add_argument("--prepare-only", action="store_true", help="prepare the DATA_DIRs into --work and stop")
+    args = p.parse_args(argv)
+    default = [s for s in STAGES if s != "compile" or args.device == "cuda"]
+    args.stages = set(args.stages.split(",")) if args.stages else set(default)
+    if args.stages - set(STAGES):
+        p.error(f"--stages: unknown {sorted(args.stages - set(STAGES))} (of {', '.join(STAGES)})")
+    if args.device == "cuda" and args.corpus is None:
+        args.corpus = next((c for c in (REPO / ".gpudata" / "small_parallel_enja",
+                                        REPO.parent / "shared" / "data" / "small_parallel_enja")
+                            if (c / "train.en").exists()), None)
+    args.data_root = args.data_root or (REPO / ".gpudata" if args.device == "cuda" else None)
+    args.run_timeout_s = args.run_timeout_s or (90 if args.device == "cuda" else 240)
+    args.deadline_s = args.deadline_s or (300 if args.device == "cuda" else 900)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    if args.prepare_only:
+        args.work.mkdir(parents=True, exist_ok=True)
+        for name, path in prepare(args.work, args.device, args.corpus, timeout=1800).items():
+            log(f"prepared {name}: {path}")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _sigterm)
+    check = GpuCheck(args)
+    try:
+        return check.run()
+    finally:  # however it ends (SIGTERM, a bug): what ran comes back
+        check.check.save()
+        if (args.work / "runs").exists():
+            pack_runs(args.work, args.out)
+
+
+def run_specs(sizes: dict) -> tuple[list[dict], list[dict]]:
+    """The runs of the `runs` stage: (the key runs, done first: enja-small bf16, which resume and
+    portability continue, the paper-size model, and at patent length; the rest: the fp32 twins and the
+    world-of-one units-and-chunks layout)."""
+    spec = lambda model, precision, **kw: {"name": f"{model}_{precision}", "model": model,  # noqa: E731
+                                           "precision": precision, **kw}
+    key = [spec("enja-small", "bf16"), spec("paper-size", "bf16"), spec("patent", "bf16")]
+    rest = [spec("enja-small", "fp32"), spec("paper-size", "fp32"),
+            spec("enja-small", "bf16", name="enja-small_bf16_units",
+                 layout={"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2})]
+    return key, rest
+
+
+class GpuCheck:
+    """The stages in order (module docstring), each through `Check.stage`."""
+
+    def __init__(self, args: argparse.Namespace):
+        import torch
+
+        if args.device == "cpu":
+            torch.set_num_threads(1)  # as the training runs below (train.threads=1)
+        self.args, self.sizes = args, SIZES[args.device]
+        self.steps = args.steps or self.sizes["steps"]
+        self.check = Check(args.out, args.deadline_s, {"device_requested": args.device, "torch": torch.__version__,
+                                                       "steps": self.steps, "log_every": self.sizes["log_every"]})
+        self.check.started = time.time()
+        self.report = self.check.report
+        self.report["runs"] = []
+        self.datas, self.shapes, self.profile, self.latency = {}, {}, None, None
+
+    def run(self) -> int:
+        args, check, report = self.args, self.check, self.report
+        if "environment" in args.stages:
+            report["environment"] = check.stage("environment", lambda: environment(args.device), 60)
+        if not self.data():
+            log("no data: nothing more can run")
+            return 1
+        if "placement" in args.stages:
+            overrides, _, data = self.sizes["models"]["enja-small"]
+            report["placement"] = check.stage("placement", lambda: placement(args.device, self.datas[data],
+                                                                             {**_yaml_model(), **overrides}), 120)
+        if "profile" in args.stages:
+            self.profile = report["profile"] = check.stage("profile", lambda: device_profile(
+                args.device, self.sizes, args.out), 120)
+        if "latency" in args.stages and self.profile:
+            self.latency = report["latency"] = check.stage("latency", self.latencies, 90, need=10)
+        key, rest = run_specs(self.sizes)
+        self.train_all(key)
+        self.after_key_runs()
+        self.train_all(rest)
+        self.last_runs()
+        if "planner" in args.stages and self.latency:  # CPU work only: last, and can be done here from OUT
+            report["planner"] = check.stage("planner", self.planner, self.sizes["planner_timeout"], need=60)
+        return self.finish()
+
+    def data(self) -> bool:
+        args, sizes = self.args, self.sizes
+
+        def prepared() -> dict:
+            datas = prepare(args.work, args.device, args.corpus, args.data_root)
+            joint = datas["enja32k_joint" if args.device == "cuda" else "tiny_joint"]
+            datas["patent"] = gpu_patent.stretch_data_dir(joint, args.work / f"patent_x{sizes['patent_repeat']}",
+                                                          sizes["patent_repeat"])
+            return datas
+
+        self.datas = self.check.stage("data", prepared, 900) if "data" in args.stages else None
+        if not self.datas:
+            return False
+        self.shapes = {name: data_shape(path) for name, path in self.datas.items()}
+        self.report["data"] = {name: {"dir": str(self.datas[name]), **s} for name, s in self.shapes.items()}
+        self.check.save()
+        log(f"data: {json.dumps(self.report['data'])}")
+        return True
+
+    def latencies(self) -> dict:
+        """The planner's latencies at patent length, into OUT/planner_profile.json (gpu_patent.py)."""
+        import torch
+
+        overrides, micro, _ = self.sizes["models"]["patent"]
+        hidden = overrides.get("hidden") or _yaml_model()["hidden"]
+        dev = torch.device("cuda:0" if self.args.device == "cuda" else "cpu")
+        lat = gpu_patent.latencies(dev, hidden, micro, self.shapes["patent"]["src_len"], self.sizes["reps"])
+        gpu_patent.planner_profile(self.profile, lat, self.args.out / "planner_profile.json")
+        return lat
+
+    def _train(self, name: str, model: str, precision: str, steps: int, timeout: int, **kw) -> dict:
+        overrides, micro, data = self.sizes["models"][model]
+        return train_run(self.args.work, self.args.device, name, precision, overrides, micro, self.datas[data], steps,
+                         self.sizes["dev_sentences"], timeout=timeout, **{"log_every": self.sizes["log_every"],
+                                                                         "warmup": self.sizes["warmup"], **kw})
+
+    def train_all(self, specs: list[dict]) -> None:
+        for spec in specs:
+            if "runs" in self.args.stages and (not self.args.runs or spec["name"] in self.args.runs.split(",")):
+                self.report["runs"].append(self.train(spec))
+
+    def train(self, spec: dict, stage: str | None = None, steps: int | None = None, timeout: int | None = None,
+              wandb: bool = False) -> dict:
+        """One training run as a stage (its name, `run NAME` by default), its files packed into
+        OUT/runs.tar.gz however it ends; the report rewritten."""
+        model, precision = spec["model"], spec["precision"]
+        stage, timeout = stage or f"run {spec['name']}", timeout or self.args.run_timeout_s
+        try:
+            r = self.check.stage(stage, lambda: self._train(
+                spec["name"], model, precision, steps or self.steps, timeout, wandb=wandb, layout=spec.get("layout"),
+                extra=spec.get("extra", ())), timeout + 30, need=min(timeout, 30)) or {
+                "name": spec["name"], "error": self.report["stages"][stage].get("why", "no result")}
+        finally:
+            pack_runs(self.args.work, self.args.out)
+        overrides, micro, data = self.sizes["models"][model]
+        r.update(model=model, precision=precision, micro_batch=micro, data=data)
+        if "pairs_per_s" in r and self.profile:
+            add_mfu(r, {**_yaml_model(), **overrides}, self.shapes[data], precision, self.profile)
+        log(f"{spec['name']}: {json.dumps(r)}")
+        self.check.save()
+        return r
+
+    def after_key_runs(self) -> None:
+        """resume and portability (from the first run)."""
+        args, check, report, steps = self.args, self.check, self.report, self.steps
+        first = report["runs"][0] if report["runs"] else {}
+        if "pairs_per_s" in first and "resume" in args.stages:
+            report["resume"] = check.stage("resume", lambda: self.resume(first), args.run_timeout_s + 30, need=30)
+            log(f"resume to step {steps + 5}: {json.dumps(report['resume'])}")
+            pack_runs(args.work, args.out)
+        if "pairs_per_s" in first and "portability" in args.stages:
+            report["portability"] = check.stage("portability", lambda: portability(
+                args.work / "runs" / first["name"], self.datas[first["data"]]), 150, need=20)
+
+    def resume(self, first: dict) -> dict:
+        """The first run continued by 5 steps, each logged: the rows are the first run's and those 5, once each."""
+        before = [json.loads(line)["step"] for line in
+                  (self.args.work / "runs" / first["name"] / "metrics.jsonl").read_text().splitlines()]
+        again = self._train(first["name"], first["model"], first["precision"], self.steps + 5, self.args.run_timeout_s,
+                            wandb=False, resume=True, log_every=1)
+        expected = before + list(range(self.steps + 1, self.steps + 6))
+        again.update(expected_steps=expected, ok=again.get("resumed", False) and again.get("logged_steps") == expected)
+        return {k: again.get(k) for k in ("exit", "ok", "resumed", "logged_steps", "expected_steps", "error")}
+
+    def planner(self) -> dict:
+        _, micro, _ = self.sizes["models"]["patent"]
+        profiles = {"estimates": gpu_patent.ESTIMATES_PROFILE, "measured": self.args.out / "planner_profile.json"}
+        out = {"data": str(self.datas["patent"]), "profiles": {k: str(v) for k, v in profiles.items()}}
+        out["predictions"] = gpu_patent.predictions(self.datas["patent"], self.sizes["planner_overrides"], micro,
+                                                    profiles, self.args.work, steps=self.sizes["planner_steps"])
+        return out
+
+    def last_runs(self) -> None:
+        """Each in a run of its own, after everything that measures speed: the profiled steps, the
+        compiled head, wandb."""
+        args, report, sizes = self.args, self.report, self.sizes
+        if "profiled" in args.stages:
+            start = sizes["profile_from"]
+            spec = {"name": "enja-small_bf16_profiled", "model": "enja-small", "precision": "bf16",
+                    "extra": (f"train.profile_from={start}", "train.profile_steps=3")}
+            report["profiled"] = self.train(spec, "profiled", steps=start + 4)
+        if "compile" in args.stages:
+            spec = {"name": "enja-small_bf16_compiled", "model": "enja-small", "precision": "bf16",
+                    "extra": ("train.compile_head=true",)}
+            report["compiled_head"] = self.train(spec, "compile", timeout=args.run_timeout_s * 2)
+        if "wandb" in args.stages:
+            spec = {"name": "enja-small_bf16_wandb", "model": "enja-small", "precision": "bf16"}
+            if wandb_importable():
+                report["wandb"] = self.train(spec, "wandb", steps=4, wandb=True)
+                report["wandb"]["ok"] = "error" not in report["wandb"] and report["wandb"].get("wandb_offline_run")
+            else:
+                report["wandb"] = {"name": spec["name"], "ok": False, "error": "wandb is not importable"}
+
+    def finish(self) -> int:
+        report, runs = self.report, self.report["runs"]
+        for model_name in self.sizes["models"]:
+            pair = {r["precision"]: r for r in runs if r.get("model") == model_name and "first_loss" in r
+                    and not r["name"].endswith("_units")}
+            if len(pair) == 2:  # same seed, same first batch: bf16 and fp32 start from the same loss
+                report.setdefault("bf16_vs_fp32_first_loss_rel_diff", {})[model_name] = (
+                    abs(pair["bf16"]["first_loss"] - pair["fp32"]["first_loss"]) / pair["fp32"]["first_loss"])
+        report["wall_s"] = round(time.time() - self.check.started, 1)
+        self.check.save()
+        print_table(report)
+        failed = [r["name"] for r in runs if "error" in r or not r.get("finite", False)]
+        failed += [name for name, st in report["stages"].items() if st["status"] != "ok"]
+        failed += [c for c in ("placement", "resume", "portability", "wandb")
+                   if c in self.args.stages and not (report.get(c) or {}).get("ok")]
+        failed += [c for c in ("profiled", "compiled_head") if "error" in (report.get(c) or {})]
+        if failed:
+            log(f"FAILED: {', '.join(dict.fromkeys(failed))}")
+            return 1
+        out = self.args.out
+        log(f"all checks passed in {report['wall_s']}s; {out}/gpu_check.json, {out}/device_profile.json, "
+            f"{out}/planner_profile.json, {out}/runs.tar.gz")
+        return 0
+
+
+def environment(device: str) -> dict:
+    import torch
+
+    env = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cuda_available": torch.cuda.is_available(), "mecab": mecab_importable(),
+           "bleu_tokenize": None if mecab_importable() else "char (MeCab not importable)"}
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2 ** 30, 1),
+                   sm_count=props.multi_processor_count)
+    for name in ("deepspeed", "typing_extensions", "pydantic", "omegaconf", "sentencepiece", "wandb"):
+        try:
+            from importlib.metadata import version
+
+            env[name] = version(name.replace("_", "-"))
+        except Exception as e:  # noqa: BLE001
+            env[name] = f"not installed: {e}"
+    log(f"environment: {json.dumps(env)}")
+    return env
+
+
+def device_profile(device: str, sizes: dict, out: Path) -> dict:
+    import torch
+
+    dev = torch.device("cuda:0" if device == "cuda" else "cpu")
+    profile = gpu_profile.profile(dev, gpu_profile.measure(dev, sizes, sizes["reps"]))
+    profile["measured_by"] = f"python3 -m benchmarks.gpu.gpu_check --device {device}"
+    (out / "device_profile.json").write_text(json.dumps(profile, indent=1))
+    log(f"profile written: {out / 'device_profile.json'} (datasheet: "
+        f"{profile['datasheet']['name'] if profile['datasheet'] else 'none'})")
+    return profile
+
+
+def wandb_importable() -> bool:
+    try:
+        import wandb  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means: no wandb run
+        log(f"wandb is not importable ({type(e).__name__}: {e}); no wandb run")
+        return False
+    return True
+
+
+def _yaml_model() -> dict:
+    from omegaconf import OmegaConf
+
+    from trainer.config import ModelConfig
+
+    return {**ModelConfig().__dict__, **OmegaConf.to_container(OmegaConf.load(REPO / ENJA_YAML))["model"]}
+
+
+def add_mfu(result: dict, model: dict, shape: dict, precision: str, profile: dict) -> None:
+    flops = gpu_profile.train_flops_per_pair(model, shape["tgt_vocab"], shape["src_len"], shape["tgt_len"])
+    achieved = result["pairs_per_s"] * flops / 1e12
+    result.update(model_tflop_per_pair=flops / 1e12, model_tflops=round(achieved, 4))
+    sheet = profile["datasheet"]
+    if sheet:
+        result["mfu_datasheet"] = round(achieved / sheet["peak_tflops"][precision], 5)
+        if precision == "fp32":
+            result["mfu_datasheet_tf32"] = round(achieved / sheet["peak_tflops"]["tf32"], 5)
+    gemm_peak = max(g["tflops"] for g in profile["compute"][precision]["gemm"])
+    result["mfu_measured_gemm_peak"] = round(achieved / gemm_peak, 5)
+
+
+def print_table(report: dict) -> None:
+    """What the check measured, as far as it got."""
+    for name, st in report["stages"].items():
+        print(f"stage {name}: {st['status']}" + (f" ({st['seconds']}s)" if "seconds" in st else f" ({st.get('why')})"))
+    p = report.get("placement")
+    if p:
+        print(f"\nplacement: {p['trainer_device']} (DeepSpeed accelerator {p['deepspeed_accelerator']}); loss vs CPU "
+              f"fp32 rel diff {p['loss_rel_diff']:.2e}, grad norm {p['grad_norm_rel_diff']:.2e}")
+    print("| run | device | pairs/s | tokens/s | step ms (untimed / timed median) | peak MiB | model TFLOP/s "
+          "| MFU (datasheet) | MFU (GEMM peak) | first loss | dev BLEU | device syncs/step |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    extra = [report[k] for k in ("profiled", "compiled_head", "wandb") if (report.get(k) or {}).get("name")]
+    for r in report["runs"] + extra:
+        if "pairs_per_s" not in r and "first_loss" not in r:
+            print(f"| {r['name']} | FAILED ({str(r.get('error', ''))[:60]!r}) |")
+            continue
+        mfu = r.get("mfu_datasheet")
+        mfu = "n/a" if mfu is None else f"{100 * mfu:.2f}%" + (
+            f" (TF32 {100 * r['mfu_datasheet_tf32']:.2f}%)" if "mfu_datasheet_tf32" in r else "")
+        gemm = f"{100 * r['mfu_measured_gemm_peak']:.2f}%" if "mfu_measured_gemm_peak" in r else "n/a"
+        num = lambda k, f: format(r[k], f) if k in r else "-"  # noqa: E731
+        syncs = (r.get("profile") or {}).get("device_syncs_per_step", "")
+        print(f"| {r['name']} | {r.get('device')} | {num('pairs_per_s', '.0f')} | {num('tokens_per_s', '.0f')} | "
+              f"{num('step_ms_mean', '.1f')} / {r['timed_step_ms_median']:.1f} | {r['peak_memory_mib']:.0f} | "
+              f"{num('model_tflops', '.4g')} | {mfu} | {gemm} | {r['first_loss']:.4f} | {r['dev_bleu']} | {syncs} |")
+    profile = report.get("profile")
+    if profile:
+        for precision, c in profile["compute"].items():
+            print(f"{precision}: GEMM TFLOP/s " + ", ".join(f"{g['m']}x{g['n']}x{g['k']}={g['tflops']}"
+                                                          for g in c["gemm"])
+                  + "; LSTM fwd+bwd TFLOP/s " + ", ".join(f"b{x['batch']}t{x['time']}h{x['hidden']}={x['tflops']}"
+                                                         for x in c["lstm"]))
+        print(f"memory/links: {profile['memory']} {json.dumps(profile['links'])}")
+    if report.get("latency"):
+        lat = report["latency"]
+        print(f"latencies at patent length: {lat['op_overhead_us']} us per launch, {lat['sync_us']} us per sync, "
+              f"LSTM step {lat['lstm_step_us']} us forward / {lat['lstm_step_bwd_us']} us backward "
+              f"(estimates: 5, 15, 6 us)")
+    if report.get("planner"):
+        patent = next((r for r in report["runs"] if r["name"] == "patent_bf16"), {})
+        gpu_patent.print_predictions(report["planner"], patent.get("step_ms_mean"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""Single rank against OpenNMT-py 3.5.1: the same model and batches, sentence pairs/s side by side in one run.
+
+    python -m benchmarks.peers.opennmt_peer [--work /tmp/hybrid-nmt-bench] [--steps 60] [--warmup 5] [--threads 2]
+                                      [--venv WORK/onmt-venv] [--rounds 1] [--ours KEY=VALUE ...]
+
+The peer lives in its own virtual environment (default WORK/onmt-venv, built on first use and reused):
+torch pinned to the CPU wheel of requirements.txt first, then `opennmt-py==3.5.1 --no-deps` and the few
+packages it imports at start-up, each pinned (PEER_PACKAGES). Nothing goes into requirements.txt or the
+interpreter running this script.
+
+Same model as the enja-small reference, read from trainer/configs/enja_small.yaml and ds_configs/single.json
+(`peer_options`): emb/hidden 256, 2+2 unidirectional LSTM layers, general (Luong) attention, dropout 0.2,
+label smoothing 0.1, Adam (lr, betas, clipping of the JSON; not the learning-rate schedule, which does not
+change a step's work), 64 sentence pairs per step, an 8k vocabulary per side (word-level for OpenNMT-py,
+read by its own pipeline; our BPE data for ours; the English side has only ~6.6k word types, so the
+peer's source vocabulary is that), on ../shared/data/small_parallel_enja. Runs, each for --steps steps on
+--threads threads:
+
+* OpenNMT-py without and with input feeding (`input_feed 0|1`), fp32 (its CPU path has no bf16);
+* ours single rank through the real CLI (benchmarks/common.py::train), fp32 and bf16.
+
+How each is timed: the same part of a step on both sides, forward + loss + backward + optimizer step of
+the step's batches, not fetching them. Ours: `step_time_s` of metrics.jsonl. OpenNMT-py: a clock around
+`Trainer._gradient_accumulation` (benchmarks/peers/opennmt_runner.py), one line per step. pairs/s = pairs over
+the steps after --warmup / their summed step times. The peer's wall time between steps (batch
+preparation and reporting added) is in the JSON as `wall_pairs_per_s`. With --rounds R every run is
+repeated R times, interleaved, and the median round is reported.
+
+Prints a markdown table (pairs/s, src+tgt tokens per pair as a check that both sides do comparable work,
+and the ratio to OpenNMT-py without and with input feeding), the load average seen during the runs (the
+ratios mean little on a busy machine), and writes WORK/opennmt_peer.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+from benchmarks.common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, prepare_enja, summarise, train
+
+RUNNER = Path(__file__).resolve().parent / "opennmt_runner.py"
+MARKER = ".hybrid-nmt-peer.json"
+# Installed with --no-deps after torch: OpenNMT-py and what it imports when its entry points start
+# (found by importing them in a bare venv). Not spacy: see opennmt_runner.py.
+PEER_PACKAGES = ("opennmt-py==3.5.1", "pyonmttok==1.37.1", "numpy==2.4.6", "pyyaml==6.0.3",
+                 "configargparse==1.7.1", "sacrebleu==2.6.0", "portalocker==3.2.0", "regex==2026.5.9",
+                 "tabulate==0.9.0", "colorama==0.4.6", "lxml==6.0.2", "rapidfuzz==3.14.3",
+                 "pyahocorasick==2.2.0", "fasttext-wheel==0.9.2")
+ATTENTION = {"dot": "dot", "general": "general", "concat": "mlp"}  # ours -> OpenNMT-py global_attention
+
+
+class PeerError(RuntimeError):
+    """The peer's environment or run failed; the message says where."""
+
+
+def torch_pin() -> str:
+    """torch's pin in requirements.txt, restricted to the CPU build (a plain pin may pull a CUDA wheel)."""
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        if line.strip().startswith("torch=="):
+            version = line.split("==", 1)[1].strip()
+            return f"torch=={version}" if "+" in version else f"torch=={version}+cpu"
+    raise PeerError(f"{REPO / 'requirements.txt'}: no torch== pin to copy")
+
+
+def _pip(python: Path, args: list[str], venv: Path) -> None:
+    cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"could not build the peer's environment {venv}: `pip install {' '.join(args)}` gave no "
+                        f"answer in 30 minutes (is the package registry reachable?)") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip() and "is ignored" not in ln]
+        lines = [ln for ln in lines if ln.startswith("ERROR:")][:1] or lines  # pip's first error says what
+        raise PeerError(f"could not build the peer's environment {venv}: `pip install {' '.join(args)}` failed "
+                        f"(no network to the package registry, or a pinned release missing?): "
+                        f"{lines[-1] if lines else 'no output'}")
+
+
+def peer_venv(venv: Path) -> Path:
+    """The peer's interpreter: VENV/bin/python, built here unless VENV has this script's marker for the
+    same packages. A VENV this script did not make is never touched."""
+    python = venv / "bin" / "python"
+    wanted = {"packages": [torch_pin(), *PEER_PACKAGES], "runner_check": None}
+    marker = venv / MARKER
+    if venv.exists():
+        if not marker.exists():
+            raise PeerError(f"--venv {venv}: exists and was not made by this script (no {MARKER}); "
+                            f"name another folder or remove it")
+        try:
+            done = json.loads(marker.read_text())
+        except ValueError:
+            done = {}
+        if done.get("packages") == wanted["packages"] and done.get("runner_check"):
+            return python
+        shutil.rmtree(venv)  # ours, from an older package list or an interrupted build
+    print(f"building the peer's environment in {venv} (OpenNMT-py 3.5.1, torch CPU) ...", flush=True)
+    proc = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise PeerError(f"could not create a virtual environment in {venv}: {proc.stderr.strip()[-300:]}")
+    marker.write_text(json.dumps(wanted))
+    _pip(python, [torch_pin()], venv)
+    _pip(python, ["--no-deps", *PEER_PACKAGES], venv)
+    try:
+        check = subprocess.run([str(python), str(RUNNER), "check"], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"the peer's environment {venv} was built but OpenNMT-py did not start in 10 minutes") from None
+    if check.returncode != 0:
+        raise PeerError(f"the peer's environment {venv} was built but OpenNMT-py does not start: "
+                        f"{check.stderr.strip().splitlines()[-1] if check.stderr.strip() else check.returncode}")
+    info = json.loads(check.stdout.strip().splitlines()[-1])
+    if info.get("cuda"):
+        raise PeerError(f"{venv}: torch {info['torch']} is a CUDA build; the peer runs the CPU wheel")
+    marker.write_text(json.dumps({**wanted, "runner_check": info}))
+    return python
+
+
+def peer_options(config: Path, ds_config: Path) -> dict:
+    """OpenNMT-py training options for the model and batches of our config + DeepSpeed JSON."""
+    from trainer.config import ConfigError, load_config
+
+    try:
+        model = load_config(str(config)).model
+    except ConfigError as e:
+        raise PeerError(str(e)) from None
+    try:
+        return _mirror(config, model, ds_config, json.loads(ds_config.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise PeerError(f"{ds_config}: no value for the peer's options ({type(e).__name__}: {e})") from None
+
+
+def _mirror(config: Path, model, ds_config: Path, ds: dict) -> dict:
+    for key, value in (("model.bidirectional_bottom", model.bidirectional_bottom),
+                       ("model.tie_embeddings", model.tie_embeddings)):
+        if value:
+            raise PeerError(f"{config}: {key}=true has no mirror in this benchmark's OpenNMT-py options")
+    optimizer = ds["optimizer"]
+    if optimizer["type"].lower() != "adam":
+        raise PeerError(f"{ds_config}: optimizer.type={optimizer['type']!r}; the peer mirrors Adam only")
+    params = optimizer["params"]
+    return {"encoder_type": "rnn", "decoder_type": "rnn", "rnn_type": "LSTM", "layers": model.layers,
+            "word_vec_size": model.emb_dim, "hidden_size": model.hidden,
+            "global_attention": ATTENTION[model.attention], "dropout": [model.dropout],
+            "label_smoothing": model.label_smoothing, "optim": "adam", "learning_rate": params["lr"],
+            "adam_beta1": params["betas"][0], "adam_beta2": params["betas"][1],
+            "max_grad_norm": ds.get("gradient_clipping", 0.0), "batch_type": "sents",
+            "batch_size": ds["train_micro_batch_size_per_gpu"],
+            "accum_count": [ds.get("gradient_accumulation_steps", 1)], "normalization": "tokens",
+            "src_vocab_size": VOCAB_SIZE, "tgt_vocab_size": VOCAB_SIZE}
+
+
+def _run_peer_tool(python: Path, tool: str, config: Path, log: Path, extra: list[str], timeout: int,
+                   threads: int = 1) -> None:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    try:
+        with log.open("w") as out:
+            proc = subprocess.run([str(python), str(RUNNER), tool, "-config", str(config), *extra],
+                                  cwd=config.parent, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PeerError(f"OpenNMT-py {tool} did not finish in {timeout} s; log {log}") from None
+    if proc.returncode != 0:
+        tail = [ln for ln in log.read_text().splitlines() if ln.strip()][-1:]
+        raise PeerError(f"OpenNMT-py {tool} failed ({proc.returncode}); log {log}: {tail[0] if tail else ''}")
+
+
+def peer_data(python: Path, work: Path) -> Path:
+    """WORK/onmt/: OpenNMT-py's corpus config and its word-level vocabularies (built once)."""
+    root = work / "onmt"
+    root.mkdir(parents=True, exist_ok=True)
+    base = {"src_vocab": str(root / "vocab.src"), "tgt_vocab": str(root / "vocab.tgt"),
+            "save_data": str(root / "samples"), "overwrite": True,
+            "data": {"corpus_1": {"path_src": str(ENJA / "train.en"), "path_tgt": str(ENJA / "train.ja"),
+                                  "weight": 1}}}
+    # OpenNMT-py reads -config as YAML, of which JSON is a subset
+    (root / "data.json").write_text(json.dumps(base, indent=1))
+    if not (root / "vocab.tgt").exists():
+        if not ENJA.exists():
+            raise PeerError(f"{ENJA}: not found (the shared data folder beside the checkout)")
+        _run_peer_tool(python, "build_vocab", root / "data.json", root / "build_vocab.log", ["-n_sample", "-1"], 1800)
+    return root
+
+
+def train_peer(python: Path, root: Path, name: str, options: dict, threads: int, steps: int, warmup: int,
+               timeout: int = 7200) -> dict:
+    run = root / "runs" / name
+    if run.exists():
+        shutil.rmtree(run)
+    run.mkdir(parents=True)
+    config = {**json.loads((root / "data.json").read_text()), **options, "save_model": str(run / "model"),
+              "train_steps": steps, "valid_steps": 10 * steps, "save_checkpoint_steps": 10 * steps,
+              "report_every": max(1, steps // 10), "num_workers": 0, "seed": 1, "world_size": 1, "gpu_ranks": []}
+    (run / "config.json").write_text(json.dumps(config, indent=1))
+    # num_workers 0: batches are made in the process between steps, as ours are; DataLoader workers would
+    # compete with the 2 compute threads for the cores during steps.
+    _run_peer_tool(python, "train", run / "config.json", run / "train.log",
+                   ["--threads", str(threads), "--steps-file", str(run / "steps.jsonl")], timeout, threads)
+    rows = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    timed = [r for r in rows if r["step"] > warmup]
+    if not timed:
+        raise PeerError(f"{run / 'steps.jsonl'}: no step after the {warmup} warm-up steps")
+    seconds = sum(r["step_time_s"] for r in timed)
+    pairs = sum(r["pairs"] for r in timed)
+    return {"steps": len(timed), "step_ms_median": 1000 * statistics.median(r["step_time_s"] for r in timed),
+            "step_ms_mean": 1000 * seconds / len(timed), "pairs_per_s": pairs / seconds,
+            "wall_pairs_per_s": pairs / sum(r["wall_s"] for r in timed),
+            "tokens_per_pair": sum(r["src_tokens"] + r["tgt_tokens"] for r in timed) / pairs}
+
+
+def median_round(rounds: list[dict]) -> dict:
+    ordered = sorted(rounds, key=lambda r: r["pairs_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "rounds_pairs_per_s": [r["pairs_per_s"] for r in rounds]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=Path("/tmp/hybrid-nmt-bench"))
+    p.add_argument("--venv", type=Path, help="the peer's virtual environment (default WORK/onmt-venv)")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the timing at the start of each run")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--config", type=Path, default=REPO / "trainer" / "configs" / "enja_small.yaml")
+    p.add_argument("--ours", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides for our runs only (e.g. train.loss_chunk_rows=512)")
+    args = p.parse_args()
+    if args.steps <= args.warmup:
+        sys.exit(f"--steps {args.steps}: must be more than --warmup {args.warmup}")
+    args.work = args.work.resolve()
+    args.work.mkdir(parents=True, exist_ok=True)
+    try:
+        python = peer_venv((args.venv or args.work / "onmt-venv").resolve())
+        options = peer_options(args.config, REPO / "ds_configs" / "single.json")
+        root = peer_data(python, args.work)
+    except PeerError as e:
+        sys.exit(f"opennmt_peer: {e}")
+    data = prepare_enja(args.work)
+    load = [os.getloadavg()[0]]
+    runs = [("OpenNMT-py, no input feeding", "fp32", 0), ("OpenNMT-py, input feeding", "fp32", 1),
+            ("ours single", "fp32", None), ("ours single", "bf16", None)]
+    rounds = {(label, precision): [] for label, precision, _ in runs}
+    for _ in range(args.rounds):
+        for label, precision, feed in runs:
+            if feed is not None:
+                try:
+                    r = train_peer(python, root, f"input_feed{feed}", {**options, "input_feed": feed}, args.threads,
+                                   args.steps, args.warmup)
+                except PeerError as e:
+                    sys.exit(f"opennmt_peer: {e}")
+            else:
+                name = f"peer_ours_{precision}"
+                cfg = ds_variant(args.work, "single", name, bf16={"enabled": precision == "bf16"})
+                train(args.work, name, cfg, 1, args.threads, args.steps, data, config=str(args.config),
+                      extra=tuple(args.ours))
+                r = {k: v for k, v in summarise(args.work / "runs" / name, warmup=args.warmup).items() if k != "timing"}
+                r["tokens_per_pair"] = r["tokens_per_s"] / r["pairs_per_s"]
+            rounds[label, precision].append(r)
+            load.append(os.getloadavg()[0])
+            print(f"{label} ({precision}): {r['pairs_per_s']:.0f} pairs/s, median step {r['step_ms_median']:.0f} ms",
+                  flush=True)
+    results = {key: median_round(rs) for key, rs in rounds.items()}
+    out = {"command": " ".join(sys.argv), "cpu": cpu_model(), "threads": args.threads, "steps": args.steps,
+           "warmup": args.warmup, "load_average_1min": load, "busy": report(results, load, args),
+           "peer_packages": [torch_pin(), *PEER_PACKAGES], "peer_options": options,
+           "runs": {f"{label} {precision}": r for (label, precision), r in results.items()}}
+    (args.work / "opennmt_peer.json").write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.work / 'opennmt_peer.json'}")
+
+
+def report(results: dict, load: list[float], args) -> bool:
+    """Print the table and the issue's goal 3; True when the machine was busy during the runs."""
+    no_feed = results["OpenNMT-py, no input feeding", "fp32"]["pairs_per_s"]
+    feed = results["OpenNMT-py, input feeding", "fp32"]["pairs_per_s"]
+    print(f"\n{cpu_model()}, {args.threads} threads, {args.steps} steps of 64 pairs ({args.warmup} warm-up), "
+          f"load average (1 min) {min(load):.1f}-{max(load):.1f} during the runs")
+    print("| run | precision | pairs/s | median step (ms) | src+tgt tokens per pair | vs OpenNMT-py no input feeding "
+          "| vs OpenNMT-py input feeding |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for (label, precision), r in results.items():
+        print(f"| {label} | {precision} | {r['pairs_per_s']:.0f} | {r['step_ms_median']:.0f} | "
+              f"{r['tokens_per_pair']:.1f} | {r['pairs_per_s'] / no_feed:.2f}x | {r['pairs_per_s'] / feed:.2f}x |")
+    fp32, bf16 = results["ours single", "fp32"]["pairs_per_s"], results["ours single", "bf16"]["pairs_per_s"]
+    print(f"\nissue 14 goal 3: fp32 >= 1.2x OpenNMT-py without input feeding: {fp32 / no_feed:.2f}x "
+          f"({'met' if fp32 >= 1.2 * no_feed else 'not met'}); bf16 >= 2x OpenNMT-py with input feeding: "
+          f"{bf16 / feed:.2f}x ({'met' if bf16 >= 2 * feed else 'not met'})")
+    cores = len(os.sched_getaffinity(0))
+    busy = max(load) > cores + 1  # the runs' own threads account for about `cores`
+    if busy:
+        print(f"the machine was busy (1-minute load average up to {max(load):.1f} on {cores} cores): other work took "
+              f"cores from these runs unevenly, so the ratios are not a measurement of record; rerun on a quiet machine")
+    return busy
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Is the layout planner right? Two questions, one command each.
+
+    python -m benchmarks.planner validate [--work /tmp/hybrid-nmt-bench] [--profile FILE] [--steps 30]
+                                          [--precision bf16 fp32] [--only LABEL ...]
+    python -m benchmarks.planner predict  [--work /tmp/hybrid-nmt-bench] [--profile h200]
+                                          [--devices 1 2 4 8] [--links nvlink pcie] [--scenarios ...] [--steps 16]
+
+`validate`: predicted against measured step time on this machine, side by side.
+1. calibrates this machine (`python launch/plan.py --calibrate --config trainer/configs/enja_small.yaml
+   --out WORK/cpu_profile.json`) unless --profile names a profile already measured here;
+2. trains enja-small (64 pairs per step) through the real CLI in each layout: single with 1 and 2
+   threads, data_2, pipeline_2 and hybrid_2 (1 thread per rank) with 1/2/4 pipeline units and 1/2/4
+   time chunks, hybrid_2 with head_schedule per_unit; in bf16 and fp32;
+3. predicts each run's step time with the planner (trainer.planner.plan.predict) on exactly the
+   batches the run trained on (the steps after the 3 warm-up steps) and prints predicted vs
+   measured mean step time and the error, then per rank the measured and predicted ms per step of
+   each instruction type (RUN_DIR/timing/rank*.json vs the simulation) for rows off by more than 10%.
+Writes everything to WORK/plan_validation.json. Numbers taken on a busy machine mean nothing: the
+load average is printed before and after.
+
+`predict`: the planner's prediction for the paper-size model on GPUs (issue 10: RQ3, how to split the
+model). trainer/configs/paper_size.yaml (emb/hidden 1024, 4+4 LSTM layers, general attention) with batches
+of 128 pairs (ds_configs/single.json's optimizer and bf16, train_micro_batch_size_per_gpu 128), on real
+batches of small_parallel_enja prepared with one joint 32k BPE vocabulary (both embeddings and the
+softmax have 32,000 rows; the corpus supports at most ~17k/21k pieces per side alone). For each number
+of GPUs and link of the profile (default: the shipped trainer/planner/profiles/h200.json): the speed-up
+over one GPU of the best hybrid, data and pipeline layout on all N of them, and the planner's pick (which
+may leave some GPUs out) (`python launch/plan.py --config trainer/configs/paper_size.yaml --devices N
+--profile PROFILE --link LINK --deepspeed_config WORK/paper_128.json data.dir=...` prints each full
+ranking). To WORK/plan_predict.json. Scenarios (--scenarios):
+
+    shipped     the config as it is (dropout 0.2): the layout-invariant dropout masks are drawn on the
+                device for the whole global micro-batch (trainer/model/dropout.py), a few elementwise passes per site
+    no_dropout  model.dropout=0: the model's own work
+    patent_len  no dropout, every pair's source and target repeated 4 times (~30 source and ~46 target
+                pieces, about a patent sentence; small_parallel_enja's are 8.3 and 12.2 with this
+                vocabulary): more GPU work per launched op and more LSTM time steps
+    fast_host   patent_len with 1 us of host time per launched op instead of the profile's 5 (what
+                capturing the step in a CUDA graph or compiling it would approach)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.common import ENJA, REPO, ds_variant, prepare_enja, train
+
+VALIDATE_CONFIG = "trainer/configs/enja_small.yaml"
+PREDICT_CONFIG = "trainer/configs/paper_size.yaml"
+WARMUP = 3  # as common.summarise
+SCENARIOS = {"shipped": (0.2, 1, None), "no_dropout": (0.0, 1, None), "patent_len": (0.0, 4, None),
+             "fast_host": (0.0, 4, 1.0)}  # dropout, sentence repeats, host us per op
+
+
+# ---- validate: predicted against measured on this machine ----
+def validation_rows() -> list[tuple[str, str, int, int, dict]]:
+    """(label, base JSON, ranks, threads per rank, layout changes)."""
+    out = [("single 1 thread", "single", 1, 1, {}), ("single 2 threads", "single", 1, 2, {}),
+           ("data_2", "data_2", 2, 1, {})]
+    for units, chunks in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4)):
+        out.append((f"pipeline_2 u{units} c{chunks}", "pipeline_2", 2, 1, {"micro_batches": units, "time_chunks": chunks}))
+    for units, chunks in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (2, 2)):
+        out.append((f"hybrid_2 u{units} c{chunks}", "hybrid_2", 2, 1, {"micro_batches": units, "time_chunks": chunks}))
+    for units in (2, 4):
+        out.append((f"hybrid_2 u{units} c1 per_unit", "hybrid_2", 2, 1,
+                    {"micro_batches": units, "time_chunks": 1, "head_schedule": "per_unit"}))
+    return out
+
+
+def validate(args: argparse.Namespace) -> None:
+    config = VALIDATE_CONFIG
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    data = prepare_enja(args.work)
+    profile_path = args.profile or args.work / "cpu_profile.json"
+    if args.profile is None:
+        if profile_path.exists():
+            profile_path.unlink()  # ours, from an earlier run of this script
+        subprocess.run([sys.executable, "launch/plan.py", "--calibrate", "--config", config, "--out", str(profile_path),
+                        f"data.dir={data}"], cwd=REPO, check=True)
+
+    from trainer.config import load_config
+    from trainer.ds_config import load_ds_config
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.planner import plan
+    from trainer.planner.candidates import Candidate
+    from trainer.planner.profile import load
+
+    profile = load(str(profile_path))
+    cfg = load_config(str(REPO / config), [f"data.dir={data}"])
+    results = []
+    for precision in args.precision:
+        for label, base, ranks, threads, layout in validation_rows():
+            if args.only and not any(label.startswith(o) for o in args.only):
+                continue
+            name = f"val_{precision}_{label}".replace(" ", "_")
+            ds_path = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": precision == "bf16"})
+            measured = train(args.work, name, ds_path, ranks, threads, args.steps, data, config=config)
+            ds = load_ds_config(str(ds_path), args.steps)
+            spec = LayoutSpec.from_ds_config(ds, ranks)
+            work = plan.workload(cfg, ds, steps=args.steps - WARMUP, skip=WARMUP)
+            pred = plan.predict(Candidate(spec, ranks, threads), work, profile)
+            row = {"precision": precision, "label": label, "measured_ms": measured["step_ms_mean"],
+                   "measured_median_ms": measured["step_ms_median"], "predicted_ms": 1000 * pred.step_s,
+                   "error": 1000 * pred.step_s / measured["step_ms_mean"] - 1,
+                   "measured_ops": measured["timing"], "predicted_ops": pred.op_seconds,
+                   "predicted_fractions": pred.fractions}
+            results.append(row)
+            print(f"{precision} {label:28s} measured {row['measured_ms']:7.1f} ms  predicted {row['predicted_ms']:7.1f} ms  "
+                  f"error {100 * row['error']:+5.1f}%", flush=True)
+    load_end = os.getloadavg()
+    print(f"\nload average at end: {load_end}")
+    validation_report(results)
+    (args.work / "plan_validation.json").write_text(json.dumps(
+        {"profile": str(profile_path), "load_end": load_end, "rows": results}, indent=1))
+
+
+def validation_report(results: list[dict]) -> None:
+    """The table of predicted against measured, and the instruction types of the rows off by more than 10%."""
+    print("\n| precision | run | measured ms/step | predicted ms/step | error |")
+    print("|---|---|---:|---:|---:|")
+    for r in results:
+        flag = "" if abs(r["error"]) <= 0.10 else " **"
+        print(f"| {r['precision']} | {r['label']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | "
+              f"{100 * r['error']:+.1f}%{flag} |")
+    within = sum(abs(r["error"]) <= 0.10 for r in results)
+    print(f"\n{within} of {len(results)} rows within 10%")
+    off = [r for r in results if abs(r["error"]) > 0.10]
+    if off:
+        print("\nrows off by more than 10%: ms per step by instruction type, measured / predicted, per rank")
+        for r in off:
+            for rank, measured_ops in sorted(r["measured_ops"].items()):
+                predicted_ops = r["predicted_ops"].get(int(rank), {})
+                cells = ", ".join(f"{op} {1000 * measured_ops.get(op, 0):.1f}/{1000 * predicted_ops.get(op, 0):.1f}"
+                                  for op in sorted(set(measured_ops) | set(predicted_ops))
+                                  if max(measured_ops.get(op, 0), predicted_ops.get(op, 0)) > 5e-4)
+                print(f"  {r['precision']} {r['label']} rank {rank}: {cells}")
+
+
+# ---- predict: the paper-size model on GPUs ----
+def prepare_joint32k(work: Path) -> Path:
+    data = work / "enja32k_joint"
+    if (data / "manifest.json").exists():
+        return data
+    args = ["--format", "moses", "--out", data, "--vocab-size", "32000", "--model-type", "bpe", "--joint-vocab"]
+    for split in ("train", "dev", "test"):
+        args += [f"--{split}-src", ENJA / f"{split}.en", f"--{split}-tgt", ENJA / f"{split}.ja"]
+    subprocess.run([sys.executable, "-m", "data_prep.prepare", *map(str, args)], cwd=REPO, check=True)
+    return data
+
+
+def stretch(batch, times: int):
+    """The batch with every source and target sentence repeated `times` times (EOS/BOS re-added)."""
+    import numpy as np
+
+    from data_prep.binary import PAD_ID
+    from trainer.data import collate
+
+    if times == 1:
+        return batch
+    src = [batch.src[i, :int(batch.src_lengths[i]) - 1].numpy() for i in range(batch.size)]
+    tgt = [batch.tgt_out[i][batch.tgt_out[i] != PAD_ID][:-1].numpy() for i in range(batch.size)]
+    return collate([np.tile(x, times) for x in src], [np.tile(y, times) for y in tgt])
+
+
+def predict(args: argparse.Namespace) -> None:
+    data = prepare_joint32k(args.work)
+    ds_path = ds_variant(args.work, "single", "paper_128", train_micro_batch_size_per_gpu=128)
+
+    from trainer.config import load_config
+    from trainer.ds_config import load_ds_config
+    from trainer.planner import plan
+    from trainer.planner.profile import load, resolve
+
+    ds = load_ds_config(str(ds_path), 1000)
+    profile_path, rows = resolve(args.profile), []
+    for scenario in args.scenarios:
+        dropout, repeats, host_us = SCENARIOS[scenario]
+        profile = load(profile_path)
+        if host_us is not None:
+            profile["roofline"]["op_overhead_us"] = {"value": host_us, "source": f"scenario {scenario}"}
+        cfg = load_config(str(REPO / PREDICT_CONFIG), [f"data.dir={data}", f"model.dropout={dropout}"])
+        work = plan.workload(cfg, ds, args.steps)
+        work.windows = [[stretch(b, repeats) for b in window] for window in work.windows]
+        for link in args.links:
+            for n in args.devices:
+                rows.append(prediction_row(plan.rank_layouts(work, profile, n, link), scenario, link, n))
+                print(json.dumps(rows[-1]), flush=True)
+    print(f"\nprofile {profile_path}; {PREDICT_CONFIG}, 128 pairs per step, bf16, {args.steps} real steps of {data}")
+    print("| scenario | link | GPUs | one GPU ms/step | hybrid | data | pipeline | planner picks | its ms/step |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
+    for r in rows:
+        cell = lambda m: f"{r[m + '_speedup']:.2f}x" if m + "_speedup" in r else "-"  # noqa: E731
+        print(f"| {r['scenario']} | {r['link']} | {r['devices']} | {r['one_gpu_ms']:.1f} | {cell('hybrid')} | "
+              f"{cell('data')} | {cell('pipeline')} | {r['pick']} | {r['pick_ms']:.1f} |")
+    (args.work / "plan_predict.json").write_text(json.dumps(rows, indent=1))
+
+
+def prediction_row(ranking, scenario: str, link: str, n: int) -> dict:
+    """One row of the table: one GPU, the planner's pick, and the best of each mode on all `n` GPUs."""
+    from trainer.planner import plan
+
+    ranked, one, _ = ranking
+    best = plan.best_by_mode(ranked, n)
+    pick = ranked[0]
+    return {"scenario": scenario, "link": link, "devices": n, "one_gpu_ms": 1000 * one.step_s,
+            "one_gpu_tokens_per_s": one.tokens_per_s,
+            "pick": pick.candidate.label() + (f" ({pick.candidate.ranks} GPUs)" if pick.candidate.ranks < n else ""),
+            "pick_ms": 1000 * pick.step_s, "pick_speedup": pick.speedup,
+            **{f"{m}_speedup": best[m].speedup for m in best}, **{f"{m}_layout": best[m].candidate.label() for m in best}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    both = argparse.ArgumentParser(add_help=False)
+    both.add_argument("--work", type=Path, default=Path("/tmp/hybrid-nmt-bench"))
+    sub = p.add_subparsers(dest="question", required=True)
+    v = sub.add_parser("validate", parents=[both], help="predicted against measured step time on this machine")
+    v.add_argument("--profile", type=Path, default=None, help="a profile measured on this machine (else calibrate)")
+    v.add_argument("--steps", type=int, default=30)
+    v.add_argument("--precision", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
+    v.add_argument("--only", nargs="*", default=None, help="run only rows whose label starts with one of these")
+    g = sub.add_parser("predict", parents=[both], help="the paper-size model on 1-8 GPUs of a GPU profile")
+    g.add_argument("--profile", default="h200", help="a GPU profile: a file, or a shipped one's name "
+                   "(trainer/planner/profiles/NAME.json)")
+    g.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
+    g.add_argument("--links", nargs="+", default=["nvlink", "pcie"])
+    g.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
+    g.add_argument("--steps", type=int, default=16)
+    args = p.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    {"validate": validate, "predict": predict}[args.question](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Reliability: resume across layouts, failing nodes, hostile inputs at full size, memory over a long run."""

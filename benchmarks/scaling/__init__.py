@@ -1,0 +1,1 @@
+"""Scaling of the parallel layouts on this machine: `python -m benchmarks.scaling --help`."""

@@ -1,0 +1,129 @@
+"""The layouts side by side (the default mode of `python -m benchmarks.scaling`; its --help says what
+each run is and what the tables hold): RUNS, trained in every precision and round, then reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from benchmarks.common import RANK_CATEGORIES, breakdown, ds_variant, rank_fractions, train
+from benchmarks.scaling import goals
+
+MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
+
+# (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes)
+RUNS = [
+    ("single 1 thread", "single", 1, 1, {}),
+    ("single 2 threads", "single", 1, 2, {}),
+    ("data_2", "data_2", 2, 1, {}),
+    ("pipeline_2 units=1", "pipeline_2", 2, 1, {"micro_batches": 1}),
+    ("pipeline_2 units=4", "pipeline_2", 2, 1, {"micro_batches": 4}),
+    ("hybrid_2 units=1", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 1}),
+    ("hybrid_2 units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1}),
+    ("hybrid_2 units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1}),
+    ("hybrid_2 chunks=2", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2}),
+    ("hybrid_2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4}),
+    ("hybrid_2 chunks=8", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8}),
+    # the last stage's head share runs slower (it also scatters the shards and gathers their gradients)
+    ("hybrid_2 chunks=4 shares=17:15", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
+                                                          "head_shares": [17, 15]}),
+    ("hybrid_2 units=2 chunks=4", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 4}),
+    # the weight gradients after each rank's last backward (stepwise kernel only)
+    ("hybrid_2 chunks=4 deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
+                                                      "defer_weight_grads": True}),
+    # the head cut along time: rank 0 the first 2 chunks' positions, the last stage the last 2
+    ("hybrid_2 chunks=2 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2, "head_split": "time"}),
+    ("hybrid_2 chunks=4 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4, "head_split": "time"}),
+    ("hybrid_2 chunks=4 time deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
+                                                           "head_split": "time", "defer_weight_grads": True}),
+    ("hybrid_2 chunks=8 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8, "head_split": "time"}),
+    ("hybrid_2 chunks=8 time 5:3", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8, "head_split": "time",
+                                                      "head_shares": [5, 3]}),
+    ("hybrid_2 per_unit units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1,
+                                                     "head_schedule": "per_unit"}),
+    ("hybrid_2 per_unit units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1,
+                                                     "head_schedule": "per_unit"}),
+]
+
+
+def run(args: argparse.Namespace, steps: int, data: Path, peak: dict, pngs: Path) -> None:
+    """Train every run of RUNS (--only, --lstm-kernel) in each precision and round; report the median round."""
+    precisions = ("bf16", "fp32") if args.precision == "both" else (args.precision,)
+    runs = with_kernels([r for r in RUNS if args.only is None or r[0] in args.only], args.lstm_kernel)
+    results: dict = {prec: {} for prec in precisions}
+    for rnd in range(args.rounds):
+        for prec in precisions:
+            for label, base, ranks, threads, layout, kernel in runs:
+                name = f"{args.model}_{prec}_{label.replace(' ', '_').replace('=', '')}"
+                cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"})
+                r = train(args.work, name, cfg, ranks, threads, steps, data, config=MODELS[args.model],
+                          extra=(f"train.timeline_every={steps - 1}", f"model.lstm_kernel={kernel}"))
+                run_dir = args.work / "runs" / name
+                r.update(rank_fractions(run_dir), run_dir=str(run_dir))
+                png = run_dir / "timeline" / f"step_{steps - 1:08d}.png"
+                if png.exists():
+                    shutil.copy(png, pngs / f"{name}.png")
+                results[prec].setdefault(label, []).append(r)
+                print(f"[{rnd + 1}/{args.rounds}] {prec} {label:28s} {r['step_ms_median']:7.1f} ms/step "
+                      f"{r['tokens_per_s']:8.0f} tok/s", flush=True)
+    summary = {}
+    for prec in precisions:
+        summary[prec] = {}
+        for label, rs in results[prec].items():
+            best = sorted(rs, key=lambda x: x["step_ms_median"])[len(rs) // 2]
+            summary[prec][label] = best
+        report(prec, summary[prec], peak, runs)
+    out = args.work / ("scaling.json" if args.model == "small" else f"scaling_{args.model}.json")
+    out.write_text(json.dumps({"peak": peak, "model": args.model, "results": summary}, indent=1))
+
+
+
+def with_kernels(runs: list, kernel: str) -> list:
+    """RUNS rows with the LSTM kernel appended. A single process runs with each kernel (the ratios are
+    taken against the faster, the strongest baseline); the parallel runs with `kernel`, or with each
+    for `both`. The kernel joins the name of a run that has both."""
+    both = ("fused", "stepwise")
+    out = []
+    for r in runs:
+        kernels = both if r[2] == 1 or kernel == "both" else (kernel,)
+        out += [(f"{r[0]} {k}" if len(kernels) > 1 else r[0], *r[1:], k) for k in kernels]
+    return out
+
+
+def report(prec: str, res: dict, peak: dict, runs: list) -> None:
+    threads = {label: (ranks, t) for label, _, ranks, t, _, _ in runs}
+    # ratios against the fastest single process with 1 / 2 threads in the table (either LSTM kernel)
+    one = max((r["tokens_per_s"] for label, r in res.items() if threads[label] == (1, 1)), default=None)
+    two = max((r["tokens_per_s"] for label, r in res.items() if threads[label] == (1, 2)), default=None)
+    print(f"\n| run ({prec}) | median step (ms) | tokens/s | pairs/s | vs single-1-thread | vs single-2-threads "
+          f"| model GFLOP/s | % of peak |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, r in res.items():
+        ranks, t = threads[label]
+        cores = ranks * t
+        machine_peak = float(peak[prec][str(min(cores, 2))])
+        gflops = r["model_gflop"] / (r["step_ms_median"] / 1000)
+        ratio = lambda base: f"{r['tokens_per_s'] / base:.2f}x" if base else "-"  # noqa: E731
+        print(f"| {label} | {r['step_ms_median']:.0f} | {r['tokens_per_s']:.0f} | {r['pairs_per_s']:.0f} | "
+              f"{ratio(one)} | {ratio(two)} | {gflops:.1f} | {100 * gflops * 1e9 / machine_peak:.1f}% |")
+    print(f"\nper rank ({prec}): fraction of the step busy / waiting / communicating / idle; ms per step in "
+          f"forward / backward / head / optimizer")
+    print("| run | rank | busy | waiting | communicating | idle | fwd | bwd | head | opt |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, r in res.items():
+        for rank, f in sorted(r["ranks"].items()):
+            b = breakdown(r["timing"].get(rank, r["timing"].get(str(rank), {})))
+            print(f"| {label} | {rank} | " + " | ".join(f"{f.get(c, 0):.2f}" for c in RANK_CATEGORIES) +
+                  f" | {b['forward']:.0f} | {b['backward']:.0f} | {b['head']:.0f} | {b['optimizer_step']:.0f} |")
+    cols = ("forward", "backward", "head", "optimizer", *goals.PHASES, "step")
+    print(f"\nhybrid runs ({prec}): the timeline's sampled step, ms per rank by where it falls "
+          f"(benchmarks/scaling/goals.py::where_ms)")
+    print("| run | rank | " + " | ".join(cols) + " |")
+    print("|---|---:|" + "---:|" * len(cols))
+    for label, r in res.items():
+        trace = Path(r["run_dir"]) / "timeline" / "trace.json"
+        if label.startswith("hybrid") and trace.exists():
+            for rank, row in goals.where_ms(json.loads(trace.read_text())).items():
+                print(f"| {label} | {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
