@@ -82,16 +82,34 @@ def read_metrics(run_dir: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+_POOL: list = []  # the session's worker pool, spawned once the tests are collected (pytest_collection_finish)
+
+
 @pytest.fixture(scope="session")
 def workers():
-    """Four spawned gloo workers, reused by every in-process multi-rank test (tests/harness.py). They start
-    with the first job, so a start that fails (after its retries) fails that test alone, not the fixture of
-    every later one."""
+    """Four spawned gloo workers, reused by every in-process multi-rank test (tests/harness.py). They are
+    spawned as soon as the tests are collected (their imports overlap the tests before the first job) and
+    meet at the first job, so a start that fails (after its retries) fails that test alone, not the fixture
+    of every later one."""
     from tests.harness import Workers
 
-    pool = Workers(4)
-    yield pool
-    pool.close()
+    if not _POOL:
+        _POOL.append(Workers(4))
+    yield _POOL[0]
+    _POOL[0].close()
+
+
+def pytest_collection_finish(session):
+    if any("workers" in getattr(item, "fixturenames", ()) for item in session.items):
+        from tests.harness import Workers
+
+        _POOL.append(Workers(4))
+        _POOL[0].spawn_early()
+
+
+def pytest_unconfigure(config):
+    for pool in _POOL:  # a session that ends before the fixture's own teardown (an interrupt)
+        pool.close()
 
 
 DEFAULT_TIMEOUT_S = 600  # per test; a multi-process test that hangs fails instead of the CI

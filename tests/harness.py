@@ -91,12 +91,19 @@ class Workers:
         self.starts = 0  # pools started: a failed job costs the next one a start, never every later test
         self.error_grace_s = 10.0  # after a rank failed, how long its peers may take to answer
         self._failed_start = False
+        self._met = False  # the workers of self.procs have met (a started pool)
+
+    def spawn_early(self) -> None:
+        """Spawn the workers now, without waiting: they import torch and DeepSpeed on the core the tests
+        before the first job leave idle; that job then only meets them."""
+        if not self.procs:
+            self._spawn()
 
     def run(self, world: int, fn, *args, timeout: float = 120) -> list:
         """fn(*args) on ranks 0..world-1; returns their results in rank order."""
         if world > self.size:
             raise ValueError(f"world {world} > pool size {self.size}")
-        if not self.procs or not all(p.is_alive() for p in self.procs):
+        if not self._met or not all(p.is_alive() for p in self.procs):
             self._start()
         try:
             return self._dispatch(world, fn, args, timeout)
@@ -105,17 +112,20 @@ class Workers:
             raise
 
     def _start(self) -> None:
-        """Spawn, wait until every worker has imported, then meet; a bounded number of tries. After a start
-        that failed every try, a later test gets one try (its own cause, without the whole wait again)."""
-        self.close()
+        """Spawn (unless spawn_early did), wait until every worker has imported, then meet; a bounded number
+        of tries. After a start that failed every try, a later test gets one try (its own cause, without the
+        whole wait again)."""
+        if self._met or not all(p.is_alive() for p in self.procs):
+            self.close()
         causes = []
         for attempt in range(1 if self._failed_start else self.start_tries):
             try:
-                self._spawn()
+                if not self.procs:
+                    self._spawn()
                 self._collect(self.size, READY_TIMEOUT_S, "starting the workers")
                 self._dispatch(self.size, self.meet, self.meet_args, 2 * MEET_TIMEOUT_S)
                 self.starts += 1
-                self._failed_start = False
+                self._failed_start, self._met = False, True
                 return
             except JobError as e:
                 causes.append(f"try {attempt + 1}: {e}")
@@ -168,4 +178,4 @@ class Workers:
             if p.is_alive():
                 p.kill()
             p.join(timeout=10)
-        self.procs = []
+        self.procs, self._met = [], False
