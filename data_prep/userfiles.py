@@ -9,7 +9,7 @@
 Python's parsers accept a key stated twice (the last value wins, silently) and recurse once per level of
 nesting (a file nested 100,000 deep is a RecursionError, or a crash in a C extension). Every refusal is a
 `UserFileError`: one line naming the file, the line, and the key where there is one. The trainer reads these
-through data_prep.dataformat; tests/test_architecture.py fails on a json/yaml parse anywhere else.
+through data_prep.dataformat; tests/test_userfiles.py fails on a json/yaml parse anywhere else.
 """
 from __future__ import annotations
 
