@@ -24,7 +24,7 @@ MAY_IMPORT = {
                         "data_prep.dataformat"),
     "trainer.inference": ("trainer.inference", "trainer.artifacts", "trainer.checkpoint.files", "trainer.model",
                           "trainer.config", "trainer.data", "trainer.metrics", "data_prep.dataformat"),
-    "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout"),
+    "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout", "data_prep.dataformat"),
     "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
                          "data_prep.dataformat"),
 }

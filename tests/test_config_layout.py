@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, launch_main, run_cli
 from trainer.config import ConfigError, load_config
 from trainer.data import make_batches
 from trainer.parallel.layout import LayoutError, LayoutSpec
@@ -133,13 +133,13 @@ def test_batches_deterministic_capped_and_complete():
         assert len(batch) * (src[batch].max() + 1 + tgt[batch].max() + 1) <= 900 or len(batch) == 8
 
 
-def test_dry_run_prints_each_ranks_instruction_list():
-    proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/grid_2x4.json", "--dry-run"],
-                   timeout=120)
-    assert "num_pp=2 num_dp=4" in proc.stdout
+def test_dry_run_prints_each_ranks_instruction_list(capsys):
+    code, stdout, _ = launch_main("train", ["--deepspeed_config", REPO / "ds_configs" / "grid_2x4.json", "--dry-run"],
+                                  capsys)
+    assert code == 0 and "num_pp=2 num_dp=4" in stdout
     for rank in range(8):
-        assert f"rank {rank} (" in proc.stdout
-    assert proc.stdout.count("broadcast_head") == 8 and proc.stdout.count("scatter_shard") == 4
+        assert f"rank {rank} (" in stdout
+    assert stdout.count("broadcast_head") == 8 and stdout.count("scatter_shard") == 4
 
 
 def test_weighted_head_shards_cover_the_rows():
