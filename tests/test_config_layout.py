@@ -71,6 +71,13 @@ def test_layout_errors_name_the_key():
     assert _spec(2, mode="hybrid", head_split="time", time_chunks=2).head_split == "time"
     stepwise = load_config(None, ["model.layers=2", "model.lstm_kernel=stepwise", "model.bidirectional_bottom=false"])
     _spec(2, mode="hybrid", time_chunks=4, defer_weight_grads=True).check_model(stepwise.model, 8, 64)
+    with pytest.raises(LayoutError, match="defer_head_weight_grads=1: must be true or false"):
+        _spec(2, mode="hybrid", defer_head_weight_grads=1)
+    with pytest.raises(LayoutError, match="defer_head_weight_grads=true fills .* needs num_pp >= 2 .now 1."):
+        _spec(2, mode="data", defer_head_weight_grads=True)
+    with pytest.raises(LayoutError, match="defer_head_weight_grads=true: not with head_schedule=per_unit"):
+        _spec(2, mode="hybrid", micro_batches=2, head_schedule="per_unit", defer_head_weight_grads=True)
+    assert _spec(2, mode="pipeline", defer_head_weight_grads=True).defer_head_weight_grads
     tied = load_config(None, ["model.tie_embeddings=true"])
     with pytest.raises(LayoutError, match="tie_embeddings"):
         _spec(2, mode="hybrid").check_model(tied.model, 8, 64)
