@@ -56,7 +56,7 @@ def require_prepared(data_dir: str, config: str | None = None) -> None:
         fix = "bash launch/prepare_demo.sh (the demo corpus: nothing to download, about 20 s)"
     else:
         fix = (f"python -m data_prep.prepare ... --out {data_dir} (the first lines of "
-               f"{config or 'the YAML'} give the command for its corpus; README, 'Choosing a layout', for "
+               f"{config or 'the YAML'} give the command for its corpus; docs/planner.md for "
                f"paper_size.yaml), or plan on the demo corpus any clone can make: bash launch/prepare_demo.sh, then "
                f"data.dir={DEMO_DATA}")
     raise FileNotFoundError(f"data.dir={data_dir}: not prepared (no {MANIFEST}); the planner reads real batches of "
