@@ -9,14 +9,16 @@
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
 # learning rate, 5e-3), STEPS (from the YAML: 3000), MAX_WORDS (20: the longest English claim; the
 # generator's default is 50), WORK (data and runs go under here; default: the repo's data/ and runs/).
+# A rerun starts a new run: an earlier runs/demo is kept aside, moved to runs/demo.prev-DATE-TIME (it says so;
+# delete those when you no longer need them). data/demo is prepared again (the same corpus, from the same seed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RANKS=${RANKS:-2}
 DS_CONFIG=${DS_CONFIG:-ds_configs/demo_hybrid_2.json}
 WORK=${WORK:-.}
 MAX_WORDS=${MAX_WORDS:-20}
-TEXT=$WORK/data/demo_text
 DATA=$WORK/data/demo
+TEXT=${DATA}_text
 RUN=$WORK/runs/demo
 EXTRA=()
 [ -n "${STEPS:-}" ] && EXTRA+=("train.max_steps=$STEPS")
@@ -24,12 +26,13 @@ EXTRA=()
 # No GPU: say so, so that DeepSpeed's launcher does not probe for one and warn (README, "Two commands").
 command -v nvidia-smi > /dev/null 2>&1 || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 
-python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1 --max-words "$MAX_WORDS" \
-    --baseline-out "$TEXT/test.baseline.ja"
-python -m data_prep.prepare --format moses --src-lang en --tgt-lang ja --train-src "$TEXT/train.en" --train-tgt "$TEXT/train.ja" \
-    --dev-src "$TEXT/dev.en" --dev-tgt "$TEXT/dev.ja" --test-src "$TEXT/test.en" --test-tgt "$TEXT/test.ja" \
-    --out "$DATA" --vocab-size 8000 --model-type bpe --number-placeholders 8
-rm -rf "$RUN"
+MAX_WORDS=$MAX_WORDS bash launch/prepare_demo.sh "$DATA"  # the corpus into ${DATA}_text, prepared into $DATA
+if [ -e "$RUN" ]; then  # never delete a run (it may be one resumed for hours): keep it aside
+    KEPT="$RUN.prev-$(date +%Y%m%d-%H%M%S)"
+    n=1; while [ -e "$KEPT" ]; do KEPT="$RUN.prev-$(date +%Y%m%d-%H%M%S)-$n"; n=$((n + 1)); done
+    mv "$RUN" "$KEPT"
+    echo "quickstart: $RUN exists: kept it as $KEPT; training a new run in $RUN"
+fi
 deepspeed --log_level error --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
     data.dir="$DATA" run.dir="$RUN" "${EXTRA[@]}"
 # Test BLEU/chrF beside the word-by-word baseline (a lexicon in English word order), then three sentences.
