@@ -380,3 +380,16 @@ def test_rehearsal_in_the_devices_python_passes_and_catches_an_old_typing_extens
     assert bad.returncode != 0
     assert "pydantic-core 2.46.4 needs typing-extensions>=4.14.1: the image's is 4.12.2" in bad.stdout
     assert "cannot import name 'Sentinel' from 'typing_extensions'" in bad.stdout + bad.stderr
+
+
+def test_every_module_the_check_imports_exists():
+    """The check's first stage imports the trainer's modules by name; a module renamed by a refactor must fail
+    here, in the fast tier, and not on the device (trainer.training.session went with the one-home issue)."""
+    import importlib.util
+    import re
+
+    text = (REPO / "benchmarks" / "gpu" / "gpu_check.sh").read_text()
+    names = re.findall(r'"(trainer\.[\w.]+)"', text.split("need = [", 1)[1].split("]", 1)[0])
+    assert names, "the check's import list was not found"
+    for name in names:
+        assert importlib.util.find_spec(name) is not None, f"gpu_check.sh imports {name}, which does not exist"

@@ -53,7 +53,7 @@ fi
 timeout 120 python3 - <<'PY' || exit 2
 import importlib, sys
 need = ["torch", "deepspeed", "omegaconf", "sentencepiece", "sacrebleu", "numpy", "psutil", "tqdm", "yaml",
-        "matplotlib", "trainer.training.session", "trainer.inference.translator", "trainer.planner.plan"]
+        "matplotlib", "trainer.training.build", "trainer.inference.translator", "trainer.planner.plan"]
 missing = []
 for name in need:
     try:

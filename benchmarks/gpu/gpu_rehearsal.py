@@ -106,10 +106,14 @@ def check_wheels(whl_dir: Path, pins: dict, names: set) -> tuple[list[str], list
 
 
 def check_venv(names: set) -> list[str]:
-    """Installed distributions of this Python that the image does not hold (pip aside)."""
+    """Installed distributions of this Python that the image does not hold (pip aside). Only the environment's
+    own site-packages count: the working directory on sys.path may hold the project's editable-install
+    metadata (hybrid_nmt.egg-info, left by `pip install -e .` of another Python), which the device never sees."""
+    import sysconfig
     from importlib.metadata import distributions
 
-    installed = {canonical(d.metadata["Name"]) for d in distributions()}
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    installed = {canonical(d.metadata["Name"]) for d in distributions(path=paths)}
     return sorted(installed - names - {"pip"})
 
 
