@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_prep.dataformat import userfiles
+from data_prep.dataformat import files, userfiles
 from trainer.metrics import TOKENIZE_CHOICES, tokenizer_problem
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -300,12 +300,10 @@ def read_yaml(path: str) -> DictConfig:
     if not os.path.lexists(path):
         raise ConfigError(f"--config {path}: no such file")
     try:
-        with userfiles.open_regular(path, "a config") as f:
+        with files.open_read(path, "a config") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
-    except userfiles.UserFileError as e:
+    except files.FileError as e:
         raise ConfigError(str(e)) from None
-    except OSError as e:
-        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: {os.path.getsize(path)} bytes; a config has at most {MAX_CONFIG_BYTES}")
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from data_prep.dataformat import OutputDirError
+from data_prep.dataformat import OutputDirError, files
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import (CKPT_DIR, CONFIG, DATA_MANIFEST, DS_CONFIG, RUN_DIR_DIRS, RUN_DIR_FILES,
                                        RUN_FILES, check_new_run_dir)
@@ -29,8 +29,10 @@ def open_run_dir(runtime, run_cfg, resume: str, checkpointer, log=print) -> str 
             if found is None:
                 check_new_run_dir(run_cfg.dir, run_cfg.overwrite)
             answer = (found, None)
-        except (CheckpointError, OutputDirError, run_files.RunFileError, run_files.RunDirBusy) as e:
+        except (CheckpointError, OutputDirError, run_files.RunDirBusy) as e:
             answer = (None, str(e))
+        except OSError as e:  # the file layer's one line (a read-only or full run.dir, a link where we write)
+            answer = (None, str(files.failed(run_cfg.dir, "use run.dir", e)))
     found, error = runtime.broadcast_object(answer, src=0)
     if error:
         raise CheckpointError(error)
@@ -45,8 +47,8 @@ def write_run_files(cfg, ds: dict, manifest: dict) -> None:
     run_files.write_text(run_dir, DS_CONFIG, json.dumps(ds, indent=1))
     run_files.write_text(run_dir, DATA_MANIFEST, json.dumps(manifest, indent=1))
     for name in RUN_FILES:  # the run translates on its own, even if DATA_DIR moves
-        model = run_files.read_capped(os.path.join(cfg.data.dir, name), run_files.MAX_SPM_BYTES,
-                                      what="a SentencePiece model of data.dir")
+        model = files.read_bytes(os.path.join(cfg.data.dir, name), run_files.MAX_SPM_BYTES,
+                                 "a SentencePiece model of data.dir")
         run_files.write_bytes(run_dir, name, model)
 
 
