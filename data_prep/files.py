@@ -97,54 +97,54 @@ def describe(path: str) -> str:
 
 
 # ---- what this command read and what it protects: no write lands on either ----
-_read: dict[tuple[int, int], str] = {}  # (device, inode) -> the path it was read as
-_protected: dict[tuple[int, int], tuple[str, str]] = {}  # (device, inode) of a file or directory -> (path, why)
-_protected_names: dict[str, tuple[str, str]] = {}  # the same by real path, for names not (yet) there
-
-
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-_commands: list[int] = []  # the commands running (nested: a test's, a CLI's); reads are remembered inside one
+class _Command:
+    """What one command read (by device and inode) and what it protects."""
+
+    def __init__(self, remembers_reads: bool):
+        self.remembers_reads = remembers_reads
+        self.read: dict[tuple[int, int], str] = {}  # (device, inode) -> the path it was read as
+        self.protected: dict[tuple[int, int], tuple[str, str]] = {}  # of a file or directory -> (path, why)
+        self.protected_names: dict[str, tuple[str, str]] = {}  # the same by real path, for names not (yet) there
+
+
+_commands = [_Command(remembers_reads=False)]  # the process outside any command (the trainer), then nested ones
 
 
 @contextmanager
 def command() -> Iterator[None]:
     """One command (a CLI's main): the files it reads are remembered, and what it read or protected is forgotten at
     its end, so commands run one after another in one process (tests) do not see each other's. Outside a command
-    (the trainer, a long process that rewrites its own files) nothing is remembered."""
-    saved = dict(_read), dict(_protected), dict(_protected_names)
-    for registry in (_read, _protected, _protected_names):
-        registry.clear()
-    _commands.append(1)
+    (the trainer, a long process that rewrites its own files) no read is remembered."""
+    _commands.append(_Command(remembers_reads=True))
     try:
         yield
     finally:
         _commands.pop()
-        for registry, old in zip((_read, _protected, _protected_names), saved):
-            registry.clear()
-            registry.update(old)
 
 
 def protect(path: str, why: str) -> None:
     """No `replace` of this command writes `path` or, for a directory, anything below it (`why`: whose it is)."""
-    _protected_names[os.path.realpath(path)] = (path, why)
+    now = _commands[-1]
+    now.protected_names[os.path.realpath(path)] = (path, why)
     try:
-        _protected[_identity(os.stat(path))] = (path, why)
+        now.protected[_identity(os.stat(path))] = (path, why)
     except OSError:
         pass
 
 
 def _protection(path: str) -> Optional[tuple[str, str]]:
     """(protected path, why) if `path` is protected or below a protected directory."""
-    real = os.path.realpath(path)
-    probe = real
+    now = _commands[-1]
+    probe = os.path.realpath(path)
     while True:
-        hit = _protected_names.get(probe)
+        hit = now.protected_names.get(probe)
         if hit is None:
             try:
-                hit = _protected.get(_identity(os.stat(probe)))
+                hit = now.protected.get(_identity(os.stat(probe)))
             except OSError:
                 pass
         if hit is not None:
@@ -158,7 +158,7 @@ def _protection(path: str) -> Optional[tuple[str, str]]:
 def was_read(path: str) -> Optional[str]:
     """The path under which this command read the file `path` is (by device and inode), or None."""
     try:
-        return _read.get(_identity(os.stat(path)))
+        return _commands[-1].read.get(_identity(os.stat(path)))
     except OSError:
         return None
 
@@ -214,8 +214,8 @@ def open_read(path: str, what: str = "a file", flag: Optional[str] = None, *, re
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(path, what, st.st_mode, flag)
         os.set_blocking(fd, True)
-        if remember and _commands:
-            _read[_identity(st)] = path
+        if remember and _commands[-1].remembers_reads:
+            _commands[-1].read[_identity(st)] = path
         return _reader(fd, path, flag)
     except BaseException:
         os.close(fd)
@@ -270,10 +270,10 @@ def check_target(path: str, what: str = "the output", *, flag: Optional[str] = N
     except OSError as e:
         raise failed(path, f"write {what}", e, flag) from None
     if st is not None and stat.S_ISLNK(st.st_mode):
-        raise refuse(f"{describe(path)}; {what} is never written through a link (name the file itself, or remove "
+        raise refuse(f"{describe(path)}; {what} may not be written through a link (name the file itself, or remove "
                      f"the link)")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise refuse(f"{describe(path)}; {what} replaces only a regular file")
+        raise refuse(f"{describe(path)}; {what} may replace only a regular file")
     read_as = was_read(path) if st is not None and not own else None
     if read_as is not None:
         same = "" if os.path.abspath(read_as) == os.path.abspath(path) else f" (the same file as {read_as})"

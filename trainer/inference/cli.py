@@ -172,7 +172,7 @@ def read_chunks(stream: IO[bytes], name: str, size: int, cap: int = 0) -> Iterat
 
 
 def _open_input(path):
-    if path in (None, "-"):
+    if path in (None, "-", "/dev/stdin"):
         return sys.stdin.buffer, "stdin", None
     if not os.path.lexists(path):
         raise FileNotFoundError(f"--input {path}: no such file")
@@ -185,9 +185,9 @@ def _open_input(path):
 
 
 def open_output(path: str | None, flag: str, what: str):
-    """A context manager: stdout (None or "-"), or the file layer's replacement of `path` (files.replace: checked
-    now, before any work, and renamed into place when the block ends)."""
-    if path in (None, "-"):
+    """A context manager: stdout (None, "-" or /dev/stdout), or the file layer's replacement of `path`
+    (files.replace: checked now, before any work, and renamed into place when the block ends)."""
+    if path in (None, "-", "/dev/stdout"):
         return contextlib.closing(open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False))
     return files.replace(path, what, flag=flag)
 
