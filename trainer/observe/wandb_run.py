@@ -23,6 +23,7 @@ import string
 import subprocess
 import sys
 
+from data_prep.dataformat import files
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import WANDB_RUN_ID as ID_FILE
 IDLE_TIMEOUT = "30s"  # also the longest wait between the service's start and rank 0's connection
