@@ -299,8 +299,7 @@ def test_planning_on_data_that_was_never_prepared_says_how_to_prepare_it(tmp_pat
                                                 r".*python -m data_prep.prepare"):
         main(["--config", str(REPO / "trainer" / "configs" / "paper_size.yaml"), "--devices", "2", "--profile",
               "h200", "data.dir=data/enja32k_joint"])
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Choosing a layout"):readme.index("## Data preparation")]
+    section = (REPO / "docs" / "planner.md").read_text(encoding="utf-8")  # the README's planner section moved there
     assert "--out data/enja32k_joint --vocab-size 32000 --model-type bpe --joint-vocab" in section
     yaml = (REPO / "trainer" / "configs" / "paper_size.yaml").read_text()
     assert "python -m data_prep.prepare" in yaml and "--out data/enja32k_joint" in yaml

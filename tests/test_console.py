@@ -65,12 +65,12 @@ def test_a_log_file_tells_the_story_and_deepspeed_stays_quiet(tiny_data, tmp_pat
 
 @pytest.mark.slow
 def test_a_refusal_under_the_readmes_training_command_is_our_line_and_the_launchers_exit_code(tmp_path):
-    """On a machine without a GPU, the README's command (DS_ACCELERATOR=cpu, --log_level error) prints none of
-    the launcher's start-up lines (Setting CUDA_VISIBLE_DEVICES=0,1, the world info, the command): a refusal is
-    our one line per rank and the launcher's exit-code line; --log_level critical leaves only ours."""
+    """On a machine without a GPU, the docs' command (docs/training.md: DS_ACCELERATOR=cpu, --log_level error)
+    prints none of the launcher's start-up lines (Setting CUDA_VISIBLE_DEVICES=0,1, the world info, the command):
+    a refusal is our one line per rank and the launcher's exit-code line; --log_level critical leaves only ours."""
     from tests.conftest import REPO, deepspeed_cmd
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "docs" / "training.md").read_text(encoding="utf-8")  # once the README's training commands
     assert "export DS_ACCELERATOR=cpu" in readme and "deepspeed --log_level error --num_gpus 2 launch/train.py" in readme
     for level in ("error", "critical"):
         cmd = deepspeed_cmd(2, "launch/train.py", "--deepspeed_config", "ds_configs/hybrid_2.json", "model.nope=1")

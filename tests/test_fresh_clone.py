@@ -1,6 +1,6 @@
 """What a newcomer with a fresh clone and the README meets (issue 30, part B items 2 and 3): rerunning the
-quickstart keeps the earlier run aside instead of deleting it, and the README's planner commands run on a clone
-without data, or are refused with the command that prepares what they need."""
+quickstart keeps the earlier run aside instead of deleting it, and the planner commands the README leads to
+(docs/planner.md) run on a clone without data, or are refused with the command that prepares what they need."""
 from __future__ import annotations
 
 import os
@@ -65,14 +65,12 @@ def test_rerunning_the_quickstart_keeps_the_earlier_run_aside_and_says_so(tmp_pa
     assert "runs/demo.prev-" in readme[:readme.index("2. Set up and run the tests")]
 
 
-# ---- the README's planner commands ----------------------------------------------------------------------------
+# ---- the planner commands of the docs (docs/planner.md, once the README's section) ----------------------------
 
-def readme_commands(section: str) -> list[list[str]]:
-    """The commands of a README section's bash blocks as argv lists (continuations joined, comments and
+def doc_commands(doc: str) -> list[list[str]]:
+    """The commands of a doc's bash blocks as argv lists (continuations joined, comments and
     [optional] parts dropped, `E=...` assignments applied)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    text = readme[readme.index(section):]
-    text = text[:text.index("\n## ", 1)]
+    text = (REPO / doc).read_text(encoding="utf-8")
     commands, names = [], {}
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -94,7 +92,7 @@ def _run(clone: Path, argv: list[str], *extra: str, env=None, timeout=600) -> su
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_the_readmes_planner_commands_run_on_a_fresh_clone_or_say_how_to_prepare_their_data(tmp_path):
-    commands = readme_commands("### Choosing a layout")
+    commands = doc_commands("docs/planner.md")
     plans = [c for c in commands if c[:2] == ["python", "launch/plan.py"]]
     assert len(plans) == 4 and commands[0] == ["bash", "launch/prepare_demo.sh"]
     clone = fresh_clone(tmp_path / "clone")

@@ -56,7 +56,7 @@ def require_prepared(data_dir: str, config: str | None = None) -> None:
         fix = "bash launch/prepare_demo.sh (the demo corpus: nothing to download, about 20 s)"
     else:
         fix = (f"python -m data_prep.prepare ... --out {data_dir} (the first lines of "
-               f"{config or 'the YAML'} give the command for its corpus; README, 'Choosing a layout', for "
+               f"{config or 'the YAML'} give the command for its corpus; docs/planner.md for "
                f"paper_size.yaml), or plan on the demo corpus any clone can make: bash launch/prepare_demo.sh, then "
                f"data.dir={DEMO_DATA}")
     raise FileNotFoundError(f"data.dir={data_dir}: not prepared (no {MANIFEST}); the planner reads real batches of "
@@ -77,7 +77,8 @@ def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
     accumulation = ds.get("gradient_accumulation_steps", 1)
     windows = [[stream.next() for _ in range(accumulation)] for _ in range(skip + steps)][skip:]
     dims = ModelDims.build(cfg.model, vocab["src_size"], vocab["tgt_size"])
-    precision = "bf16" if ds.get("bf16", {}).get("enabled") else "fp32"
+    # fp16 is priced as bf16: the same bytes moved and the same tensor-core rate (its loss scaling costs nothing)
+    precision = "bf16" if ds.get("bf16", {}).get("enabled") or ds.get("fp16", {}).get("enabled") else "fp32"
     return Workload(cfg, dims, windows, global_batch, precision, ds)
 
 
