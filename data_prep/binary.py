@@ -19,7 +19,7 @@ from typing import BinaryIO, Iterable, Sequence
 
 import numpy as np
 
-from .userfiles import open_regular
+from . import files
 
 TOKEN_DTYPE = np.dtype("<i4")
 OFFSET_DTYPE = np.dtype("<i8")
@@ -38,8 +38,8 @@ class TokenArrayWriter:
 
     def __init__(self, data_dir: str, split: str, side: str):
         self.bin_path, self.idx_path = side_paths(data_dir, split, side)
-        self._bin = open(self.bin_path + ".tmp", "wb")
-        self._idx = open(self.idx_path + ".tmp", "wb")
+        self._bin = files.create(self.bin_path + ".tmp", "a token file", binary=True)
+        self._idx = files.create(self.idx_path + ".tmp", "an offsets file", binary=True)
         self._offset = 0
         self._idx.write(np.array([0], dtype=OFFSET_DTYPE).tobytes())
         self.count = 0
@@ -67,10 +67,10 @@ class TokenArrayWriter:
     def close(self) -> None:
         """Flush and move the files into place: a crash never leaves a half-written split visible."""
         for f, final in ((self._bin, self.bin_path), (self._idx, self.idx_path)):
-            f.flush()
-            os.fsync(f.fileno())
+            files.sync(f)
             f.close()
-            os.replace(final + ".tmp", final)
+            with files.errors(final, "rename the finished file into place"):
+                os.replace(final + ".tmp", final)
 
 
 @dataclass
@@ -115,9 +115,9 @@ def load_pair(data_dir: str, split: str) -> tuple[TokenArray, TokenArray]:
 
 
 def open_data(path: str) -> BinaryIO:
-    """A file of DATA_DIR opened for reading: the one place data files are opened. A regular file only (links
-    followed): a FIFO would block the reader forever and a device (/dev/zero) never end."""
-    return open_regular(path, "a data file")
+    """A file of DATA_DIR opened for reading (the file layer): a regular file only (links followed): a FIFO would
+    block the reader forever and a device (/dev/zero) never end."""
+    return files.open_read(path, "a data file")
 
 
 def file_sha256(path: str) -> str:

@@ -38,6 +38,7 @@ from typing import NamedTuple, Sequence
 
 import sacrebleu
 
+from data_prep import files
 from data_prep.demo_lexicon import (
     ADJECTIVES, ADJUNCTS, COMPONENTS, FUNCTION_GLOSSES, HEADS, LIMITS, MATERIALS, METHOD_VERBS, ORDINALS, PARTS,
     PROPERTIES, RELATIONS, VERBS, Noun, Relation, Verb, Word,
@@ -379,13 +380,11 @@ def write_corpus(out_dir: str, pairs: int = 20000, seed: int = 1, dev: int = 500
     """Writes out_dir/{train,dev,test}.{en,ja} (of `corpus`, default: `generate`'s) and returns what it wrote:
     natural English unless `en_tokens`, the Japanese without spaces unless `ja_spaces`."""
     corpus = as_written(corpus or generate(pairs=pairs, seed=seed, dev=dev, test=test), ja_spaces, en_tokens)
-    os.makedirs(out_dir, exist_ok=True)
+    files.make_dirs(out_dir, "the corpus directory", "--out")
     for split, rows in corpus.items():
         for i, lang in enumerate(LANGS):
-            path = os.path.join(out_dir, f"{split}.{lang}")
-            with open(path + ".tmp", "w", encoding="utf-8", newline="\n") as f:
+            with files.replace(os.path.join(out_dir, f"{split}.{lang}"), "the corpus") as f:
                 f.writelines(row[i] + "\n" for row in rows)
-            os.replace(path + ".tmp", path)
     return corpus
 
 
@@ -478,12 +477,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--max-words {args.max_words}: must be at least {MIN_TOKENS}")
     sizes = dict(pairs=args.pairs, seed=args.seed, dev=args.dev, test=args.test, max_tokens=args.max_words)
     corpus = generate(**sizes)
-    if args.out:
-        write_corpus(args.out, ja_spaces=args.ja_spaces, corpus=corpus, en_tokens=args.en_tokens)
-    if args.baseline_out:
-        hyps = monotone_baseline([en for en, _ in corpus["test"]])
-        with open(args.baseline_out, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines((h if args.ja_spaces else raw_japanese(h)) + "\n" for h in hyps)
+    try:
+        if args.out:
+            write_corpus(args.out, ja_spaces=args.ja_spaces, corpus=corpus, en_tokens=args.en_tokens)
+        if args.baseline_out:
+            hyps = monotone_baseline([en for en, _ in corpus["test"]])
+            with files.replace(args.baseline_out, "the baseline translations", flag="--baseline-out") as f:
+                f.writelines((h if args.ja_spaces else raw_japanese(h)) + "\n" for h in hyps)
+    except OSError as e:  # the file layer's one line
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     if args.report:
         print(json.dumps(report(corpus), indent=2, ensure_ascii=False))
     return 0

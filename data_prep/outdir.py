@@ -16,7 +16,8 @@ import fnmatch
 import os
 from typing import Callable, Iterable, Optional
 
-from .userfiles import open_regular, parse_json
+from . import files
+from .userfiles import parse_json
 
 
 class OutputDirError(ValueError):
@@ -64,11 +65,8 @@ def json_marker(required_keys: Iterable[str], max_bytes: int = 64 << 20) -> Call
     keys = tuple(required_keys)
 
     def is_ours(path: str) -> bool:
-        if os.path.getsize(path) > max_bytes:
-            return False
         try:
-            with open_regular(path, "a marker") as f:
-                data = parse_json(f.read(max_bytes).decode("utf-8"), path)
+            data = parse_json(files.read_bytes(path, max_bytes, "a marker", remember=False).decode("utf-8"), path)
         except (ValueError, OSError):  # UserFileError and UnicodeDecodeError are ValueErrors
             return False
         return isinstance(data, dict) and all(k in data for k in keys)

@@ -30,13 +30,13 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
-from . import numbers
+from . import files, numbers
 from .binary import SIDES, TOKEN_DTYPE, UNK_ID, TokenArrayWriter
 from .clean import CleaningOptions, Cleaner, dedup_keys
 from .dedup import Deduplicator
 from .filters import LengthFilter
 from .readers import Malformed, Pair, Reader
-from .vocab import sample_flags
+from .vocab import read_model, sample_flags
 
 from .rejects import RejectLog, SplitStats
 from .tsv import parse_tsv_line
@@ -254,9 +254,9 @@ def read_samples(pairs_tsv: str, n: int, spm_sample: int, ratio_sample: int, see
     seg_src, seg_tgt = (segmenters.get(side) or (lambda text: text) for side in ("src", "tgt"))
     spm_flags, ratio_flags = sample_flags(n, spm_sample, seed), sample_flags(n, ratio_sample, f"ratio:{seed}")
     ratio_pairs = []
-    fs = open(src_file, "w", encoding="utf-8")
-    ft = fs if tgt_file == src_file else open(tgt_file, "w", encoding="utf-8")
-    with open(pairs_tsv, encoding="utf-8", newline="\n") as f, fs, ft:
+    fs = files.create(src_file, "a SentencePiece sample")
+    ft = fs if tgt_file == src_file else files.create(tgt_file, "a SentencePiece sample")
+    with files.text_reader(files.open_read(pairs_tsv, "the kept training pairs")) as f, fs, ft:
         for line, for_spm, for_ratio in zip(f, spm_flags, ratio_flags):
             if for_spm or for_ratio:
                 _, src, tgt = parse_tsv_line(line)
@@ -294,7 +294,7 @@ class EncodeTask:
 
     def models(self) -> dict[str, spm.SentencePieceProcessor]:
         if "_models" not in self.__dict__:
-            self._models = {side: spm.SentencePieceProcessor(model_file=path, num_threads=1)
+            self._models = {side: spm.SentencePieceProcessor(model_proto=read_model(path), num_threads=1)
                             for side, path in self.model_files.items()}
         return self._models
 

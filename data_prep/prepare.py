@@ -56,7 +56,7 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from . import numbers, vocab
+from . import files, numbers, vocab
 from .binary import SIDES, file_sha256, files_checksum, side_paths
 from .outdir import OutputDirError, check_output_dir, json_marker
 from .clean import CleaningOptions, add_cleaning_arguments, base_lang
@@ -74,9 +74,9 @@ SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 1
 STAGE = ".prepare-tmp"
 # Every name prepare writes into DATA_DIR (data_prep.outdir: anything else there is not ours).
-OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", "rejects.tsv", STAGE, "spm.src.model", "spm.src.vocab",
-                "spm.tgt.model", "spm.tgt.vocab", *(f"{split}.{side}.{ext}" for split in SPLITS for side in SIDES
-                                                    for ext in ("bin", "idx")),
+OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", files.TEMP_PATTERN, "rejects.tsv", STAGE, "spm.src.model",
+                "spm.src.vocab", "spm.tgt.model", "spm.tgt.vocab",
+                *(f"{split}.{side}.{ext}" for split in SPLITS for side in SIDES for ext in ("bin", "idx")),
                 *(f"{split}.{side}.txt" for split in SPLITS[1:] for side in SIDES))
 # escape / unescape are re-exported: rejects.tsv is escaped the same way as the temporary TSV
 __all__ = ["build_parser", "escape", "main", "prepare", "unescape"]
@@ -84,7 +84,7 @@ __all__ = ["build_parser", "escape", "main", "prepare", "unescape"]
 
 def file_info(path: str) -> dict:
     h, size, lines, last = hashlib.sha256(), 0, 0, b"\n"
-    with open(path, "rb") as f:
+    with files.open_read(path, "an input file") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
             size += len(chunk)
@@ -159,6 +159,18 @@ def check_out(args: argparse.Namespace) -> None:
         raise PrepareError(f"--out {e}") from None
 
 
+def check_inputs_kept(out: str) -> None:
+    """No input is one of the files prepare writes into --out (by device and inode: another name or a hard link
+    does not hide it): publishing would replace the input with its own output."""
+    if not os.path.isdir(out):
+        return
+    for name in sorted(os.listdir(out)):
+        read_as = files.was_read(os.path.join(out, name)) if name in OUTPUT_NAMES else None
+        if read_as is not None:
+            raise PrepareError(f"--out {out}: holds {name}, which is also an input of this run ({read_as}); prepare "
+                               f"would replace it: copy the input elsewhere first, or choose another --out")
+
+
 def prepare(args: argparse.Namespace, position: Optional[Position] = None) -> dict:
     """Build DATA_DIR from parsed options; returns the manifest. Raises `PrepareError` for user errors.
     `position` follows the work, for the message of an unexpected error."""
@@ -167,11 +179,12 @@ def prepare(args: argparse.Namespace, position: Optional[Position] = None) -> di
     check_out(args)
     readers = split_readers(args)
     inputs = [dict(split=split, **file_info(p)) for split, r in readers.items() for p in r.paths]
+    check_inputs_kept(args.out)
     created_out = not os.path.isdir(args.out)
-    os.makedirs(args.out, exist_ok=True)
+    files.make_dirs(args.out, "the data directory", "--out")
     stage = os.path.join(args.out, STAGE)
     shutil.rmtree(stage, ignore_errors=True)
-    os.makedirs(os.path.join(stage, "tmp"))
+    files.make_dirs(os.path.join(stage, "tmp"), "the staging directory")
     try:
         manifest = build(args, readers, inputs, stage, position)
         position.check_stop()
@@ -216,7 +229,7 @@ def read_splits(args, readers: dict[str, Reader], inputs: list[dict], stage: str
     dedup = Deduplicator(cleaning.dedup, cleaning.near_dedup) if cleaning.dedup or cleaning.near_dedup else None
     n_train = 0
     position.step = "reading train"
-    with open(os.path.join(stage, "tmp", "pairs.tsv"), "w", encoding="utf-8") as f:
+    with files.create(os.path.join(stage, "tmp", "pairs.tsv"), "the kept training pairs") as f:
         for rec in clean_split(readers["train"], CleanTask(cleaning, True), dedup, stats["train"], rejects,
                                args.on_error, workers, lines["train"], "read train", position):
             f.write(tsv_line(rec))
@@ -226,7 +239,8 @@ def read_splits(args, readers: dict[str, Reader], inputs: list[dict], stage: str
     for split in [s for s in readers if s != "train"]:
         paths = {side: os.path.join(stage, f"{split}.{side}.txt") for side in SIDES}
         position.step, position.origin = f"reading {split}", ""
-        with open(paths["src"], "w", encoding="utf-8") as fs, open(paths["tgt"], "w", encoding="utf-8") as ft:
+        with files.create(paths["src"], f"the {split} text") as fs, \
+                files.create(paths["tgt"], f"the {split} text") as ft:
             n_eval[split] = 0
             for _, src, tgt in clean_split(readers[split], CleanTask(cleaning, False), None, stats[split], rejects,
                                            args.on_error, workers, lines.get(split), f"read {split}", position):
@@ -274,7 +288,8 @@ def encode_splits(args, stage: str, models: dict, lengths: LengthFilter, stats: 
     slots = args.number_placeholders
     position.check_stop()
     position.step = "encoding train"
-    with open(os.path.join(stage, "tmp", "pairs.tsv"), encoding="utf-8", newline="\n") as f:
+    pairs = os.path.join(stage, "tmp", "pairs.tsv")
+    with files.text_reader(files.open_read(pairs, "the kept training pairs")) as f:
         encode_split(f, EncodeTask(models, lengths, tsv=True, number_slots=slots), stage, "train", stats["train"],
                      rejects, workers, n_train, position)
     if stats["train"].pairs_kept == 0:
@@ -342,14 +357,16 @@ def number_config(sample: list[tuple[str, str]], slots: int) -> Optional[dict]:
 
 def corpus_ratio(sample: list[tuple[str, str]], models: dict[str, str]) -> float:
     """Median tgt/src piece ratio over a seeded sample of the training pairs (see data_prep.filters)."""
-    pieces = [map(len, spm.SentencePieceProcessor(model_file=models[side]).encode([pair[k] for pair in sample]))
+    pieces = [map(len, spm.SentencePieceProcessor(model_proto=vocab.read_model(models[side])).encode(
+                  [pair[k] for pair in sample]))
               for k, side in enumerate(SIDES)]
     return median_ratio(zip(*pieces))
 
 
 def eval_pairs(stage: str, split: str) -> Iterator[tuple[str, str, str]]:
     paths = [os.path.join(stage, f"{split}.{side}.txt") for side in SIDES]
-    with open(paths[0], encoding="utf-8", newline="\n") as fs, open(paths[1], encoding="utf-8", newline="\n") as ft:
+    with files.text_reader(files.open_read(paths[0], f"the {split} text")) as fs, \
+            files.text_reader(files.open_read(paths[1], f"the {split} text")) as ft:
         for i, (src, tgt) in enumerate(zip(fs, ft), start=1):
             yield f"{split}:{i}", src.rstrip("\n"), tgt.rstrip("\n")
 
@@ -360,22 +377,24 @@ def describe(stats: SplitStats) -> str:
 
 
 def publish(stage: str, out: str, manifest: dict) -> None:
-    """Move the staged files into `out`; drop stale files of splits this run did not produce; manifest last."""
+    """Move the staged files into `out` (over prepare's own earlier output: check_out); drop stale files of splits
+    this run did not produce; manifest last."""
     manifest_path = os.path.join(out, "manifest.json")
-    if os.path.exists(manifest_path):
-        os.remove(manifest_path)  # no manifest while the directory is a mix of old and new files
+    with files.errors(manifest_path, "remove the earlier manifest"):
+        if os.path.exists(manifest_path):
+            os.remove(manifest_path)  # no manifest while the directory is a mix of old and new files
     for name in os.listdir(stage):
-        os.replace(os.path.join(stage, name), os.path.join(out, name))
+        with files.errors(os.path.join(out, name), "move the new file into place"):
+            os.replace(os.path.join(stage, name), os.path.join(out, name))
     for split in set(SPLITS) - set(manifest["splits"]):
         for side in SIDES:
             for path in (*side_paths(out, split, side), os.path.join(out, f"{split}.{side}.txt")):
                 if os.path.exists(path):
-                    os.remove(path)
+                    with files.errors(path, "remove a stale file"):
+                        os.remove(path)
     os.rmdir(stage)
-    with open(manifest_path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(manifest_path + ".tmp", manifest_path)
+    with files.replace(manifest_path, "the manifest", own=True) as f:
+        f.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,11 +458,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     handled = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
     previous = {signum: signal.signal(signum, stop) for signum in handled}
     try:
-        manifest = prepare(args, position)
+        with files.command():
+            manifest = prepare(args, position)
     except PrepareError as e:
         return _error(str(e), 2)
-    except OSError as e:
-        return _error(f"{e.filename or ''}: {e.strerror or e}", 2)
+    except OSError as e:  # the file layer's one line; any other names its file, or how far prepare got
+        message = str(e) if isinstance(e, files.FileError) else (
+            f"{e.filename}: {e.strerror or e}" if e.filename else f"{e.strerror or e} while {position}")
+        return _error(message, 2)
     except (Stopped, KeyboardInterrupt):
         signame = position.stop_signal or "Ctrl-C"
         return _error(f"by {signame} while {position}; {args.out} is as it was before",

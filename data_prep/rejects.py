@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from . import files
 from .binary import SIDES
 from .filters import REASONS
 from .normalize import REPAIRS
@@ -35,7 +36,7 @@ class RejectLog:
     """rejects.tsv: `reason<TAB>origin<TAB>src<TAB>tgt`, header first, tabs and line breaks escaped."""
 
     def __init__(self, path: str):
-        self._f = open(path, "w", encoding="utf-8")
+        self._f = files.create(path, "the rejects")
         self._f.write("reason\torigin\tsrc\ttgt\n")
 
     def add(self, stats: SplitStats, reason: str, origin: str, src: str, tgt: str) -> None:

@@ -1,23 +1,22 @@
-"""Files users hand us, read strictly: one home for opening them and for parsing their JSON and YAML.
+"""Files users hand us, parsed strictly: one home for parsing their JSON and YAML (opening and reading them is
+data_prep.files, the file layer).
 
-    open_regular(path, what)       a regular file only (links followed): a FIFO, device, socket or directory is
-                                   refused before any byte is read, so a reader never blocks on one
     parse_json(text, where)        JSON with every key stated once and nesting bounded (MAX_DEPTH)
-    read_json(path, max_bytes)     a regular file of at most `max_bytes`, UTF-8, parsed by parse_json
+    read_json(path, max_bytes)     a regular file of at most `max_bytes` (files.read_bytes), UTF-8, parse_json
     check_yaml(text, where)        the same rules for YAML (omegaconf parses it afterwards)
 
 Python's parsers accept a key stated twice (the last value wins, silently) and recurse once per level of
 nesting (a file nested 100,000 deep is a RecursionError, or a crash in a C extension). Every refusal is a
-`UserFileError`: one line naming the file, the line, and the key where there is one. The trainer reads these
-through data_prep.dataformat; tests/test_userfiles.py fails on a json/yaml parse anywhere else.
+`UserFileError`: one line naming the file, the line, and the key where there is one (a file that cannot be read,
+or is not a regular file, is the file layer's `files.FileError`). The trainer reads these through
+data_prep.dataformat; tests/test_userfiles.py fails on a json/yaml parse anywhere else.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
-from typing import BinaryIO
+
+from . import files
 
 MAX_DEPTH = 64  # levels of objects/lists; the project's files nest at most 8 (a device profile)
 MAX_TEXT_BYTES = 64 << 20  # what any JSON or YAML text may be; each kind of file has its own, smaller cap
@@ -27,37 +26,9 @@ class UserFileError(ValueError):
     """A user's file refused; the message is one line naming the file (and line and key where known)."""
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return "a special file"
-
-
-def open_regular(path: str, what: str = "a file") -> BinaryIO:
-    """`path` opened for binary reading if it is a regular file (after following links). Opened without
-    blocking and checked on the open descriptor, so a FIFO swapped in after a check cannot block either."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            link = f" (a link to {os.path.realpath(path)})" if os.path.islink(path) else ""
-            raise UserFileError(f"{path}: {what} must be a regular file, not {_kind(mode)}{link}; refused")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def read_json(path: str, max_bytes: int, what: str = "a JSON file"):
     """The JSON value of the regular file at `path`, of at most `max_bytes`, strictly parsed."""
-    with open_regular(path, what) as f:
-        size = os.fstat(f.fileno()).st_size
-        raw = f.read(max_bytes + 1)
-    if max(size, len(raw)) > max_bytes:
-        raise UserFileError(f"{path}: {max(size, len(raw))} bytes, more than the {max_bytes} {what} may have")
+    raw = files.read_bytes(path, max_bytes, what)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -5,7 +5,6 @@ import io
 import os
 import random
 import re
-import shutil
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import sentencepiece as spm
 
+from . import files
 from .binary import SPECIAL_IDS
 from .normalize import PLACEHOLDER
 from .numbers import SLOT, slot_pieces
@@ -27,6 +27,7 @@ CJK_LANGS = frozenset({"ja", "zh", "ko", "yue"})
 SPECIAL_PIECES = len(SPECIAL_IDS) + 1  # <pad> <unk> <s> </s> and the placeholder
 BYTE_PIECES = 256
 MAX_SENTENCE_BYTES = 1 << 16  # SentencePiece's default (4192) would silently skip whole patent abstracts
+MAX_MODEL_BYTES = 64 << 20  # a SentencePiece model: ~1 MB for 32k pieces
 
 # Word bounds for the pieces of languages written without spaces (`--pretokenize auto`). On raw Japanese,
 # SentencePiece (BPE or unigram) learns pieces that span several words -- "の端部を評価する工程をさらに含む" is
@@ -161,7 +162,7 @@ def sample_flags(n: int, k: int, seed: int | str) -> Iterator[bool]:
 
 
 def _read_sample(input_file: str) -> Iterator[str]:
-    with open(input_file, encoding="utf-8", newline="\n") as f:
+    with files.text_reader(files.open_read(input_file, "a SentencePiece sample")) as f:
         yield from (line.rstrip("\n") for line in f)
 
 
@@ -210,16 +211,21 @@ def train_model(input_file: str, model_prefix: str, *, vocab_size: int, model_ty
     return write_model(proto, model_prefix)
 
 
+def read_model(path: str) -> bytes:
+    """A SentencePiece model prepare wrote (its staging directory), as bytes for `model_proto`."""
+    return files.read_bytes(path, MAX_MODEL_BYTES, "a SentencePiece model")
+
+
 def write_model(proto: bytes, model_prefix: str) -> int:
     """`{prefix}.model` and a `{prefix}.vocab` listing like spm_train's; returns the vocabulary size.
 
     Training from an iterator into memory keeps file paths out of the model, so the same data gives
     byte-identical models wherever DATA_DIR is.
     """
-    with open(model_prefix + ".model", "wb") as f:
+    with files.create(model_prefix + ".model", "a SentencePiece model", binary=True) as f:
         f.write(proto)
     sp = spm.SentencePieceProcessor(model_proto=proto)
-    with open(model_prefix + ".vocab", "w", encoding="utf-8") as f:
+    with files.create(model_prefix + ".vocab", "a SentencePiece vocabulary") as f:
         for i in range(sp.get_piece_size()):
             f.write(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n")
     return sp.get_piece_size()
@@ -240,7 +246,9 @@ def train_vocab(sample_dir: str, out_dir: str, *, joint: bool, vocab_size: int, 
                            coverage=coverage, pretokenized=any(pretokenize.values()),
                            extra_symbols=tuple(dict.fromkeys(ordinals["src"] + ordinals["tgt"])), **kw)
         for ext in ("model", "vocab"):
-            shutil.copyfile(os.path.join(out_dir, f"spm.src.{ext}"), os.path.join(out_dir, f"spm.tgt.{ext}"))
+            with files.open_read(os.path.join(out_dir, f"spm.src.{ext}"), "a SentencePiece file") as src, \
+                    files.create(os.path.join(out_dir, f"spm.tgt.{ext}"), "a SentencePiece file", binary=True) as dst:
+                dst.write(src.read())
         return VocabResult(size, size, vocab_size, {"src": coverage, "tgt": coverage})
     coverage = {"src": character_coverage(src_lang), "tgt": character_coverage(tgt_lang)}
     sizes = [train_model(os.path.join(sample_dir, f"sample.{side}.txt"), os.path.join(out_dir, f"spm.{side}"),

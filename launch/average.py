@@ -18,7 +18,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         return average_main(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
+    except (ValueError, OSError, CheckpointError) as e:  # OSError: the file layer's one line (files.FileError)
         fail(e)
 
 

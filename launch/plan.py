@@ -11,7 +11,7 @@ def main(argv=None):
 
     try:
         sys.exit(plan_main(argv))
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, OSError) as e:  # OSError: the file layer's one line (files.FileError)
         fail(e)
 
 

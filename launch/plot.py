@@ -10,11 +10,13 @@ def main(argv=None):
     p.add_argument("run", help="run directory written by launch/train.py")
     p.add_argument("--out", default=None, help="the PNG to write (default RUN_DIR/training.png)")
     args = p.parse_args(argv)
+    from data_prep.dataformat import files
     from trainer.observe.plots import plot_run
 
     try:
-        print(plot_run(args.run, args.out))
-    except (ValueError, FileNotFoundError) as e:
+        with files.command():
+            print(plot_run(args.run, args.out))
+    except (ValueError, OSError) as e:  # OSError: the file layer's one line (files.FileError)
         fail(e)
 
 

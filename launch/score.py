@@ -20,7 +20,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         return score_main(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
+    except (ValueError, OSError, CheckpointError) as e:  # OSError: the file layer's one line (files.FileError)
         fail(e)
 
 

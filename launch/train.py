@@ -18,7 +18,7 @@ if __name__ == "__main__":
         fail(e)
 
 from trainer.checkpoint.files import CheckpointError
-from trainer.artifacts.run_files import RunFileError
+from data_prep.dataformat import files
 from trainer.parallel.deepspeed_adapter import DeepSpeedVersionError
 from trainer.parallel.runtime import RendezvousError
 from trainer.training.loop import TrainingError
@@ -49,7 +49,7 @@ def main(argv=None):
               file=sys.stderr, flush=True)
         leave(128 + signal.Signals[e.signal_name])
     except (ValueError, FileNotFoundError, CheckpointError, DeepSpeedVersionError, RendezvousError,
-            RunFileError) as e:
+            files.FileError) as e:
         fail(e, exit=leave)
     except TrainingError as e:
         fail(e, code=1, exit=leave)

@@ -25,11 +25,11 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         return translate_main(args)
-    except (ValueError, OSError, CheckpointError) as e:  # OSError: also unreadable files
-        fail(e)
     except BrokenPipeError:  # `... | head`: the reader left; not an error, and nothing more to write
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (ValueError, OSError, CheckpointError) as e:  # OSError: the file layer's one line (files.FileError)
+        fail(e)
 
 
 if __name__ == "__main__":

@@ -337,6 +337,43 @@ def test_sigterm_to_the_job_with_wandb_offline_saves_and_keeps_the_wandb_history
     assert steps == list(range(1, last + 1))
 
 
+# ---- issue 30 B5: SIGINT from a script, which has no terminal --------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["group", "rank0"])
+def test_sigint_from_a_script_saves_the_step_and_only_the_runner_speaks_for_itself(tiny_data, tmp_path, target):
+    """A script (no terminal) that sends SIGINT to the job's process group: every process of the job gets it, the
+    `deepspeed` runner too, which dies of it with DeepSpeed's own KeyboardInterrupt traceback (exit status 130:
+    its code, not ours; no rank can change how another process takes a signal). The ranks finish the step,
+    save it and exit 0, with no traceback of theirs. What a terminal's Ctrl-C does (exit 0, one line) a script
+    gets by sending SIGINT to rank 0 alone: its pid is in RUN_DIR/train.lock."""
+    import json
+
+    cmd, run = job_cmd(tiny_data, tmp_path)
+    log, env = tmp_path / "job.log", default_env()
+    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        wait_for_step(run, 3, lambda: job.poll() is None)
+        procs = job_processes(job.pid)
+        if target == "group":
+            os.killpg(job.pid, signal.SIGINT)
+        else:
+            os.kill(json.loads((run / "train.lock").read_text())["pid"], signal.SIGINT)
+        assert not gone([procs["rank0"], procs["rank1"]], 90), "a rank was still running 90 s after SIGINT"
+        job.wait(timeout=60)
+    finally:
+        kill_marked(env)
+    text = log.read_text()
+    last = assert_saved_at_the_last_step(run)
+    assert f"stopped by SIGINT after step {last}: saved" in text, text[-3000:]
+    assert "[rank0]" not in text and "[rank1]" not in text, text[-3000:]  # no rank's traceback
+    if target == "group":
+        assert job.returncode in (130, -signal.SIGINT), job.returncode
+        assert text.count("Traceback") == 1 and "deepspeed/launcher/runner.py" in text.split("Traceback")[1]
+    else:
+        assert job.returncode == 0 and "Traceback" not in text, text[-3000:]
+
+
 # ---- items 4 and 13: the first start of a fresh environment ----------------------------------------------------
 @pytest.mark.slow
 def test_a_fresh_environment_compiles_nothing_and_a_stale_build_lock_does_not_hang(tiny_data, tmp_path):

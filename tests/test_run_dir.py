@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from data_prep import files
+from data_prep.files import FileError
 from tests.conftest import REPO, launch_main, read_metrics, run_cli
 from tests.test_hostile import fake_run, step_dir
 from trainer.checkpoint import files as ck
@@ -49,18 +51,18 @@ def test_open_write_refuses_links_fifos_and_hard_links_and_never_writes_through(
     run.mkdir()
     theirs = outside(tmp_path)
     (run / "metrics.jsonl").symlink_to(theirs)
-    with pytest.raises(run_files.RunFileError, match=r"metrics.jsonl: a symbolic link \(to .*theirs.txt\) where the "
+    with pytest.raises(FileError, match=r"metrics.jsonl: a symbolic link \(to .*theirs.txt\) where the "
                                                      r"trainer writes its own file; refused"):
         run_files.open_write(str(run), "metrics.jsonl", append=True)
     (tmp_path / "elsewhere").mkdir()
     (run / "timing").symlink_to(tmp_path / "elsewhere")  # a directory on the way
-    with pytest.raises(run_files.RunFileError, match="timing: a symbolic link"):
+    with pytest.raises(FileError, match="timing: a symbolic link"):
         run_files.write_text(str(run), "timing/rank0.json", "{}")
     os.mkfifo(run / "config.yaml")  # nobody reads it: a blocking open would hang
-    with pytest.raises(run_files.RunFileError, match="config.yaml: a FIFO"):
+    with pytest.raises(FileError, match="config.yaml: a FIFO"):
         run_files.write_text(str(run), "config.yaml", "x")
     os.link(theirs, run / "ds_config.json")
-    with pytest.raises(run_files.RunFileError, match="ds_config.json: a file with 2 names"):
+    with pytest.raises(FileError, match="ds_config.json: a file with 2 names"):
         run_files.write_text(str(run), "ds_config.json", "{}")
     assert theirs.read_text() == "someone else's file\n" and not list((tmp_path / "elsewhere").iterdir())
     run_files.write_text(str(run), "profile/rank0.json", "{}")  # directories the trainer makes are fine
@@ -69,10 +71,15 @@ def test_open_write_refuses_links_fifos_and_hard_links_and_never_writes_through(
 
 
 def test_checkpoint_writes_and_pointers_refuse_links(tmp_path, run_files):
+    """A pointer is written to a temporary file of a new name (the file layer's: O_EXCL, never a link) renamed over
+    the pointer; a link at the pointer itself is refused, and nothing is written through either."""
     run = fake_run(tmp_path / "run")
     theirs = outside(tmp_path)
-    (run / "checkpoints" / "latest.tmp").symlink_to(theirs)  # the pointer's temporary name
-    with pytest.raises(run_files.RunFileError, match="latest.tmp: a symbolic link"):
+    (run / "checkpoints" / "latest.tmp").symlink_to(theirs)  # the pointer's former temporary name: not used
+    ck.write_pointer(str(run), "latest", "step_00000005")
+    (run / "checkpoints" / "latest").unlink()
+    (run / "checkpoints" / "latest").symlink_to(theirs)
+    with pytest.raises(FileError, match=r"latest: refused: a symbolic link \(to .*theirs.txt\)"):
         ck.write_pointer(str(run), "latest", "step_00000005")
     assert theirs.read_text() == "someone else's file\n"
 
@@ -88,7 +95,7 @@ def test_a_link_where_the_trainer_writes_is_refused_before_anything_is_written(t
     if path.exists():
         path.unlink()
     path.symlink_to(theirs)
-    with pytest.raises(run_files.RunFileError, match=f"{path}: a symbolic link"):
+    with pytest.raises(FileError, match=f"{path}: a symbolic link"):
         run_files.check_run_dir(str(run), *owned)
 
 
@@ -207,15 +214,15 @@ def test_translate_refuses_a_run_whose_sentencepiece_model_is_a_device_or_fifo(t
     r = _bounded([sys.executable, "launch/translate.py", "--run", run, "--input", tmp_path / "in.txt", "--output",
                   tmp_path / "out.txt"])
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert f"{model}: a SentencePiece model: " in r.stderr and "not a regular file" in r.stderr
+    assert f"{model}: a SentencePiece model must be a regular file, not " in r.stderr  # the file layer's words
 
 
-def test_read_capped_refuses_large_files(tmp_path, run_files):
+def test_read_capped_refuses_large_files(tmp_path):
     big = tmp_path / "big"
     big.write_bytes(b"x" * 1001)
-    with pytest.raises(run_files.RunFileError, match="big: the thing: 1001 bytes, more than the 1000"):
-        run_files.read_capped(str(big), 1000, what="the thing")
-    assert run_files.read_capped(str(big), 1001, what="the thing") == b"x" * 1001
+    with pytest.raises(FileError, match="big: the thing: 1001 bytes, more than the 1000"):
+        files.read_bytes(str(big), 1000, "the thing")
+    assert files.read_bytes(str(big), 1001, "the thing") == b"x" * 1001
 
 
 @pytest.mark.slow
@@ -229,7 +236,7 @@ def test_training_refuses_a_data_dir_whose_sentencepiece_model_is_a_device(tiny_
     (data / "spm.tgt.model").symlink_to("/dev/zero")
     r = _bounded(_small_run_cmd(data, tmp_path / "run", "train.max_steps=2"), timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert (f"{data}/spm.tgt.model: a SentencePiece model of data.dir: a character device, not a regular file"
+    assert (f"{data}/spm.tgt.model: a SentencePiece model of data.dir must be a regular file, not a character device"
             in r.stderr)
     assert not (tmp_path / "run" / "spm.tgt.model").exists()
 

@@ -269,3 +269,23 @@ def test_training_without_a_dev_set_says_no_dev_set(tiny_data, tmp_path, ds_sing
     proc = train(data, tmp_path / "run", ds_single, "train.max_steps=2", "train.eval_every=1")
     out = proc.stdout + proc.stderr
     assert "done: step 2, no dev set (no dev BLEU)" in out and "-1.00" not in out
+
+
+def test_the_final_line_says_why_there_is_no_dev_bleu():
+    """Issue 30 B5: "best dev BLEU -1.00" (TrainState's "none yet") when no validation had run."""
+    from trainer.training.loop import dev_bleu_summary
+
+    assert dev_bleu_summary(-1.0, True, 200) == ("no dev BLEU yet (no validation has run: every "
+                                                 "train.eval_every=200 steps and at train.max_steps)")
+    assert dev_bleu_summary(0.0, True, 200) == "best dev BLEU 0.00"  # a validation that scored 0 did run
+    assert dev_bleu_summary(-1.0, False, 200) == "no dev set (no dev BLEU)"
+
+
+@pytest.mark.slow
+def test_a_run_resumed_before_its_first_validation_says_no_dev_bleu_yet(tiny_data, tmp_path, ds_single):
+    run = tmp_path / "run"
+    train(tiny_data, run, ds_single, "train.max_steps=4", "train.save_every=2", faults="die@3:0", check=False)
+    proc = train(tiny_data, run, ds_single, "train.max_steps=2", "train.resume=auto")
+    out = proc.stdout + proc.stderr
+    assert "nothing to do: the run is at step 2" in out and "-1.00" not in out, out[-3000:]
+    assert "done: step 2, no dev BLEU yet (no validation has run: every train.eval_every=100 steps" in out

@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_prep.dataformat import userfiles
+from data_prep.dataformat import files, userfiles
 from trainer.metrics import TOKENIZE_CHOICES, tokenizer_problem
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,6 +80,9 @@ class TrainConfig:
     threads: int = _key(0, "torch threads per rank; 0 = cores on this host / local ranks")
     resume: str = _key("", "'' = a new run (refused if run.dir has checkpoints) | auto = newest good one | a path")
     resume_force: bool = _key(False, "resume even if the model config, data or batching differ (says what)")
+    resume_schedule: str = _key("keep", "a resume whose LR schedule spanned other steps than this run's (train."
+                                        "max_steps or schedule_steps changed): keep = go on with the checkpoint's "
+                                        "schedule | stretch = span it over this run's steps (the LR moves)")
     comm_timeout_s: int = _key(300, "give up on a peer that does not answer for this long (gloo's default: 30 min)")
     max_bad_steps: int = _key(10, "stop after this many optimizer steps in a row skipped for non-finite loss/grads")
     timeline_every: int = _key(0, "every N steps: every rank's instruction spans to RUN_DIR/timeline/ (0 = off)")
@@ -148,6 +151,7 @@ _CHOICES = {
     "train.step_timing": ("auto", "every"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
     "data.verify": ("ids", "checksums", "full", "none"),
+    "train.resume_schedule": ("keep", "stretch"),
 }
 _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",
              "train.log_every", "train.keep_last", "decode.beam", "decode.dev_beam", "decode.batch_size",
@@ -198,8 +202,9 @@ def validate(cfg: DictConfig) -> None:
 
 
 def schedule_steps(train_cfg) -> int:
-    """How many steps the LR schedule spans: train.schedule_steps, else train.max_steps."""
-    return train_cfg.schedule_steps or train_cfg.max_steps
+    """How many steps the LR schedule spans: train.schedule_steps, else train.max_steps (of a train config, or
+    of the plain mapping a checkpoint recorded)."""
+    return train_cfg.get("schedule_steps") or train_cfg.get("max_steps")
 
 
 def check_threads(threads: int) -> None:
@@ -300,12 +305,10 @@ def read_yaml(path: str) -> DictConfig:
     if not os.path.lexists(path):
         raise ConfigError(f"--config {path}: no such file")
     try:
-        with userfiles.open_regular(path, "a config") as f:
+        with files.open_read(path, "a config") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
-    except userfiles.UserFileError as e:
+    except files.FileError as e:
         raise ConfigError(str(e)) from None
-    except OSError as e:
-        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: {os.path.getsize(path)} bytes; a config has at most {MAX_CONFIG_BYTES}")
     try:

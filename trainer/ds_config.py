@@ -198,10 +198,8 @@ def read_json_file(path: str, *, flag: str, kind: str, max_bytes: int, error: ty
         return userfiles.read_json(path, max_bytes, what=kind)
     except FileNotFoundError:
         raise FileNotFoundError(f"{flag} {path}: no such file (a link to nothing)") from None
-    except userfiles.UserFileError as e:
+    except (userfiles.UserFileError, OSError) as e:  # OSError: the file layer's one line (files.FileError)
         raise error(str(e)) from None
-    except OSError as e:
-        raise error(f"{path}: cannot be read ({e.strerror})") from None
 
 
 SCHEDULES_WITH_LENGTH = ("WarmupDecayLR", "WarmupCosineLR")  # DeepSpeed schedules with a total_num_steps

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from data_prep.dataformat import base_lang
+from data_prep.dataformat import base_lang, files
 
 TOKENIZE_BY_LANG = {"ja": "ja-mecab", "zh": "zh", "ko": "ko-mecab"}
 TOKENIZE_CHOICES = ("auto", "13a", "none", "intl", "char", "zh", "ja-mecab", "ko-mecab", "flores101", "flores200")
@@ -105,7 +105,7 @@ def dev_tokenize(setting: str, manifest: dict, data_dir: str) -> str:
     if setting == "auto" and not manifest_lang(manifest):
         path = os.path.join(data_dir, "dev.tgt.txt")
         if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
+            with files.text_reader(files.open_read(path, "the dev references")) as f:
                 refs = [line for line, _ in zip(f, range(200))]
     name = resolve_tokenize(setting, manifest_lang(manifest), refs)
     return check_tokenize(name, f"decode.bleu_tokenize={setting}" + (f" (-> {name})" if setting != name else ""))

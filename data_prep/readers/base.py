@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import BinaryIO, Callable, ClassVar, Iterable, Iterator, NamedTuple, Optional, Union
 
+from .. import files
+
 
 class PrepareError(Exception):
     """A user error (bad input, bad option): reported as one line, exit code 2, no traceback."""
@@ -130,7 +132,7 @@ def lines_of(f: BinaryIO, max_bytes: int = DEFAULT_LIMITS.max_line_bytes) -> Ite
 
 def read_lines(path: str, max_bytes: int = DEFAULT_LIMITS.max_line_bytes) -> Iterator[Line]:
     """`lines_of` a UTF-8 file; a UTF-16 file is an `InputError` (it would decode as UTF-8 with NULs)."""
-    with open(path, "rb") as f:
+    with files.open_read(path, "an input file") as f:
         utf16 = looks_utf16(f.read(512))
         if utf16:
             raise InputError(f"{path}:1: the file looks like UTF-16 ({utf16}); this format is read as UTF-8 "
@@ -176,7 +178,7 @@ class ExpansionGuard(io.RawIOBase):
 def count_lines(path: str) -> int:
     """Same count as `read_lines` yields (a last line without newline counts)."""
     n, last = 0, b"\n"
-    with open(path, "rb") as f:
+    with files.open_read(path, "an input file") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             n += chunk.count(b"\n")
             last = chunk[-1:]

@@ -5,6 +5,7 @@ import os
 import re
 from typing import Optional
 
+from .. import files
 from .base import InputError, PrepareError, looks_utf16
 from .lines import PARAPAT_HEADER, langs_in_name
 from .tmx import head_bytes, is_gzip
@@ -24,7 +25,7 @@ def detect_format(src: str, tgt: Optional[str] = None) -> str:
     if tgt is not None:
         return "ntcir" if ntcir_like(src) and ntcir_like(tgt) else "moses"
     name = os.path.basename(src).lower()
-    with open(src, "rb") as f:
+    with files.open_read(src, "an input file") as f:
         magic = f.read(4)
     if magic == b"PK\x03\x04" or name.endswith(".zip"):
         return "opus-zip"
@@ -65,7 +66,7 @@ def xml_like(head: bytes) -> bool:
 
 
 def ntcir_like(path: str, n: int = 5) -> bool:
-    with open(path, "rb") as f:
+    with files.open_read(path, "an input file") as f:
         lines = [f.readline(1 << 16) for _ in range(n)]  # bounded: a file may be one endless line
     lines = [x.rstrip(b"\r\n").decode("utf-8", errors="replace") for x in lines if x.strip()]
     return bool(lines) and all(_NTCIR_LINE.match(x) for x in lines)

@@ -5,10 +5,11 @@ import io
 import re
 import zipfile
 import zlib
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from itertools import zip_longest
 from typing import BinaryIO, Iterator, Optional
 
+from .. import files
 from .base import (InputError, Pair, PrepareError, Reader, Record, check_lang_pair, lang_matches, lines_of,
                    unusable_line)
 
@@ -41,7 +42,7 @@ class OpusZipReader(Reader):
 
     def find_members(self) -> dict[str, str]:
         try:
-            with zipfile.ZipFile(self.src_path) as zf:
+            with open_zip(self.src_path) as zf:
                 names = [i.filename for i in zf.infolist() if not i.is_dir()]
         except zipfile.BadZipFile as e:
             raise InputError(f"{self.src_path}: not a readable zip file ({e})") from None
@@ -73,7 +74,7 @@ class OpusZipReader(Reader):
         return sides
 
     def check_members(self, names) -> None:
-        with zipfile.ZipFile(self.src_path) as zf:
+        with open_zip(self.src_path) as zf:
             for name in names:
                 info = zf.getinfo(name)
                 where = f"{self.src_path}:{name}"
@@ -100,7 +101,7 @@ class OpusZipReader(Reader):
         src_name, tgt_name = members["src"], members["tgt"]
         try:
             with ExitStack() as stack:
-                zf = stack.enter_context(zipfile.ZipFile(self.src_path))
+                zf = stack.enter_context(open_zip(self.src_path))
                 fs, ft = (self.member_lines(stack, zf, name) for name in (src_name, tgt_name))
                 ids = self.member_lines(stack, zf, members["ids"]) if "ids" in members else iter(())
                 for s, t in zip_longest(fs, ft):
@@ -121,3 +122,10 @@ class OpusZipReader(Reader):
             raise InputError(f"{self.src_path}: corrupt zip data: {e}") from None
         except (RuntimeError, NotImplementedError) as e:  # encrypted / unsupported, if the zip changed since check()
             raise InputError(f"{self.src_path}: cannot unpack: {e}") from None
+
+
+@contextmanager
+def open_zip(path: str) -> Iterator[zipfile.ZipFile]:
+    """The zip archive at `path`, a regular file opened through the file layer (data_prep.files)."""
+    with files.open_read(path, "a zip file") as f, zipfile.ZipFile(f) as zf:
+        yield zf

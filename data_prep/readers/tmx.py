@@ -29,9 +29,11 @@ import gzip
 import io
 import re
 import zlib
+from contextlib import nullcontext
 from typing import IO, BinaryIO, Iterable, Iterator, Optional, Union
 from xml.parsers import expat
 
+from .. import files
 from .base import (DEFAULT_LIMITS, ExpansionGuard, InputError, InputLimits, Malformed, Pair, PrepareError, Reader,
                    Record, check_lang_pair, lang_matches, lang_tag, looks_utf16)
 
@@ -54,7 +56,7 @@ def local(tag: str) -> str:
 
 def open_binary(path: str, limits: InputLimits = DEFAULT_LIMITS) -> BinaryIO:
     """`path` as bytes, gunzipped (with an `ExpansionGuard`) when it starts with the gzip magic."""
-    raw = open(path, "rb")
+    raw = files.open_read(path, "an input file")
     if raw.read(2) != b"\x1f\x8b":
         raw.seek(0)
         return raw
@@ -64,7 +66,7 @@ def open_binary(path: str, limits: InputLimits = DEFAULT_LIMITS) -> BinaryIO:
 
 
 def is_gzip(path: str) -> bool:
-    with open(path, "rb") as f:
+    with files.open_read(path, "an input file") as f:
         return f.read(2) == b"\x1f\x8b"
 
 
@@ -332,29 +334,39 @@ def write_tmx(path: str, pairs: Iterable[PairLike], src_lang: str = "en", tgt_la
     writes `lang=` instead of `xml:lang=`; `encoding` "utf-16" writes a byte-order mark; `gzipped` defaults to
     whether `path` ends in ".gz". Text is written exactly (nothing stripped): `TmxReader` reads it back.
     """
-    lang_attr = "lang" if version == "1.1" else "xml:lang"
     gzipped = path.endswith(".gz") if gzipped is None else gzipped
-    opener = gzip.open if gzipped else open
+    with files.replace(path, "the TMX file", binary=True) as raw:
+        with (gzip.GzipFile(fileobj=raw, mode="wb") if gzipped else nullcontext(raw)) as packed:
+            out = io.TextIOWrapper(packed, encoding=encoding, newline="\n")
+            try:
+                n = _write_tus(out, pairs, src_lang, tgt_lang, version, encoding)
+                out.flush()
+            finally:
+                out.detach()  # the file itself is the file layer's to close
+    return n
+
+
+def _write_tus(out: IO[str], pairs: Iterable[PairLike], src_lang: str, tgt_lang: str, version: str,
+               encoding: str) -> int:
+    lang_attr = "lang" if version == "1.1" else "xml:lang"
     n = 0
-    with opener(path, "wt", encoding=encoding, newline="\n") as f:
-        out: IO[str] = f
-        out.write(f'<?xml version="1.0" encoding="{encoding.upper()}"?>\n<tmx version="{version}">\n'
-                  f'  <header creationtool="hybrid-nmt data_prep" creationtoolversion="1" datatype="plaintext" '
-                  f'segtype="sentence" adminlang="en" srclang="{xml_escape(src_lang, True)}" o-tmf="none"/>\n'
-                  f'  <body>\n')
-        for item in pairs:
-            if isinstance(item, Pair):
-                src, tgt, meta = item.src, item.tgt, dict(item.meta or {})
-                if item.doc is not None and not any(k in meta for k in DOC_PROPS):
-                    meta["source-document"] = item.doc
-            else:
-                src, tgt, meta = item[0], item[1], dict(item[2]) if len(item) > 2 else {}
-            n += 1
-            out.write(f'    <tu tuid="{n}">\n')
-            for key, value in meta.items():
-                out.write(f'      <prop type="{xml_escape(key, True)}">{xml_escape(str(value))}</prop>\n')
-            for lang, text in ((src_lang, src), (tgt_lang, tgt)):
-                out.write(f'      <tuv {lang_attr}="{xml_escape(lang, True)}"><seg>{xml_escape(text)}</seg></tuv>\n')
-            out.write("    </tu>\n")
-        out.write("  </body>\n</tmx>\n")
+    out.write(f'<?xml version="1.0" encoding="{encoding.upper()}"?>\n<tmx version="{version}">\n'
+              f'  <header creationtool="hybrid-nmt data_prep" creationtoolversion="1" datatype="plaintext" '
+              f'segtype="sentence" adminlang="en" srclang="{xml_escape(src_lang, True)}" o-tmf="none"/>\n'
+              f'  <body>\n')
+    for item in pairs:
+        if isinstance(item, Pair):
+            src, tgt, meta = item.src, item.tgt, dict(item.meta or {})
+            if item.doc is not None and not any(k in meta for k in DOC_PROPS):
+                meta["source-document"] = item.doc
+        else:
+            src, tgt, meta = item[0], item[1], dict(item[2]) if len(item) > 2 else {}
+        n += 1
+        out.write(f'    <tu tuid="{n}">\n')
+        for key, value in meta.items():
+            out.write(f'      <prop type="{xml_escape(key, True)}">{xml_escape(str(value))}</prop>\n')
+        for lang, text in ((src_lang, src), (tgt_lang, tgt)):
+            out.write(f'      <tuv {lang_attr}="{xml_escape(lang, True)}"><seg>{xml_escape(text)}</seg></tuv>\n')
+        out.write("    </tu>\n")
+    out.write("  </body>\n</tmx>\n")
     return n

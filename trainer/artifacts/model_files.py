@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, numbers
+from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, files, numbers
 from trainer.artifacts import run_files
 from trainer.config import Config, ConfigError, validate
 from trainer.model.seq2seq import Seq2Seq, build_model
@@ -52,10 +52,10 @@ def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = 
     link to /dev/zero or a FIFO would be read until memory runs out, or forever)."""
     if proto is None:
         try:
-            proto = run_files.read_capped(path, run_files.MAX_SPM_BYTES, what="a SentencePiece model")
+            proto = files.read_bytes(path, run_files.MAX_SPM_BYTES, "a SentencePiece model")
         except FileNotFoundError:
             raise ModelFileError(f"{where}: not found") from None
-        except run_files.RunFileError as e:
+        except files.FileError as e:
             raise ModelFileError(f"{where}: {e.strerror}") from None
     try:
         sp = spm.SentencePieceProcessor(model_proto=proto)
@@ -172,10 +172,11 @@ def read_export(path: str) -> dict:
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"--model {path}: no such file")
-    if not os.path.isfile(path):
-        raise ValueError(f"--model {path}: not a regular file")
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
+        with files.open_read(path, "a model file", flag="--model") as f:
+            blob = torch.load(f, map_location="cpu", weights_only=True)
+    except files.FileError:
+        raise
     except Exception as e:
         raise ValueError(f"--model {path}: not a readable model file ({type(e).__name__}: {e})") from None
     if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
@@ -187,3 +188,18 @@ def read_export(path: str) -> dict:
         raise ModelFileError(f"--model {path}: format version {blob['version']!r}; this program reads version "
                              f"{EXPORT_VERSION}")
     return blob
+
+
+def is_export(path: str, max_pickle_bytes: int = 16 << 20) -> bool:
+    """Whether the file at `path` is a model file export_model wrote (what a new export may replace): a torch
+    archive whose pickle names EXPORT_FORMAT (read without loading a tensor)."""
+    import zipfile
+
+    try:
+        with files.open_read(path, "a model file", remember=False) as f, zipfile.ZipFile(f) as archive:
+            pickles = [i for i in archive.infolist() if i.filename.endswith("/data.pkl")]
+            if len(pickles) != 1 or pickles[0].file_size > max_pickle_bytes:
+                return False
+            return EXPORT_FORMAT.encode() in archive.read(pickles[0])
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        return False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from data_prep.dataformat import SPM_MODELS, OutputDirError, check_output_dir, json_marker
+from data_prep.dataformat import SPM_MODELS, OutputDirError, check_output_dir, files, json_marker
 
 CKPT_DIR = "checkpoints"  # step_N/ (the format: trainer.checkpoint.files) and the pointers:
 LATEST, BEST = "latest", "best"  # ... the newest complete checkpoint, the best by dev BLEU
@@ -33,8 +33,9 @@ RUN_DIR_FILES = (CONFIG, DS_CONFIG, DATA_MANIFEST, DATA_MANIFEST + ".tmp", *RUN_
                  WANDB_RUN_ID, LOCK_FILE)
 RUN_DIR_DIRS = {CKPT_DIR: (LATEST, BEST, "*.tmp"), TIMING_DIR: ("*",), TIMELINE_DIR: ("*",), PROFILE_DIR: ("*",),
                 WANDB_DIR: ()}
-# ... and its tools (fnmatch patterns); the data manifest, written first, marks a directory as an earlier run's.
-RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, PLOT, TEST_HYP)
+# ... and its tools (fnmatch patterns; the file layer's temporary names, which a killed write leaves); the data
+# manifest, written first, marks a directory as an earlier run's.
+RUN_DIR_NAMES = (*RUN_DIR_FILES, *RUN_DIR_DIRS, PLOT, TEST_HYP, files.TEMP_PATTERN)
 RUN_DIR_MARKER = DATA_MANIFEST
 
 

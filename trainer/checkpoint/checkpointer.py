@@ -66,6 +66,7 @@ class Checkpointer:
         e = self.engine
         return dataclasses.replace(
             state, stream=self.stream.state_dict(), engine=e.counters(), lr_scheduler=e.lr_scheduler_state(),
+            lr_schedule_steps=e.lr_schedule_length() or 0,
             optimizer=self.writer.optimizer_summary, layout=self.rt.spec.to_dict(), world_size=self.rt.world_size,
             batching=self.identity.batching, data_checksum=self.identity.data_checksum or "", config=self.config)
 

@@ -25,7 +25,8 @@ accepts it only if its manifest is well-formed, names plain files of that direct
 absolute paths, no links that leave it, nothing but regular files: no /dev/zero, no FIFO), lists
 every file the directory holds, and every size and sha256 matches. A checkpoint without a manifest is
 refused unless the caller says so explicitly (`allow_unverified`; the CLIs' --allow-unverified), and
-`best` / `latest` must name a checkpoint directory of the same run. JSON files are read with a size cap.
+`best` / `latest` must name a checkpoint directory of the same run. Every file is read and written through the
+file layer (data_prep.files; JSON with a size cap, the pointers renamed into place).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from typing import Optional
 
 import torch
 
-from data_prep.dataformat import userfiles
+from data_prep.dataformat import files, userfiles
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import BEST, CKPT_DIR, LATEST
 
@@ -89,21 +90,12 @@ def root(run_dir: str) -> str:
 
 
 # ---- writing ----
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_bytes(path: str, data: bytes) -> dict:
     """Write `data` to `path` (a regular file: never through a link, trainer.artifacts.run_files) and fsync it;
     returns its manifest entry."""
     with run_files.open_write(os.path.dirname(path), os.path.basename(path), binary=True) as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        files.sync(f)
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
@@ -121,22 +113,25 @@ def begin(run_dir: str, step: int) -> str:
     """Rank 0: an empty `step_N.tmp` (a stale one from a crashed save is removed)."""
     tmp = os.path.join(root(run_dir), step_name(step) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    with files.errors(tmp, "create the checkpoint directory"):
+        os.makedirs(tmp)
     return tmp
 
 
-def finalize(run_dir: str, step: int, files: dict) -> str:
-    """Rank 0, after every rank wrote its files (`files`: name -> manifest entry, including
+def finalize(run_dir: str, step: int, written: dict) -> str:
+    """Rank 0, after every rank wrote its files (`written`: name -> manifest entry, including
     train_state.json and meta.json): write the manifest, rename into place, update `latest`."""
     ckpts = root(run_dir)
     final = os.path.join(ckpts, step_name(step))
     tmp = final + ".tmp"
-    write_json(os.path.join(tmp, MANIFEST), {"version": FORMAT_VERSION, "step": step, "files": dict(sorted(files.items()))})
-    _fsync_dir(tmp)
+    write_json(os.path.join(tmp, MANIFEST),
+               {"version": FORMAT_VERSION, "step": step, "files": dict(sorted(written.items()))})
+    files.fsync_dir(tmp)
     if os.path.exists(final):  # a re-save of the same step (e.g. after a resume)
         shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(ckpts)
+    with files.errors(final, "rename the checkpoint into place"):
+        os.replace(tmp, final)
+    files.fsync_dir(ckpts)
     write_pointer(run_dir, LATEST, step_name(step))
     return final
 
@@ -147,13 +142,9 @@ def abandon(run_dir: str, step: int) -> None:
 
 
 def write_pointer(run_dir: str, name: str, target: str) -> None:
-    ckpts = root(run_dir)
-    tmp = os.path.join(ckpts, name + ".tmp")
-    with run_files.open_write(ckpts, name + ".tmp") as f:
+    """checkpoints/latest or best: the run's own file, replaced (never written through a link)."""
+    with files.replace(os.path.join(root(run_dir), name), f"the {name} pointer", own=True) as f:
         f.write(target + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(ckpts, name))
 
 
 def mark_best(run_dir: str, step: int) -> None:
@@ -169,7 +160,7 @@ def read_pointer(run_dir: str, name: str) -> Optional[str]:
     problem = _not_a_regular_file(path, root(run_dir))
     if problem:
         raise CheckpointError(f"{path}: {problem}")
-    with open(path, "rb") as f:
+    with files.open_read(path, "a checkpoint pointer") as f:
         raw = f.read(257)
     target = raw.decode("utf-8", errors="replace").strip()
     if not target:
@@ -231,28 +222,28 @@ def read_manifest(ckpt: str) -> tuple[dict, list[str]]:
         data = read_json(path)
     except CheckpointError as e:
         return {}, [str(e)]
-    files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, dict):
+    listed = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(listed, dict):
         return {}, [f"{path}: malformed: expected an object whose \"files\" maps file names to sha256 and bytes"]
     problems = []
-    for name, entry in files.items():
+    for name, entry in listed.items():
         if not _PLAIN_NAME.match(name) or name == MANIFEST:
             problems.append(f"{path}: lists {name[:80]!r}, which is not a file name of this checkpoint directory")
         elif not (isinstance(entry, dict) and type(entry.get("bytes")) is int and entry["bytes"] >= 0
                   and isinstance(entry.get("sha256"), str) and _SHA256.match(entry["sha256"])):
             problems.append(f"{path}: malformed entry for {name!r} (expected sha256 and bytes)")
-    return ({} if problems else files), problems
+    return ({} if problems else listed), problems
 
 
 def verify(ckpt: str) -> list[str]:
     """Problems that make `ckpt` untrustworthy (no or a malformed manifest; missing, truncated, altered,
     unlisted or not-regular files); [] if none."""
-    files, problems = read_manifest(ckpt)
+    listed, problems = read_manifest(ckpt)
     if problems:
         return problems
-    for name in sorted(set(os.listdir(ckpt)) - set(files) - {MANIFEST}):
+    for name in sorted(set(os.listdir(ckpt)) - set(listed) - {MANIFEST}):
         problems.append(f"{os.path.join(ckpt, name)}: not in the manifest (added after the checkpoint was saved?)")
-    for name, entry in files.items():
+    for name, entry in listed.items():
         file = os.path.join(ckpt, name)
         problem = _not_a_regular_file(file, ckpt)
         if problem:
@@ -263,7 +254,7 @@ def verify(ckpt: str) -> list[str]:
             problems.append(f"{file}: {size} bytes, the manifest says {entry['bytes']} (truncated?)")
             continue
         h = hashlib.sha256()
-        with open(file, "rb") as f:
+        with files.open_read(file, "a checkpoint file") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
         if h.hexdigest() != entry["sha256"]:
@@ -333,9 +324,12 @@ def load(path: str):
     if problem:
         raise CheckpointError(f"{path}: {problem}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with files.open_read(path, "a checkpoint file") as f:
+            return torch.load(f, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
+    except files.FileError as e:
+        raise CheckpointError(str(e)) from None
     except Exception as e:  # truncated zip, bad pickle, ...
         raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
 
@@ -346,13 +340,12 @@ def read_json(path: str, max_bytes: int = MAX_JSON_BYTES):
     problem = _not_a_regular_file(path, os.path.dirname(path) or ".")
     if problem:
         raise CheckpointError(f"{path}: {problem}")
-    size = os.path.getsize(path)
-    if size > max_bytes:
-        raise CheckpointError(f"{path}: {size} bytes, more than the {max_bytes} a file of this kind may have")
     try:
-        with open(path, "rb") as f:
-            return userfiles.parse_json(f.read(max_bytes + 1).decode("utf-8"), path)  # every key once, bounded depth
-    except userfiles.UserFileError as e:
+        raw = files.read_bytes(path, max_bytes, "a JSON file of a checkpoint or run")
+        return userfiles.parse_json(raw.decode("utf-8"), path)  # every key once, bounded depth
+    except (userfiles.UserFileError, files.FileError) as e:
         raise CheckpointError(str(e)) from None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None

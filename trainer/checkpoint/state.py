@@ -23,6 +23,7 @@ class TrainState:
     bad_steps: int = 0  # ... in a row, up to now
     engine: dict = field(default_factory=dict)  # DeepSpeed counters: global_steps, micro_steps, ...
     lr_scheduler: dict = field(default_factory=dict)
+    lr_schedule_steps: int = 0  # the steps the LR schedule spans (total_num_steps); 0: none, or not recorded
     optimizer: dict = field(default_factory=dict)  # step, param-group hyperparameters (lr, ...), loss scaler
     layout: dict = field(default_factory=dict)
     world_size: int = 1

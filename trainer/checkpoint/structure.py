@@ -17,6 +17,7 @@ from trainer.checkpoint.optimizer import MASTER
 from trainer.checkpoint.state import TrainState
 
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "dict": (dict,)}  # TrainState's annotations
+ADDED_LATER = {"lr_schedule_steps"}  # TrainState fields a checkpoint written before them lacks: their defaults apply
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "dict": "an object"}
 
 
@@ -28,7 +29,8 @@ def train_state(data, path: str) -> TrainState:
     """train_state.json's content as a TrainState: every field present, of its type."""
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object of the training state, found {type(data).__name__}")
-    for f in dataclasses.fields(TrainState):
+    fields = [f for f in dataclasses.fields(TrainState) if f.name in data or f.name not in ADDED_LATER]
+    for f in fields:
         if f.name not in data:
             raise CheckpointError(f"{path}: no {f.name!r} (written by another program, or damaged)")
         if not _is(data[f.name], f.type):
@@ -44,7 +46,7 @@ def train_state(data, path: str) -> TrainState:
     if not isinstance(data["config"].get("model", {}), dict):
         raise CheckpointError(f"{path}: config.model is not an object")
     _optimizer_summary(data["optimizer"], path)
-    return TrainState(**{f.name: data[f.name] for f in dataclasses.fields(TrainState)})
+    return TrainState(**{f.name: data[f.name] for f in fields})
 
 
 def _optimizer_summary(summary: dict, path: str) -> None:

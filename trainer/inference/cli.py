@@ -14,16 +14,25 @@ translate output (one input line -> one output line, or K with --n-best K; lines
                                                        source and of the hypothesis, from 0; Pharaoh format)
 score output (launch/score.py): LOGPROB<TAB>TOKENS<TAB>PER_TOKEN per pair (natural log of p(ref | src), target
 pieces + end of sentence, their ratio), or one JSON object per line with --json.
+
+Every file goes through the file layer (data_prep.files): inputs are regular files only; an output is written to a
+temporary file renamed into place at the end, never onto a file the command reads (its input, its reference, a
+model or checkpoint file it loads: compared by device and inode), never into the run it loads from (its
+checkpoints and the trainer's files), and never through a link. Each command runs as one `files.command()`.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import IO, Iterator
+
+from data_prep.dataformat import files
 
 INPUT_CHUNK = 256  # lines read before decoding when --buffer-size is not given
 
@@ -75,6 +84,27 @@ def decode_flags(args: argparse.Namespace) -> dict:
                 batch_size=args.batch_size, max_tokens=args.max_tokens, max_line_bytes=args.max_line_bytes)
 
 
+def one_command(main):
+    """`main` as one command of the file layer: its reads and protections are its own (files.command)."""
+    @functools.wraps(main)
+    def run(args) -> int:
+        with files.command():
+            return main(args)
+    return run
+
+
+def protect_run(run_dir: str) -> None:
+    """Nothing this command writes lands in the run it reads: not in its checkpoints or the trainer's other
+    directories (a checkpoint file written over fails its checksum; a new one makes the checkpoint fail `verify`),
+    nor on the files the trainer writes (its config, data manifest, SentencePiece models, metrics, lock)."""
+    from trainer.artifacts import run_dir as names
+
+    for name in names.RUN_DIR_DIRS:
+        files.protect(os.path.join(run_dir, name), f"the run's {name}/, which only the trainer writes")
+    for name in names.RUN_DIR_FILES:
+        files.protect(os.path.join(run_dir, name), "a file of the run, which only the trainer writes")
+
+
 def load_translator(models: Models, decode: dict):
     """The Translator of `models` (several: an ensemble), its decoding options those of the (first) model's config
     with the `decode` flags, checked here, once, before any line is read."""
@@ -86,6 +116,7 @@ def load_translator(models: Models, decode: dict):
         members = [load_export(path, models.device, decode) for path in models.files]
         names = models.files
     else:
+        protect_run(models.run)
         names = models.checkpoints or ["best"]
         members = [load_run(models.run, which, models.device, allow_unverified=models.allow_unverified,
                             decode=decode) for which in names]
@@ -141,21 +172,24 @@ def read_chunks(stream: IO[bytes], name: str, size: int, cap: int = 0) -> Iterat
 
 
 def _open_input(path):
-    if path in (None, "-"):
+    if path in (None, "-", "/dev/stdin"):
         return sys.stdin.buffer, "stdin", None
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"--input {path}: no such file")
+    f = files.open_read(path, "the input", flag="--input")
     total, last = 0, b"\n"
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            total, last = total + chunk.count(b"\n"), chunk[-1:]
-    return open(path, "rb"), path, total + (last != b"\n")
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        total, last = total + chunk.count(b"\n"), chunk[-1:]
+    f.seek(0)
+    return f, path, total + (last != b"\n")
 
 
-def _open_output(path):
-    if path in (None, "-"):
-        return open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False)
-    return open(path, "w", encoding="utf-8", newline="\n")
+def open_output(path: str | None, flag: str, what: str):
+    """A context manager: stdout (None, "-" or /dev/stdout), or the file layer's replacement of `path`
+    (files.replace: checked now, before any work, and renamed into place when the block ends)."""
+    if path in (None, "-", "/dev/stdout"):
+        return contextlib.closing(open(sys.stdout.fileno(), "w", encoding="utf-8", newline="\n", closefd=False))
+    return files.replace(path, what, flag=flag)
 
 
 def format_result(index: int, hyps, n_best: int, alignments: bool) -> str:
@@ -168,17 +202,27 @@ def format_result(index: int, hyps, n_best: int, alignments: bool) -> str:
     return "".join(lines)
 
 
+@one_command
 def translate_main(args) -> int:
-    from tqdm import tqdm
-
     if args.n_best < 1:
         raise ValueError(f"--n-best {args.n_best}: must be >= 1")
     stream, name, total = _open_input(args.input)
-    translator = load_translator(Models.from_args(args), decode_flags(args))
-    if args.n_best > translator.options.beam:
-        raise ValueError(f"--n-best {args.n_best} must be <= the beam size ({translator.options.beam})")
+    try:
+        translator = load_translator(Models.from_args(args), decode_flags(args))
+        if args.n_best > translator.options.beam:
+            raise ValueError(f"--n-best {args.n_best} must be <= the beam size ({translator.options.beam})")
+        with open_output(args.output, "--output", "the translations") as out:
+            _translate_stream(translator, stream, name, total, out, args)
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    return 0
+
+
+def _translate_stream(translator, stream, name: str, total, out, args) -> None:
+    from tqdm import tqdm
+
     oversized = Oversized(translator)
-    out = _open_output(args.output)
     bar = tqdm(total=total, unit="sent", file=sys.stderr, disable=None, dynamic_ncols=True, mininterval=1.0)
     started, sentences, pieces = time.perf_counter(), 0, 0
     try:
@@ -193,26 +237,22 @@ def translate_main(args) -> int:
             bar.update(len(chunk))
     finally:
         bar.close()
-        out.close()
-        if stream is not sys.stdin.buffer:
-            stream.close()
     oversized.report(name)
     seconds = max(time.perf_counter() - started, 1e-9)
     print(f"translated {sentences} sentences ({pieces} target pieces) in {seconds:.1f} s: "
           f"{sentences / seconds:.2f} sentences/s, {pieces / seconds:.1f} tokens/s", file=sys.stderr, flush=True)
-    return 0
 
 
 def _read_lines(flag: str, path: str) -> list[str]:
     """A text file's lines (as read_lines), or one error naming the flag, the file and the line."""
     from trainer.inference.text import read_lines
 
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{flag} {path}: no such file")
     try:
-        return read_lines(path)
+        return read_lines(path, flag)
     except UnicodeDecodeError:
-        with open(path, "rb") as f:
+        with files.open_read(path, "a text file", flag=flag) as f:
             for number, raw in enumerate(f, start=1):
                 try:
                     raw.decode("utf-8")
@@ -229,26 +269,31 @@ def _read_pair(src_path: str, ref_path: str, ref_flag: str = "--ref") -> tuple[l
     return src, ref
 
 
-def _write_lines(path: str, lines: list[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(line + "\n" for line in lines)
-
-
+@one_command
 def evaluate_main(args) -> int:
-    from trainer.metrics import check_tokenize, resolve_tokenize, score
+    from trainer.metrics import check_tokenize
 
     src, ref = _read_pair(args.src, args.ref)
     if not src:  # sacreBLEU has nothing to average over (an IndexError inside it)
         raise ValueError(f"--src {args.src} and --ref {args.ref} are empty: no sentence to evaluate")
     if args.tokenize:
         check_tokenize(args.tokenize, "--tokenize")
+    base_hyps = _read_pair(args.src, args.baseline, "--baseline")[1] if args.baseline else None
     translator = load_translator(Models.from_args(args), decode_flags(args))
-    oversized = Oversized(translator)
-    oversized.note(src, 0)
-    hyps = [n[0].text for n in translator.translate_nbest(src)]
-    oversized.report(args.src)
-    if args.output:
-        _write_lines(args.output, hyps)
+    output = open_output(args.output, "--output", "the translations") if args.output else contextlib.nullcontext()
+    with output as out:  # refused now, before the decoding, if it would land on a file read
+        oversized = Oversized(translator)
+        oversized.note(src, 0)
+        hyps = [n[0].text for n in translator.translate_nbest(src)]
+        oversized.report(args.src)
+        if out is not None:
+            out.writelines(line + "\n" for line in hyps)
+    return _report_scores(args, translator, src, ref, hyps, base_hyps)
+
+
+def _report_scores(args, translator, src: list[str], ref: list[str], hyps: list[str], base_hyps) -> int:
+    from trainer.metrics import check_tokenize, resolve_tokenize, score
+
     configured = translator.origin["config"]["decode"]["bleu_tokenize"]  # the (first) model's decode.bleu_tokenize
     tokenize = resolve_tokenize(args.tokenize or configured, translator.tgt_lang, ref)
     s = score(hyps, ref, check_tokenize(tokenize, "--tokenize"))
@@ -256,7 +301,6 @@ def evaluate_main(args) -> int:
               "chrf_signature": s.chrf_signature, "sentences": len(src), "tokenize": tokenize}
     baseline = args.baseline
     if baseline:  # another system's output on the same source, scored the same way
-        base_hyps = _read_pair(args.src, baseline, "--baseline")[1]
         b = score(base_hyps, ref, tokenize)
         result["baseline"] = {"file": baseline, "bleu": round(b.bleu, 2), "chrf": round(b.chrf, 2)}
     if args.json:
@@ -277,12 +321,12 @@ def evaluate_main(args) -> int:
     return 0
 
 
+@one_command
 def score_main(args) -> int:
     src, ref = _read_pair(args.src, args.ref)
     translator = load_translator(Models.from_args(args), dict(batch_size=args.batch_size, max_tokens=args.max_tokens))
-    scores = translator.score(src, ref)
-    out = _open_output(args.output)
-    with out:
+    with open_output(args.output, "--output", "the scores") as out:
+        scores = translator.score(src, ref)
         for logprob, tokens in scores:
             per_token = logprob / tokens if tokens else 0.0
             if args.json:
@@ -293,10 +337,12 @@ def score_main(args) -> int:
     return 0
 
 
+@one_command
 def average_main(args) -> int:
     from trainer.checkpoint import files as checkpoint
     from trainer.inference.loading import export_model, load_average
 
+    protect_run(args.run)
     if args.checkpoints:
         names = args.checkpoints
     else:
@@ -313,10 +359,12 @@ def average_main(args) -> int:
     return 0
 
 
+@one_command
 def export_main(args) -> int:
     from trainer.artifacts.run_dir import CKPT_DIR
     from trainer.inference.loading import export_model, load_run
 
+    protect_run(args.run)
     translator = load_run(args.run, args.checkpoint, device="cpu", allow_unverified=args.allow_unverified)
     export_model(translator, args.out)
     o = translator.origin

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import torch
 from omegaconf import OmegaConf
 
-from data_prep.dataformat import TrainingLimits
-from trainer.artifacts import model_files, run_dir as run_names, run_files
+from data_prep.dataformat import TrainingLimits, files
+from trainer.artifacts import model_files, run_dir as run_names
 from trainer.checkpoint import files as checkpoint
 from trainer.config import load_config
 from trainer.inference.options import DecodeOptions
@@ -134,8 +134,9 @@ def ensemble(members: list[Translator], names: list[str]) -> Translator:
 
 def export_model(translator: Translator, path: str) -> None:
     """One self-contained file for inference: weights (fp32), config, both SentencePiece models, the
-    normalisation flags, the target language, the training length limits and where it came from. Written to
-    a temporary name, then renamed; never onto the run it came from."""
+    normalisation flags, the target language, the training length limits and where it came from. Written through
+    the file layer (data_prep.files): a temporary file renamed into place; never onto a file this command read
+    or protects (the run it came from: trainer.inference.cli), nor over a file that is not a model file."""
     text = translator.text
     blob = {"format": model_files.EXPORT_FORMAT, "version": model_files.EXPORT_VERSION,
             "config": translator.origin["config"],
@@ -145,25 +146,5 @@ def export_model(translator: Translator, path: str) -> None:
             "normalize": dict(text.norm), "normalize_tgt": dict(text.norm_tgt), "tgt_lang": text.tgt_lang,
             "limits": text.limits.as_dict(), "numbers": text.numbers,
             "origin": {k: v for k, v in translator.origin.items() if k != "config"}}
-    _check_output(translator.origin.get("run_dir"), path)
-    tmp = path + ".tmp"
-    with run_files.open_write(os.path.dirname(path) or ".", os.path.basename(tmp), binary=True, where="--out") as f:
+    with files.replace(path, "the model file", flag="--out", binary=True, ours=model_files.is_export) as f:
         torch.save(blob, f)
-    os.replace(tmp, path)
-
-
-def _check_output(run_dir: str | None, path: str) -> None:
-    """An exported model never lands on the run it came from: not inside its checkpoints (a checkpoint file
-    written over fails its checksum; a new one makes the checkpoint fail `verify`), and not on the files the
-    run translates with."""
-    if not run_dir:
-        return
-    out = os.path.realpath(path)
-    ckpts = os.path.realpath(checkpoint.root(run_dir))
-    if out == ckpts or out.startswith(ckpts + os.sep):
-        raise ValueError(f"--out {path}: inside the run's checkpoints ({checkpoint.root(run_dir)}), which only the "
-                         f"trainer writes; write the model file elsewhere")
-    own = {os.path.realpath(os.path.join(run_dir, n))
-           for n in (*run_names.RUN_FILES, run_names.DATA_MANIFEST, run_names.CONFIG)}
-    if out in own:
-        raise ValueError(f"--out {path}: a file of the run ({os.path.basename(out)}); write the model file elsewhere")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data_prep.dataformat import (PLACEHOLDER, TrainingLimits, join_segments, normalize, numbers, repair,
+from data_prep.dataformat import (PLACEHOLDER, TrainingLimits, files, join_segments, normalize, numbers, repair,
                                   restore_formulas, segment)
 from trainer.model.search import Hypothesis
 
@@ -36,9 +36,10 @@ def one_line(text: str) -> str:
     return normalize(text)
 
 
-def read_lines(path: str) -> list[str]:
-    """One segment per '\\n'-terminated line (not str.splitlines, which also splits on U+2028)."""
-    with open(path, encoding="utf-8", newline="\n") as f:
+def read_lines(path: str, flag: str | None = None) -> list[str]:
+    """One segment per '\\n'-terminated line (not str.splitlines, which also splits on U+2028) of a regular file
+    (the file layer; `flag`: the option that named it, for its errors)."""
+    with files.text_reader(files.open_read(path, "a text file", flag=flag)) as f:
         return [line.rstrip("\n").rstrip("\r") for line in f]
 
 

@@ -9,13 +9,14 @@ adds a table of sample translations; an offline run ends by printing its `wandb 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import math
 import os
 import sys
 import time
 
-from data_prep.dataformat import userfiles
+from data_prep.dataformat import files, userfiles
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import METRICS
 from trainer.observe import wandb_run
@@ -159,7 +160,7 @@ def truncate_metrics(path: str, step: int) -> str | None:
     if not os.path.exists(path):
         return None
     rows, torn = [], []
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with io.TextIOWrapper(files.open_read(path, METRICS), encoding="utf-8", errors="replace", newline="\n") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -172,9 +173,8 @@ def truncate_metrics(path: str, step: int) -> str | None:
                 continue
             if row.get("step", 0) <= step:
                 rows.append(line if line.endswith("\n") else line + "\n")
-    with run_files.open_write(os.path.dirname(path), os.path.basename(path) + ".tmp") as f:
+    with files.replace(path, METRICS, own=True) as f:  # the run's own file, read above
         f.writelines(rows)
-    os.replace(path + ".tmp", path)
     if not torn:
         return None
     where = ", ".join(map(str, torn[:5])) + (" ..." if len(torn) > 5 else "")

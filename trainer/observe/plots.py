@@ -1,10 +1,11 @@
-"""A picture of a run without wandb: loss, dev BLEU and tokens/s over steps from RUN_DIR/metrics.jsonl."""
+"""A picture of a run without wandb: loss, dev BLEU and tokens/s over steps from RUN_DIR/metrics.jsonl. Both
+files go through the file layer (data_prep.files): metrics.jsonl a regular file only (a FIFO would block the
+reader), the PNG renamed into place, never through a link and never over a file that is not a PNG."""
 from __future__ import annotations
 
-import io
 import os
 
-from data_prep.dataformat import userfiles
+from data_prep.dataformat import files, userfiles
 from trainer.artifacts.run_dir import METRICS, PLOT
 
 
@@ -13,7 +14,7 @@ def read_metrics(run_dir: str) -> list[dict]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file (is {run_dir} a run directory written by launch/train.py?)")
     rows = []
-    with io.TextIOWrapper(userfiles.open_regular(path, METRICS), encoding="utf-8") as f:  # never a FIFO
+    with files.text_reader(files.open_read(path, METRICS)) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -37,6 +38,7 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
     import matplotlib.pyplot as plt
 
     rows = read_metrics(run_dir)
+    flag = "--out" if out else None
     out = out or os.path.join(run_dir, PLOT)
 
     def series(key):
@@ -65,6 +67,19 @@ def plot_run(run_dir: str, out: str | None = None) -> str:
         ax.grid(alpha=0.3)
     fig.suptitle(os.path.abspath(run_dir), fontsize=9)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    with files.replace(out, "the plot", flag=flag, binary=True, ours=is_png) as f:
+        fig.savefig(f, dpi=100, format="png")
     plt.close(fig)
     return out
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def is_png(path: str) -> bool:
+    """What a plot may replace: a PNG (an earlier plot), nothing else."""
+    try:
+        with files.open_read(path, "a plot", remember=False) as f:
+            return f.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+    except OSError:
+        return False

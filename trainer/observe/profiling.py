@@ -80,13 +80,12 @@ class StepProfiler:
                for e in events}
         ops = dict(sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"]))
         path = os.path.join(self.dir, f"rank{self.rank}.json")
-        with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json") as f:
-            json.dump({"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
-                       "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()),
-                       "minor_faults_per_step": faults / steps,
-                       **({"device_syncs_per_step": sum(syncs.values()) / steps, "device_sync_sites": syncs}
-                          if self.cuda else {}),
-                       "ops": ops}, f, indent=1)
+        run_files.write_text(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json", json.dumps(
+            {"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
+             "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()), "minor_faults_per_step": faults / steps,
+             **({"device_syncs_per_step": sum(syncs.values()) / steps, "device_sync_sites": syncs}
+                if self.cuda else {}),
+             "ops": ops}, indent=1))
         with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.txt") as f:
             f.write(f"steps {self.first}-{self.last}: self CPU ms over {steps} steps (divide by {steps} "
                     f"for per step)\n")
@@ -106,12 +105,12 @@ class StepProfiler:
         sites: dict = {}
         for op, where in counter.syncs:
             sites[f"{op} at {where}"] = sites.get(f"{op} at {where}", 0) + 1
-        with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json") as f:
-            json.dump({"rank": self.rank, "steps": [self.first, self.last], "counted": "ops",
-                       "wall_ms_per_step": 1000 * (time.perf_counter() - self._started) / steps,
-                       "syncs_per_step": len(counter.syncs) / steps, "sync_sites": sites,
-                       "launches_per_step": counter.launches / steps,
-                       "launches_by_op": {k: v / steps for k, v in counter.by_op.most_common()}}, f, indent=1)
+        run_files.write_text(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json", json.dumps(
+            {"rank": self.rank, "steps": [self.first, self.last], "counted": "ops",
+             "wall_ms_per_step": 1000 * (time.perf_counter() - self._started) / steps,
+             "syncs_per_step": len(counter.syncs) / steps, "sync_sites": sites,
+             "launches_per_step": counter.launches / steps,
+             "launches_by_op": {k: v / steps for k, v in counter.by_op.most_common()}}, indent=1))
         return os.path.join(self.dir, f"rank{self.rank}.json")
 
     def _sync_sites(self) -> dict:

@@ -70,6 +70,7 @@ class TimelineWriter:
     def write(self, step: int, spans_by_rank: list[list[tuple]], labels: list[str]) -> str:
         """spans_by_rank[r]: (op, start_s, end_s) relative to the step's start on rank r's clock
         (ranks start the step together: each step begins after the previous one's collectives)."""
+        from data_prep.dataformat import files
         from trainer.artifacts import run_files
 
         events = []
@@ -80,11 +81,10 @@ class TimelineWriter:
                                "ts": round(start * 1e6, 1), "dur": round((end - start) * 1e6, 1)})
         events.append({"name": "process_name", "ph": "M", "pid": step, "args": {"name": f"step {step}"}})
         self.events = (self.events + [events])[-MAX_TRACE_STEPS:]
-        tmp = os.path.join(self.dir, "trace.json.tmp")
-        with run_files.open_write(self.run_dir, f"{TIMELINE_DIR}/trace.json.tmp") as f:
-            json.dump({"traceEvents": [e for step_events in self.events for e in step_events],
-                       "displayTimeUnit": "ms"}, f)
-        os.replace(tmp, os.path.join(self.dir, "trace.json"))
+        run_files.make_dirs(self.run_dir, TIMELINE_DIR)
+        with files.replace(os.path.join(self.dir, "trace.json"), "the timeline trace", own=True) as f:
+            f.write(json.dumps({"traceEvents": [e for step_events in self.events for e in step_events],
+                                "displayTimeUnit": "ms"}))
         png = os.path.join(self.dir, f"step_{step:08d}.png")
         with run_files.open_write(self.run_dir, f"{TIMELINE_DIR}/step_{step:08d}.png", binary=True) as f:
             gantt(spans_by_rank, labels, f"step {step}", f)

@@ -23,6 +23,7 @@ import string
 import subprocess
 import sys
 
+from data_prep.dataformat import files
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import WANDB_RUN_ID as ID_FILE
 IDLE_TIMEOUT = "30s"  # also the longest wait between the service's start and rank 0's connection
@@ -64,7 +65,7 @@ def run_id(run_dir: str, resumed: bool) -> str:
     path = os.path.join(run_dir, ID_FILE)
     found = None
     if resumed and os.path.lexists(path):
-        text = run_files.read_capped(path, 256, what="the wandb run id").decode("utf-8", "replace").strip()
+        text = files.read_bytes(path, 256, "the wandb run id").decode("utf-8", "replace").strip()
         found = text if _ID.match(text) else None
     rid = found or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
     if rid != found:

@@ -12,7 +12,8 @@ Touch points, each wrapped by one function or `Engine` method below:
     stages       PipelineModule + LayerSpec: `_local_start`, `forward_funcs`, `parts`, `stage_id`
     engine       deepspeed.initialize with the grid as mpu, `enable_backward_allreduce`, the fp32
                  clipping hook `clip_fp32_gradients` (a no-op) and `optimizer.step` (`lean_step`), the counters
-                 `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`; its `backward` is not used
+                 `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`, the LR scheduler's
+                 `total_num_steps` (a resume may keep its checkpoint's); its `backward` is not used
                  (plain autograd: the interpreter scales the loss once, `Engine.loss_scale`)
     names        the optimizer and scheduler types DeepSpeed accepts (`optimizer_names`, `scheduler_names`),
                  and those its ZeRO tests (`zero_optimizer_names`), checked when the JSON is read
@@ -505,6 +506,17 @@ class Engine:
     def load_lr_scheduler_state(self, state: dict) -> None:
         if self.ds.lr_scheduler is not None and state:
             self.ds.lr_scheduler.load_state_dict(state)
+
+    def lr_schedule_length(self) -> int | None:
+        """The steps the LR scheduler spans (WarmupDecayLR / WarmupCosineLR `total_num_steps`, which their
+        state_dict leaves out); None for a scheduler without a length, or none."""
+        return getattr(self.ds.lr_scheduler, "total_num_steps", None)
+
+    def set_lr_schedule_length(self, total: int) -> float:
+        """Span the LR scheduler over `total` steps from its current step on (a resume's train.resume_schedule);
+        returns the learning rate it gives at that step."""
+        self.ds.lr_scheduler.total_num_steps = total
+        return float(self.ds.lr_scheduler.get_lr()[0])
 
     # the optimizer by parameter
     def check_per_parameter_state(self) -> None:

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import torch
 
+from data_prep.dataformat import files
 from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.model.dropout import DropoutKeys, keep_mask
 from trainer.model.seq2seq import _run_packed, build_head
@@ -230,9 +231,8 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
         profile["conditions"]["warning"] = (f"load average {max(load_before[0], load_after[0]):.1f} > {QUIET_LOAD}: "
                                             f"measured on a busy machine, the numbers are not worth planning with")
         _say(profile["conditions"]["warning"])
-    with open(out_path, "x", encoding="utf-8") as f:
-        json.dump(profile, f, indent=1)
-        f.write("\n")
+    with files.replace(out_path, "the device profile", flag="--out", ours=lambda _: False) as f:  # never over a file
+        f.write(json.dumps(profile, indent=1) + "\n")
     _say(f"wrote {out_path} in {profile['conditions']['seconds']} s")
     return profile
 

@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from data_prep.dataformat import MANIFEST
+from data_prep.dataformat import MANIFEST, files
 from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.ds_config import check_batch, global_micro_batch, layout_world, load_ds_config
 from trainer.parallel.layout import LayoutSpec, group_members
@@ -218,9 +218,8 @@ def write_config(path: str, ds: dict, ranks: int) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"--write-config {path}: no such directory {parent}")
-    with open(path, "x", encoding="utf-8") as f:
-        json.dump(ds, f, indent=2)
-        f.write("\n")
+    with files.replace(path, "the DeepSpeed JSON", flag="--write-config", ours=lambda _: False) as f:
+        f.write(json.dumps(ds, indent=2) + "\n")
     back = load_ds_config(path, max_steps=None)
     spec = LayoutSpec.from_ds_config(back, ranks)
     check_batch(back, path, spec.num_dp)

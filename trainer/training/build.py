@@ -156,12 +156,15 @@ class Build:
             decode_cfg=cfg.decode, data_dir=cfg.data.dir, run_dir=cfg.run.dir, bleu_tokenize=bleu_tokenize)
         ckpt = self._open_run_dir(checkpointer, manifest)
         state, notes = checkpointer.restore(ckpt)
+        schedule = start.resume_schedule(cfg.train, ds, state, engine, ckpt)
+        if schedule and rt.is_rank0:
+            start.write_ds_config(cfg.run.dir, ds)  # the length that applies
         log = self._logger(state.step, ckpt is not None, threads, fault_plan)
         log.message(f"layout: mode={rt.spec.mode} num_pp={rt.spec.num_pp} num_dp={rt.spec.num_dp} "
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
                     f"gas={engine.accumulation_steps} {engine.precision} zero_stage={engine.zero_stage}")
-        for line in part_notes + notes + schedule_notes(ds) + zero_notes(engine, rt.spec):
+        for line in part_notes + notes + schedule + schedule_notes(ds) + zero_notes(engine, rt.spec):
             log.message(line)
         return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
                        runner=self.runner, checkpointer=checkpointer, validator=validator, log=log,

@@ -73,7 +73,7 @@ class Trainer:
         while st.step < cfg.max_steps and not stop:
             stop = self._one_step()
         self._end()
-        best = f"best dev BLEU {st.best_bleu:.2f}" if self.validator is not None else "no dev set (no dev BLEU)"
+        best = dev_bleu_summary(st.best_bleu, self.validator is not None, cfg.eval_every)
         self.log.message(f"done: step {st.step}, {best}; pairs left out of the last "
                          f"epoch (fewer than data.min_batch_sentences remained): {self.stream.left_out}")
         failed = self.rt.broadcast_object(self.log.failed, src=0)  # the last row itself may have failed
@@ -160,3 +160,14 @@ class Trainer:
         else:
             st.bad_evals += 1
         return row, best
+
+
+def dev_bleu_summary(best_bleu: float, has_dev: bool, eval_every: int) -> str:
+    """The final line's word on dev BLEU: the best, or why there is none (TrainState.best_bleu is -1 until a
+    validation has run: a run stopped before its first one, or resumed from such a checkpoint)."""
+    if not has_dev:
+        return "no dev set (no dev BLEU)"
+    if best_bleu < 0:
+        return (f"no dev BLEU yet (no validation has run: every train.eval_every={eval_every} steps and at "
+                f"train.max_steps)")
+    return f"best dev BLEU {best_bleu:.2f}"

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from data_prep.dataformat import userfiles
+from data_prep.dataformat import files, userfiles
 from trainer.model.seq2seq import LOSS_CHUNK_ROWS, projected_cross_entropy
 
 CANDIDATES = (128, 256, 512, 1024)
@@ -64,11 +64,9 @@ def _write_cache(key: str, value: int) -> None:
     data = _read_cache()
     data[key] = value
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        files.make_dirs(os.path.dirname(path), "the cache directory")
+        with files.replace(path, "the tuning cache", own=True) as f:  # our own file, read above
+            f.write(json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass
 

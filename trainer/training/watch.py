@@ -108,8 +108,7 @@ class StepWatch:
             return
         layout = self.rt.layout
         cpu = self.cpu_ms if self.cpu_ms is not None else self.cpu.per_step(self.cpu_steps)
-        with run_files.open_write(self.run_dir, f"{TIMING_DIR}/rank{self.rt.rank}.json") as f:
-            json.dump({"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
-                       "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())},
-                       "wall_ms_per_step": 1000 * self.cpu_wall / max(self.cpu_steps, 1), "cpu_ms_per_step": cpu}, f,
-                      indent=1)
+        run_files.write_text(self.run_dir, f"{TIMING_DIR}/rank{self.rt.rank}.json", json.dumps(
+            {"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
+             "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())},
+             "wall_ms_per_step": 1000 * self.cpu_wall / max(self.cpu_steps, 1), "cpu_ms_per_step": cpu}, indent=1))
