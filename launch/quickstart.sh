@@ -9,6 +9,8 @@
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
 # learning rate, 5e-3), STEPS (from the YAML: 3000), MAX_WORDS (20: the longest English claim; the
 # generator's default is 50), WORK (data and runs go under here; default: the repo's data/ and runs/).
+# Each phase prints its wall and CPU seconds (its processes' user + sys) and the load average when it ended;
+# the last line sums them (the time a reader can compare with docs/BENCHMARKS.md 6.8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RANKS=${RANKS:-2}
@@ -21,18 +23,40 @@ RUN=$WORK/runs/demo
 EXTRA=()
 [ -n "${STEPS:-}" ] && EXTRA+=("train.max_steps=$STEPS")
 
+# phase NAME COMMAND...: runs COMMAND and prints its wall and CPU seconds; the sums go on the last line.
+START=${EPOCHREALTIME:-$(date +%s)} SUMMARY="" CPU=0
+cpu_seconds() {  # CPU=user + sys of the processes this shell has waited for (`times` in this shell, not a subshell)
+    times > "$TIMES"
+    CPU=$(awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] } printf "%.1f", t }' "$TIMES")
+}
+phase() {
+    local name=$1 t0=${EPOCHREALTIME:-$(date +%s)} c0 line; shift
+    cpu_seconds; c0=$CPU
+    "$@"
+    cpu_seconds
+    line=$(awk -v n="$name" -v t0="$t0" -v t1="${EPOCHREALTIME:-$(date +%s)}" -v c0="$c0" -v c1="$CPU" \
+        'BEGIN { printf "%s %.1f s (CPU %.1f s)", n, t1 - t0, c1 - c0 }')
+    echo "quickstart: $line, load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')"
+    SUMMARY="$SUMMARY${SUMMARY:+, }$line"
+}
+TIMES=$(mktemp)
+trap 'rm -f "$TIMES"' EXIT
+
 # No GPU: say so, so that DeepSpeed's launcher does not probe for one and warn (README, "Two commands").
 command -v nvidia-smi > /dev/null 2>&1 || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 
-python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1 --max-words "$MAX_WORDS" \
+phase corpus python -m data_prep.demo_corpus --out "$TEXT" --pairs 20000 --seed 1 --max-words "$MAX_WORDS" \
     --baseline-out "$TEXT/test.baseline.ja"
-python -m data_prep.prepare --format moses --src-lang en --tgt-lang ja --train-src "$TEXT/train.en" --train-tgt "$TEXT/train.ja" \
+phase prepare python -m data_prep.prepare --format moses --src-lang en --tgt-lang ja --train-src "$TEXT/train.en" --train-tgt "$TEXT/train.ja" \
     --dev-src "$TEXT/dev.en" --dev-tgt "$TEXT/dev.ja" --test-src "$TEXT/test.en" --test-tgt "$TEXT/test.ja" \
     --out "$DATA" --vocab-size 8000 --model-type bpe --number-placeholders 8
 rm -rf "$RUN"
-deepspeed --log_level error --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
+phase train deepspeed --log_level error --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
     data.dir="$DATA" run.dir="$RUN" "${EXTRA[@]}"
 # Test BLEU/chrF beside the word-by-word baseline (a lexicon in English word order), then three sentences.
-python launch/evaluate.py --run "$RUN" --src "$TEXT/test.en" --ref "$TEXT/test.ja" --output "$RUN/test.hyp" \
+phase evaluate python launch/evaluate.py --run "$RUN" --src "$TEXT/test.en" --ref "$TEXT/test.ja" --output "$RUN/test.hyp" \
     --baseline "$TEXT/test.baseline.ja" --show 3
-python launch/plot.py "$RUN"
+phase plot python launch/plot.py "$RUN"
+cpu_seconds
+echo "quickstart: $SUMMARY; total $(awk -v t0="$START" -v t1="${EPOCHREALTIME:-$(date +%s)}" \
+    'BEGIN { printf "%.1f", t1 - t0 }') s (CPU $CPU s)"
