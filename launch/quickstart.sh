@@ -9,6 +9,7 @@
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
 # learning rate, 5e-3), STEPS (from the YAML: 3000), MAX_WORDS (20: the longest English claim; the
 # generator's default is 50), WORK (data and runs go under here; default: the repo's data/ and runs/).
+# Arguments: config overrides for the training run, KEY=VALUE after the demo's YAML (e.g. train.seed=2).
 # Each phase prints its wall and CPU seconds (its processes' user + sys) and the load average when it ended;
 # the last line sums them (the time a reader can compare with docs/BENCHMARKS.md 6.8).
 set -euo pipefail
@@ -52,7 +53,7 @@ phase prepare python -m data_prep.prepare --format moses --src-lang en --tgt-lan
     --out "$DATA" --vocab-size 8000 --model-type bpe --number-placeholders 8
 rm -rf "$RUN"
 phase train deepspeed --log_level error --num_gpus "$RANKS" launch/train.py --deepspeed_config "$DS_CONFIG" --config trainer/configs/demo.yaml \
-    data.dir="$DATA" run.dir="$RUN" "${EXTRA[@]}"
+    data.dir="$DATA" run.dir="$RUN" "${EXTRA[@]}" "$@"
 # Test BLEU/chrF beside the word-by-word baseline (a lexicon in English word order), then three sentences.
 phase evaluate python launch/evaluate.py --run "$RUN" --src "$TEXT/test.en" --ref "$TEXT/test.ja" --output "$RUN/test.hyp" \
     --baseline "$TEXT/test.baseline.ja" --show 3
