@@ -7,8 +7,9 @@
 # (BLEU tokenized by MeCab, ja-mecab, as for any Japanese target).
 # Prints test BLEU/chrF beside the word-by-word baseline, then three test sentences; writes the training plot.
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
-# learning rate, 5e-3), STEPS (from the YAML: 3000), MAX_WORDS (20: the longest English claim; the
-# generator's default is 50), WORK (data and runs go under here; default: the repo's data/ and runs/).
+# learning rate, 5e-3), STEPS (train.max_steps; the YAML's: 2000 of a 3000-step LR schedule, whose length stays
+# unless train.schedule_steps=N is passed too, as it must be above 3000), MAX_WORDS (20: the longest English
+# claim; the generator's default is 50), WORK (data and runs go under here; default: the repo's data/ and runs/).
 # Arguments: config overrides for the training run, KEY=VALUE after the demo's YAML (e.g. train.seed=2).
 # Each phase prints its wall and CPU seconds (its processes' user + sys) and the load average when it ended;
 # the last line sums them (the time a reader can compare with docs/BENCHMARKS.md 6.8).
