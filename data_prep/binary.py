@@ -15,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import BinaryIO, Iterable, Sequence
 
 import numpy as np
+
+from .userfiles import open_regular
 
 TOKEN_DTYPE = np.dtype("<i4")
 OFFSET_DTYPE = np.dtype("<i8")
@@ -84,11 +86,13 @@ class TokenArray:
         for p in (bin_path, idx_path):
             if not os.path.exists(p):
                 raise FileNotFoundError(f"{p}: missing binarized data (run `python -m data_prep.prepare`)")
-        offsets = np.fromfile(idx_path, dtype=OFFSET_DTYPE)
-        size = os.path.getsize(bin_path) // TOKEN_DTYPE.itemsize
-        if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) < 0):
-            raise ValueError(f"{idx_path}: offsets do not match {bin_path} ({size} tokens); the dataset is corrupt")
-        tokens = np.memmap(bin_path, dtype=TOKEN_DTYPE, mode="r") if size else np.zeros(0, TOKEN_DTYPE)
+        with open_data(idx_path) as f:
+            offsets = np.fromfile(f, dtype=OFFSET_DTYPE)
+        with open_data(bin_path) as f:
+            size = os.fstat(f.fileno()).st_size // TOKEN_DTYPE.itemsize
+            if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != size or np.any(np.diff(offsets) < 0):
+                raise ValueError(f"{idx_path}: offsets do not match {bin_path} ({size} tokens); the dataset is corrupt")
+            tokens = np.memmap(f, dtype=TOKEN_DTYPE, mode="r") if size else np.zeros(0, TOKEN_DTYPE)
         return cls(tokens=tokens, offsets=offsets)
 
     def __len__(self) -> int:
@@ -110,9 +114,15 @@ def load_pair(data_dir: str, split: str) -> tuple[TokenArray, TokenArray]:
     return src, tgt
 
 
+def open_data(path: str) -> BinaryIO:
+    """A file of DATA_DIR opened for reading: the one place data files are opened. A regular file only (links
+    followed): a FIFO would block the reader forever and a device (/dev/zero) never end."""
+    return open_regular(path, "a data file")
+
+
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_data(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -123,7 +133,7 @@ def files_checksum(data_dir: str, names: list[str]) -> str:
     h = hashlib.sha256()
     for name in sorted(names):
         h.update(name.encode() + b"\0")
-        with open(os.path.join(data_dir, name), "rb") as f:
+        with open_data(os.path.join(data_dir, name)) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()

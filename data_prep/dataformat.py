@@ -9,13 +9,16 @@ DATA_DIR, as prepare leaves it:
 
 and the text rules applied on both sides of training: the normalisation of translation input
 (`normalize`, `repair`, formula and number placeholders), the segmentation of long inputs under the training limits,
-the language code of a manifest entry, and the output-directory rule (never overwrite what we did not write).
+the language code of a manifest entry, the output-directory rule (never overwrite what we did not write), and
+the strict reading of what users hand us (`userfiles`: regular files only; JSON and YAML with every key once and
+nesting bounded).
 """
 from __future__ import annotations
 
-from . import numbers
+from . import numbers, userfiles
 from .binary import (BOS_ID, EOS_ID, OFFSET_DTYPE, PAD_ID, SIDES, SPECIAL_IDS, TOKEN_DTYPE, UNK_ID, TokenArray,
-                     file_sha256, files_checksum, first_out_of_range, has_split, load_pair, side_paths)
+                     file_sha256, files_checksum, first_out_of_range, has_split, load_pair, open_data,
+                     side_paths)
 from .clean import base_lang
 from .normalize import CJK_SPACES, PLACEHOLDER, normalize, repair, restore_formulas
 from .outdir import OutputDirError, check_output_dir, json_marker
@@ -28,5 +31,5 @@ MANIFEST_KEYS = ("version", "splits", "vocab", "normalize", "checksum")  # what 
 __all__ = ["BOS_ID", "CJK_SPACES", "EOS_ID", "MANIFEST", "MANIFEST_KEYS", "OFFSET_DTYPE", "OutputDirError",
            "PAD_ID", "PLACEHOLDER", "SIDES", "SPECIAL_IDS", "SPM_MODELS", "TOKEN_DTYPE", "TokenArray",
            "TrainingLimits", "UNK_ID", "base_lang", "check_output_dir", "file_sha256", "files_checksum",
-           "first_out_of_range", "has_split", "join_segments",
-           "json_marker", "load_pair", "normalize", "numbers", "repair", "restore_formulas", "segment", "side_paths"]
+           "first_out_of_range", "has_split", "join_segments", "json_marker", "load_pair", "normalize", "numbers",
+           "open_data", "repair", "restore_formulas", "segment", "side_paths", "userfiles"]

@@ -13,9 +13,10 @@ even then, files of other names are left alone (only the program's own names are
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 from typing import Callable, Iterable, Optional
+
+from .userfiles import open_regular, parse_json
 
 
 class OutputDirError(ValueError):
@@ -66,9 +67,9 @@ def json_marker(required_keys: Iterable[str], max_bytes: int = 64 << 20) -> Call
         if os.path.getsize(path) > max_bytes:
             return False
         try:
-            with open(path, "rb") as f:
-                data = json.loads(f.read(max_bytes))
-        except (ValueError, RecursionError, OSError):
+            with open_regular(path, "a marker") as f:
+                data = parse_json(f.read(max_bytes).decode("utf-8"), path)
+        except (ValueError, OSError):  # UserFileError and UnicodeDecodeError are ValueErrors
             return False
         return isinstance(data, dict) and all(k in data for k in keys)
 

@@ -29,6 +29,32 @@ def run_cli(args: list[str], timeout: int = 300, cwd=REPO, check: bool = True,
     return proc
 
 
+def launch_module(script: str):
+    """launch/SCRIPT.py imported without running it (its __main__ block may re-execute the process)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"launch_{script}", REPO / "launch" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launch_main(script: str, argv: list, capsys) -> tuple[int, str, str]:
+    """launch/SCRIPT.py's main(argv) in this process: (exit code, stdout, stderr). What the process would do,
+    without the start of a new interpreter and torch (seconds each): for the fast tier's refusals, beside one
+    test per entry point that runs the real process. Not for what takes the process's signals or terminal
+    (a training start: job_control); a training process's `leave` (os._exit) raises SystemExit here."""
+    module = launch_module(script)
+    if hasattr(module, "leave"):
+        module.leave = sys.exit
+    try:
+        code = module.main([str(a) for a in argv]) or 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def deepspeed_cmd(num_ranks: int, *args) -> list[str]:
     """The deepspeed launcher with N local CPU ranks (gloo), on a port of its own."""
     return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),
@@ -56,14 +82,34 @@ def read_metrics(run_dir: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+_POOL: list = []  # the session's worker pool, spawned once the tests are collected (pytest_collection_finish)
+
+
 @pytest.fixture(scope="session")
 def workers():
-    """Four spawned gloo workers, reused by every in-process multi-rank test (tests/harness.py)."""
+    """Four spawned gloo workers, reused by every in-process multi-rank test (tests/harness.py). They are
+    spawned as soon as the tests are collected (their imports overlap the tests before the first job) and
+    meet at the first job, so a start that fails (after its retries) fails that test alone, not the fixture
+    of every later one."""
     from tests.harness import Workers
 
-    pool = Workers(4)
-    yield pool
-    pool.close()
+    if not _POOL:
+        _POOL.append(Workers(4))
+    yield _POOL[0]
+    _POOL[0].close()
+
+
+def pytest_collection_finish(session):
+    if any("workers" in getattr(item, "fixturenames", ()) for item in session.items):
+        from tests.harness import Workers
+
+        _POOL.append(Workers(4))
+        _POOL[0].spawn_early()
+
+
+def pytest_unconfigure(config):
+    for pool in _POOL:  # a session that ends before the fixture's own teardown (an interrupt)
+        pool.close()
 
 
 DEFAULT_TIMEOUT_S = 600  # per test; a multi-process test that hangs fails instead of the CI

@@ -4,8 +4,15 @@ DeepSpeed once, then run job after job as real gloo jobs of any world size (up t
 A job is a module-level function `fn(*args)` run on ranks 0..world-1 with RANK/WORLD_SIZE/MASTER_*
 set as the deepspeed launcher sets them; it starts its own `ParallelRuntime` (the real rendezvous,
 groups and DeepSpeed engine), returns a picklable result per rank, and the harness closes the
-process group afterwards. A job that hangs or dies fails the test after `timeout` seconds, and the
-pool is restarted for the next one.
+process group afterwards. A job that hangs, dies or fails fails its test (after `timeout` seconds for a
+hang, at once for a worker that exits) and the pool is stopped; the next job starts a fresh one.
+
+The pool starts with the first job that needs it: the workers import first, each says when it is ready,
+and only then do they meet (a gloo rendezvous on a fresh port). Meeting before every worker had imported is
+what failed under load: the first rank's rendezvous timed out while the last one was still importing torch,
+and the others saw "Gloo connectFullMesh failed ... Connection closed by peer". A start that fails anyway
+is retried (START_TRIES, a fresh port and fresh processes each time); if it never succeeds, the test that
+asked fails with the cause of each try, and the next test tries again, so one bad start fails one test.
 """
 from __future__ import annotations
 
@@ -13,7 +20,12 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import time
 import traceback
+
+START_TRIES = 3
+READY_TIMEOUT_S = 300  # spawning and importing torch + DeepSpeed, four at once on two loaded cores
+MEET_TIMEOUT_S = 60  # every worker has imported by then: the rendezvous itself takes a second
 
 
 def free_port() -> int:
@@ -24,13 +36,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(inbox, outbox) -> None:
+def _serve(inbox, outbox, index: int, preload: bool) -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
-    import torch
+    if preload:
+        import torch
 
-    torch.set_num_threads(1)
-    import trainer.parallel.runtime  # noqa: F401  (torch.distributed + DeepSpeed, once)
+        torch.set_num_threads(1)
+        import trainer.parallel.runtime  # noqa: F401  (torch.distributed + DeepSpeed, once)
 
+    outbox.put((index, True, "ready"))
     while True:
         job = inbox.get()
         if job is None:
@@ -43,69 +57,125 @@ def _serve(inbox, outbox) -> None:
         except BaseException:  # noqa: BLE001  (reported to the test, which fails with it)
             outbox.put((rank, False, traceback.format_exc()))
         finally:
-            import torch.distributed as dist
+            if preload:
+                import torch.distributed as dist
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+                if dist.is_initialized():
+                    dist.destroy_process_group()
 
 
 def _meet() -> None:
     from trainer.parallel.runtime import start_process_group
 
-    start_process_group(60)
+    start_process_group(MEET_TIMEOUT_S)
 
 
 class JobError(AssertionError):
     pass
 
 
+def _tracebacks(errors: dict) -> str:
+    return "".join(f"\nrank {rank}:\n{tb}" for rank, tb in sorted(errors.items()))
+
+
 class Workers:
-    def __init__(self, size: int):
-        self.size = size
+    """`size` workers. `meet(*meet_args)`: the job every worker runs once at a start (a module-level function);
+    `preload`: import torch and DeepSpeed before saying ready (the harness's own tests start light pools)."""
+
+    def __init__(self, size: int, start_tries: int = START_TRIES, meet=_meet, meet_args: tuple = (),
+                 preload: bool = True):
+        self.size, self.start_tries, self.preload = size, start_tries, preload
+        self.meet, self.meet_args = meet, meet_args
         self.ctx = mp.get_context("spawn")
         self.procs: list = []
-        self._start()
+        self.starts = 0  # pools started: a failed job costs the next one a start, never every later test
+        self.error_grace_s = 10.0  # after a rank failed, how long its peers may take to answer
+        self._failed_start = False
+        self._met = False  # the workers of self.procs have met (a started pool)
 
-    def _start(self) -> None:
-        self.inboxes = [self.ctx.Queue() for _ in range(self.size)]
-        self.outbox = self.ctx.Queue()
-        self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox), daemon=True) for q in self.inboxes]
-        for p in self.procs:
-            p.start()
-        # DeepSpeed's comm layer is set up once per process, for the world it first sees: meet once
-        # with all workers.
-        self.run(self.size, _meet)
+    def spawn_early(self) -> None:
+        """Spawn the workers now, without waiting: they import torch and DeepSpeed on the core the tests
+        before the first job leave idle; that job then only meets them."""
+        if not self.procs:
+            self._spawn()
 
     def run(self, world: int, fn, *args, timeout: float = 120) -> list:
         """fn(*args) on ranks 0..world-1; returns their results in rank order."""
         if world > self.size:
             raise ValueError(f"world {world} > pool size {self.size}")
-        if not all(p.is_alive() for p in self.procs):
-            self.restart()
+        if not self._met or not all(p.is_alive() for p in self.procs):
+            self._start()
+        try:
+            return self._dispatch(world, fn, args, timeout)
+        except JobError:
+            self.close()  # a failed or hung rank may leave its peers waiting in a collective
+            raise
+
+    def _start(self) -> None:
+        """Spawn (unless spawn_early did), wait until every worker has imported, then meet; a bounded number
+        of tries. After a start that failed every try, a later test gets one try (its own cause, without the
+        whole wait again)."""
+        if self._met or not all(p.is_alive() for p in self.procs):
+            self.close()
+        causes = []
+        for attempt in range(1 if self._failed_start else self.start_tries):
+            try:
+                if not self.procs:
+                    self._spawn()
+                self._collect(self.size, READY_TIMEOUT_S, "starting the workers")
+                self._dispatch(self.size, self.meet, self.meet_args, 2 * MEET_TIMEOUT_S)
+                self.starts += 1
+                self._failed_start, self._met = False, True
+                return
+            except JobError as e:
+                causes.append(f"try {attempt + 1}: {e}")
+                self.close()
+        self._failed_start = True
+        raise JobError(f"the pool of {self.size} workers did not start:\n" + "\n".join(causes))
+
+    def _spawn(self) -> None:
+        self.inboxes = [self.ctx.Queue() for _ in range(self.size)]
+        self.outbox = self.ctx.Queue()
+        self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox, i, self.preload), daemon=True)
+                      for i, q in enumerate(self.inboxes)]
+        for p in self.procs:
+            p.start()
+
+    def _dispatch(self, world: int, fn, args, timeout: float) -> list:
         port = free_port()
         for rank in range(world):
             self.inboxes[rank].put((rank, world, port, fn, args))
-        results, errors = {}, []
-        try:
-            for _ in range(world):
-                rank, ok, value = self.outbox.get(timeout=timeout)
-                (results.__setitem__(rank, value) if ok else errors.append(f"rank {rank}:\n{value}"))
-        except queue.Empty:
-            self.restart()
-            raise JobError(f"{fn.__name__} on {world} ranks: no answer within {timeout}s (a hang?); "
-                           f"finished ranks: {sorted(results)}") from None
-        if errors:
-            self.restart()  # a failed rank may leave its peers waiting in a collective
-            raise JobError(f"{fn.__name__} on {world} ranks failed:\n" + "\n".join(errors))
-        return [results[r] for r in range(world)]
+        return self._collect(world, timeout, f"{fn.__name__} on {world} ranks")
 
-    def restart(self) -> None:
-        self.close()
-        self._start()
+    def _collect(self, n: int, timeout: float, what: str) -> list:
+        """The answers of ranks (workers) 0..n-1 in order, or a JobError naming what failed: each failed rank's
+        traceback (once its peers have answered, or `error_grace_s` after it), a worker that exited, or no
+        answer within `timeout` seconds."""
+        results, errors, deadline, last = {}, {}, time.monotonic() + timeout, time.monotonic()
+        while len(results) + len(errors) < n:
+            try:
+                rank, ok, value = self.outbox.get(timeout=1)
+            except queue.Empty:
+                now = time.monotonic()
+                if errors and now - last > self.error_grace_s:
+                    break  # a failed rank's peers wait in a collective that never completes
+                dead = [f"worker {i} exited with code {p.exitcode}" for i, p in enumerate(self.procs[:n])
+                        if not p.is_alive()]
+                if dead or now > deadline:
+                    raise JobError(f"{what}: {'; '.join(dead) or f'no answer within {timeout:.0f}s (a hang?)'}; "
+                                   f"answered: {sorted(results)}" + _tracebacks(errors)) from None
+                continue
+            last = time.monotonic()
+            (results if ok else errors)[rank] = value
+        if errors:
+            silent = sorted(set(range(n)) - set(results) - set(errors))
+            raise JobError(f"{what} failed" + (f" (ranks {silent} did not answer)" if silent else "") + ":" +
+                           _tracebacks(errors))
+        return [results[r] for r in range(n)]
 
     def close(self) -> None:
         for p in self.procs:
             if p.is_alive():
                 p.kill()
             p.join(timeout=10)
-        self.procs = []
+        self.procs, self._met = [], False

@@ -5,8 +5,10 @@ import json
 import os
 
 # The tests' model is the demo's (trainer/configs/demo.yaml) with a unidirectional bottom layer, which every
-# layout can cut along time; a test that wants the bidirectional one says so in its overrides.
-BASE = ("model.bidirectional_bottom=false",)
+# layout can cut along time; a test that wants the bidirectional one says so in its overrides. One thread per
+# rank: the pool's four workers share two cores, and at this model's size a second thread only waits (OpenMP's
+# barriers made a one-rank job's step 2-3x slower, and much more while other work loaded the cores).
+BASE = ("model.bidirectional_bottom=false", "train.threads=1")
 
 
 def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:

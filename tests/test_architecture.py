@@ -15,8 +15,8 @@ from tests.conftest import REPO
 
 TOPS = ("trainer", "data_prep", "launch", "benchmarks")
 
-# What each package of trainer/ may import from the project (prefixes of module names); the README's
-# architecture map says the same.
+# What each package of trainer/ may import from the project (prefixes of module names); the architecture
+# map of docs/architecture.md says the same.
 MAY_IMPORT = {
     "trainer.model": ("trainer.model", "data_prep.dataformat"),
     "trainer.artifacts": ("trainer.artifacts", "trainer.config", "trainer.data", "trainer.model", "data_prep.dataformat"),
@@ -24,7 +24,7 @@ MAY_IMPORT = {
                         "data_prep.dataformat"),
     "trainer.inference": ("trainer.inference", "trainer.artifacts", "trainer.checkpoint.files", "trainer.model",
                           "trainer.config", "trainer.data", "trainer.metrics", "data_prep.dataformat"),
-    "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout"),
+    "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout", "data_prep.dataformat"),
     "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
                          "data_prep.dataformat"),
 }

@@ -4,14 +4,13 @@ checks used to let through (an empty or a bare-string layout, an unknown optimiz
 100000 threads, a negative seed or time budget, NaN lengths) are one line naming the key, exit code 2."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import sys
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, launch_module, run_cli
 from trainer.config import ConfigError, check_threads, load_config
 from trainer.ds_config import DSConfigError, load_ds_config
 from trainer.parallel.layout import LayoutError, LayoutSpec
@@ -19,10 +18,7 @@ from trainer.parallel.layout import LayoutError, LayoutSpec
 
 def _train_cli():
     """launch/train.py's main, imported without running it (its __main__ block re-executes the process)."""
-    spec = importlib.util.spec_from_file_location("launch_train", REPO / "launch" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return launch_module("train").main
 
 
 def _ds(tmp_path, change=None, name="ds.json") -> str:
@@ -303,8 +299,7 @@ def test_planning_on_data_that_was_never_prepared_says_how_to_prepare_it(tmp_pat
                                                 r".*python -m data_prep.prepare"):
         main(["--config", str(REPO / "trainer" / "configs" / "paper_size.yaml"), "--devices", "2", "--profile",
               "h200", "data.dir=data/enja32k_joint"])
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Choosing a layout"):readme.index("## Data preparation")]
+    section = (REPO / "docs" / "planner.md").read_text(encoding="utf-8")  # the README's planner section moved there
     assert "--out data/enja32k_joint --vocab-size 32000 --model-type bpe --joint-vocab" in section
     yaml = (REPO / "trainer" / "configs" / "paper_size.yaml").read_text()
     assert "python -m data_prep.prepare" in yaml and "--out data/enja32k_joint" in yaml

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, launch_main, run_cli
 from trainer.config import ConfigError, load_config
 from trainer.data import make_batches
 from trainer.parallel.layout import LayoutError, LayoutSpec
@@ -71,6 +71,13 @@ def test_layout_errors_name_the_key():
     assert _spec(2, mode="hybrid", head_split="time", time_chunks=2).head_split == "time"
     stepwise = load_config(None, ["model.layers=2", "model.lstm_kernel=stepwise", "model.bidirectional_bottom=false"])
     _spec(2, mode="hybrid", time_chunks=4, defer_weight_grads=True).check_model(stepwise.model, 8, 64)
+    with pytest.raises(LayoutError, match="defer_head_weight_grads=1: must be true or false"):
+        _spec(2, mode="hybrid", defer_head_weight_grads=1)
+    with pytest.raises(LayoutError, match="defer_head_weight_grads=true fills .* needs num_pp >= 2 .now 1."):
+        _spec(2, mode="data", defer_head_weight_grads=True)
+    with pytest.raises(LayoutError, match="defer_head_weight_grads=true: not with head_schedule=per_unit"):
+        _spec(2, mode="hybrid", micro_batches=2, head_schedule="per_unit", defer_head_weight_grads=True)
+    assert _spec(2, mode="pipeline", defer_head_weight_grads=True).defer_head_weight_grads
     tied = load_config(None, ["model.tie_embeddings=true"])
     with pytest.raises(LayoutError, match="tie_embeddings"):
         _spec(2, mode="hybrid").check_model(tied.model, 8, 64)
@@ -133,13 +140,13 @@ def test_batches_deterministic_capped_and_complete():
         assert len(batch) * (src[batch].max() + 1 + tgt[batch].max() + 1) <= 900 or len(batch) == 8
 
 
-def test_dry_run_prints_each_ranks_instruction_list():
-    proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/grid_2x4.json", "--dry-run"],
-                   timeout=120)
-    assert "num_pp=2 num_dp=4" in proc.stdout
+def test_dry_run_prints_each_ranks_instruction_list(capsys):
+    code, stdout, _ = launch_main("train", ["--deepspeed_config", REPO / "ds_configs" / "grid_2x4.json", "--dry-run"],
+                                  capsys)
+    assert code == 0 and "num_pp=2 num_dp=4" in stdout
     for rank in range(8):
-        assert f"rank {rank} (" in proc.stdout
-    assert proc.stdout.count("broadcast_head") == 8 and proc.stdout.count("scatter_shard") == 4
+        assert f"rank {rank} (" in stdout
+    assert stdout.count("broadcast_head") == 8 and stdout.count("scatter_shard") == 4
 
 
 def test_weighted_head_shards_cover_the_rows():

@@ -18,7 +18,11 @@ from trainer.observe.op_counter import OpCounter, host
 
 LAYOUTS = {"single": (1, 14, {"mode": "single"}), **LAYOUTS,
            "hybrid_2_shares": (2, 13, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
-                                       "head_shares": [3, 1]})}
+                                       "head_shares": [3, 1]}),
+           "hybrid_2_head_deferred": (2, 13, {"mode": "hybrid", "num_pp": 2, "num_dp": 1,
+                                              "defer_head_weight_grads": True}),
+           "pipeline_2_head_deferred": (2, 13, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
+                                                "defer_head_weight_grads": True})}
 
 
 def test_the_counter_sees_every_kind_of_sync():

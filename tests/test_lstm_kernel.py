@@ -129,7 +129,7 @@ def test_deferred_weight_gradients_equal_the_immediate_ones(dtype):
     on top of a gradient already there. Equal to rounding: one backward call sums the chunks' weight
     gradients before adding them, the queue adds them one by one (as the pipeline's one backward call
     per chunk does)."""
-    from trainer.model.lstm import WeightGradQueue, deferred_weight_grads
+    from trainer.model.weight_grads import WeightGradQueue, deferred_weight_grads
 
     lstm = _lstm(dtype)
     lens = np.array([7, 5, 3, 1])

@@ -22,11 +22,11 @@ def _spin(seconds: float) -> None:
 def test_a_threads_cpu_time_is_its_own_and_named():
     clock = ThreadClock()
     clock.start()
-    stop = threading.Event()
-    worker = threading.Thread(target=lambda: (_spin(0.3), stop.wait()), name="spinner")
+    spun, stop = threading.Event(), threading.Event()
+    worker = threading.Thread(target=lambda: (_spin(0.3), spun.set(), stop.wait()), name="spinner")
     worker.start()
     _spin(0.1)
-    time.sleep(0.4)  # the main thread waits (no CPU) while the spinner burns 0.3 s
+    spun.wait(60)  # the main thread waits (no CPU) while the spinner burns 0.3 s, however busy the machine
     per_step = clock.per_step(2)
     stop.set()
     worker.join()

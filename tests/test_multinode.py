@@ -1,5 +1,5 @@
-"""Several nodes through DeepSpeed's own launcher, as a user starts them without ssh (README "Several
-nodes"): a two-line hostfile, one `deepspeed --no_ssh --node_rank R` per node, the rendezvous at
+"""Several nodes through DeepSpeed's own launcher, as a user starts them without ssh (docs/training.md
+"Several nodes"): a two-line hostfile, one `deepspeed --no_ssh --node_rank R` per node, the rendezvous at
 --master_addr/--master_port. Here both "nodes" are processes on this machine (one rank each), so the
 run directory is trivially on a shared filesystem; the layout is hybrid_2 across the two nodes.
 """

@@ -79,6 +79,13 @@ def single14(workers, tiny_data, tmp_path_factory):
     ("hybrid_2_time", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "time_chunks": 3, "head_split": "time"}),
     ("hybrid_3_time_shares", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "time_chunks": 5, "head_split": "time",
                                  "head_shares": [2, 2, 1]}),
+    # the head projection's weight gradient where each rank would wait
+    ("hybrid_2_head_deferred", 2, {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3,
+                                   "defer_head_weight_grads": True}),
+    ("hybrid_3_time_head_deferred", 3, {"mode": "hybrid", "num_pp": 3, "num_dp": 1, "time_chunks": 4,
+                                        "head_split": "time", "defer_head_weight_grads": True}),
+    ("pipeline_2_head_deferred", 2, {"mode": "pipeline", "num_pp": 2, "num_dp": 1, "micro_batches": 2,
+                                     "defer_head_weight_grads": True}),
 ])
 def test_pipelined_layouts_match_single(workers, tiny_data, tmp_path, single13, name, world, layout):
     _compare(single13, _run(workers, tiny_data, tmp_path, name, world, 13, layout), name)
@@ -87,6 +94,8 @@ def test_pipelined_layouts_match_single(workers, tiny_data, tmp_path, single13, 
 @pytest.mark.parametrize("name,world,layout", [
     ("data_2", 2, {"mode": "data", "num_pp": 1, "num_dp": 2}),
     ("grid_2x2", 4, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2, "time_chunks": 2}),
+    ("grid_2x2_head_deferred", 4, {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2,
+                                   "defer_head_weight_grads": True}),
 ])
 def test_replicated_layouts_match_single(workers, tiny_data, tmp_path, single14, name, world, layout):
     _compare(single14, _run(workers, tiny_data, tmp_path, name, world, 7, layout), name)

@@ -171,6 +171,9 @@ def test_contention_slows_two_ranks_on_one_host(tmp_path):
     assert 1.1 * t_free < t_busy < 1.5 * t_free
     single = LayoutSpec("single", 1, 1)
     assert _step(busy, dims, single, batch, shared=True)[0] == pytest.approx(_step(free, dims, single, batch)[0])
+    # a whole step's factor (the ceiling's measurement), where calibrated, holds for every component
+    whole = MeasuredDevice(_profile(tmp_path, dims, contention={"lstm": 1.5, "head": 1.0, "step": 1.2}), "bf16", 1, dims)
+    assert whole.slowdown("lstm") == whole.slowdown("head") == whole.slowdown("copy") == 1.2
 
 
 def test_messages_carry_the_interpreters_shapes(tmp_path):
@@ -382,7 +385,8 @@ def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data
             table = profile["layers"][precision][threads]
             assert all(p[-1] > 0 for p in table["head"]) and all(p[-1] > 0 for p in table["optimizer"])
             assert set(table["overhead"]["instruction_ms"]) >= {"forward", "backward", "head", "optimizer_step"}
-        assert set(profile["contention"][precision]) == {"lstm", "head", "embedding", "mask", "copy", "optimizer"}
+        assert set(profile["contention"][precision]) == {"lstm", "head", "embedding", "mask", "copy", "optimizer",
+                                                         "step"}
     assert len(profile["transfers"]["gloo"]["p2p"]) == 2
     ds = {**json.loads((REPO / "ds_configs" / "single.json").read_text()), "train_micro_batch_size_per_gpu": 16}
     work = plan.workload(cfg, ds, steps=1)

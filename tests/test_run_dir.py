@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_metrics, run_cli
+from tests.conftest import REPO, launch_main, read_metrics, run_cli
 from tests.test_hostile import fake_run, step_dir
 from trainer.checkpoint import files as ck
 
@@ -238,17 +238,15 @@ def test_training_refuses_a_data_dir_whose_sentencepiece_model_is_a_device(tiny_
 
 @pytest.mark.parametrize("target", ["checkpoints/step_00000005/layer_00-model_states.pt", "checkpoints/model.pt",
                                     "checkpoints/latest", "spm.src.model"])
-def test_export_refuses_an_output_inside_the_runs_checkpoints_or_on_its_files(tmp_path, target):
+def test_export_refuses_an_output_inside_the_runs_checkpoints_or_on_its_files(tmp_path, target, capsys):
     run = fake_run(tmp_path / "run")
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    r = run_cli([sys.executable, "launch/export.py", "--run", run, "--checkpoint", "last", "--out", run / target],
-                check=False, timeout=120)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert f"--out {run / target}: " in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    code, _, err = launch_main("export", ["--run", run, "--checkpoint", "last", "--out", run / target], capsys)
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert f"--out {run / target}: " in err and len(err.strip().splitlines()) == 1
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     assert ck.verify(str(step_dir(run))) == []
-    r = run_cli([sys.executable, "launch/export.py", "--run", run, "--checkpoint", "last", "--out",
-                 tmp_path / "model.pt"], timeout=120)
+    assert launch_main("export", ["--run", run, "--checkpoint", "last", "--out", tmp_path / "model.pt"], capsys)[0] == 0
     assert (tmp_path / "model.pt").stat().st_size > 0
 
 
@@ -335,3 +333,13 @@ def test_the_name_check_sees_a_name_typed_elsewhere(tmp_path):
                  for hit in typed_names(path, names)}
     files = {n for n in names if "." in n or "_" in n}  # (a directory's bare name is only seen in a path)
     assert len(names) >= 15 and len(files) >= 10 and in_owners >= files  # each file name found where it is defined
+
+
+def test_the_export_process_refuses_an_output_on_the_runs_files_in_one_line(tmp_path):
+    """The same through the real process (its exit code, no traceback), once."""
+    run = fake_run(tmp_path / "run")
+    target = run / "checkpoints" / "model.pt"
+    r = run_cli([sys.executable, "launch/export.py", "--run", run, "--checkpoint", "last", "--out", target],
+                check=False, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr[-2000:]
+    assert r.stderr.startswith(f"error: --out {target}: ") and not target.exists()

@@ -3,12 +3,14 @@
 * a full disk while logging: metrics.jsonl is never left cut mid-row, training stops after saving the current
   step, and a torn last row (a kill mid-write) is dropped and counted on resume instead of failing it;
 * corrupt binarized data (ids outside the vocabulary) is refused at start naming the file and position, and
-  `data.verify=checksums` compares every file with the manifest;
+  `data.verify=checksums` compares every file with the manifest; data that disagrees with its manifest (pairs
+  cut or added, consistently on both sides) and data files that are FIFOs or devices are refused (issue 30);
 * a forced resume onto weights of another shape is one line naming the tensor, not a size-mismatch traceback.
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch
 from tests.conftest import REPO, read_metrics, run_cli
 from trainer.checkpoint import files as checkpoint
 from trainer.config import load_config
+from data_prep.dataformat import TokenArray, load_pair
 from trainer.data import read_manifest, verify
 from trainer.observe.logger import RunLogger
 from trainer.training.faults import parse
@@ -133,6 +136,100 @@ def test_the_trainer_refuses_corrupt_data_before_building_anything(tiny_data, tm
     tokens[5] = -7
     tokens.tofile(data / "train.src.bin")
     with pytest.raises(ValueError, match=r"train.src.bin: token 5 .* has id -7, outside the source vocabulary"):
+        train_main(None, [f"data.dir={data}", f"run.dir={tmp_path / 'run'}"], str(REPO / "ds_configs" / "single.json"))
+    assert not (tmp_path / "run").exists()
+
+
+# ---- issue 30, item 4: data that disagrees with its manifest; data files that are not regular files --------------
+
+def _cut_pairs(data: Path, split: str, keep) -> None:
+    """Both sides of `split` cut (or grown) consistently to the sentences `keep` picks: .bin and .idx agree."""
+    for side in ("src", "tgt"):
+        tokens = np.fromfile(data / f"{split}.{side}.bin", dtype="<i4")
+        offsets = np.fromfile(data / f"{split}.{side}.idx", dtype="<i8")
+        sentences = [tokens[offsets[i]:offsets[i + 1]] for i in keep(len(offsets) - 1)]
+        np.concatenate(sentences).astype("<i4").tofile(data / f"{split}.{side}.bin")
+        np.concatenate([[0], np.cumsum([len(x) for x in sentences])]).astype("<i8").tofile(data / f"{split}.{side}.idx")
+
+
+@pytest.mark.parametrize("split,keep,expected", [
+    ("train", lambda n: range(n - 1), r"train.src.idx: holds 599 pairs where the data manifest says 600"),  # the issue's
+    ("dev", lambda n: [*range(n), n - 1], r"dev.src.idx: holds 41 pairs where the data manifest says 40"),
+    ("test", lambda n: [0, *range(2, n), 1], None),  # reordered: same counts and sizes, only a hash can tell
+])
+def test_data_that_disagrees_with_its_manifest_is_refused_at_start(tiny_data, tmp_path, split, keep, expected):
+    data = _copy_data(tiny_data, tmp_path)
+    manifest = read_manifest(str(data))
+    _cut_pairs(data, split, keep)
+    assert all(len(a) > 0 for a in load_pair(str(data), split))  # consistent: the reader alone would take it
+    if expected is None:
+        verify(str(data), manifest, "ids")
+        expected = rf"{split}.src.bin: sha256 differs from the data manifest's"
+    for mode in ("ids", "checksums", "full") if "pairs" in expected else ("checksums", "full"):
+        with pytest.raises(ValueError, match=expected):
+            verify(str(data), manifest, mode)
+    verify(str(data), manifest, "none")
+
+
+def test_token_counts_and_splits_are_checked_by_size(tiny_data, tmp_path):
+    data = _copy_data(tiny_data, tmp_path)
+    manifest = read_manifest(str(data))
+    tokens = np.fromfile(data / "dev.tgt.bin", dtype="<i4")
+    offsets = np.fromfile(data / "dev.tgt.idx", dtype="<i8")
+    np.append(tokens, tokens[-1]).tofile(data / "dev.tgt.bin")  # the last sentence one token longer
+    offsets[-1] += 1
+    offsets.tofile(data / "dev.tgt.idx")
+    want = manifest["splits"]["dev"]["tokens"]["tgt"]
+    with pytest.raises(ValueError, match=rf"dev.tgt.bin: holds {want + 1} tokens where the data manifest says {want}:"):
+        verify(str(data), manifest)
+    data = _copy_data(tiny_data, tmp_path / "b")
+    no_test = {**manifest, "splits": {k: v for k, v in manifest["splits"].items() if k != "test"}}
+    with pytest.raises(ValueError, match="test.src.bin: the data manifest lists no test split"):
+        verify(str(data), no_test)
+    (data / "dev.src.idx").unlink()
+    with pytest.raises(ValueError, match=r"dev.src.idx: missing \(the data manifest lists its split\)"):
+        verify(str(data), manifest)
+
+
+def test_full_verification_also_hashes_the_sentencepiece_models(tiny_data, tmp_path):
+    data = _copy_data(tiny_data, tmp_path)
+    manifest = read_manifest(str(data))
+    verify(str(data), manifest, "full")
+    model = bytearray((data / "spm.src.model").read_bytes())
+    model[-1] ^= 1
+    (data / "spm.src.model").write_bytes(bytes(model))
+    verify(str(data), manifest, "checksums")
+    with pytest.raises(ValueError, match=r"spm.src.model: sha256 differs from the data manifest's"):
+        verify(str(data), manifest, "full")
+    assert load_config(None, ["data.verify=full"]).data.verify == "full"
+
+
+@pytest.mark.timeout(60)  # reading a FIFO would block forever
+@pytest.mark.parametrize("name,make,expected", [
+    ("train.src.idx", lambda p: os.mkfifo(p), "a data file must be a regular file, not a FIFO"),  # the issue's
+    ("train.tgt.bin", lambda p: os.symlink("/dev/zero", p),
+     r"a data file must be a regular file, not a character device \(a link to /dev/zero\)"),
+    ("dev.src.idx", lambda p: os.mkdir(p), "a data file must be a regular file, not a directory"),
+])
+def test_a_data_file_that_is_not_a_regular_file_is_refused_unread(tiny_data, tmp_path, name, make, expected):
+    data = _copy_data(tiny_data, tmp_path)
+    manifest = read_manifest(str(data))
+    (data / name).unlink()
+    make(data / name)
+    split, side = name.split(".")[:2]
+    with pytest.raises(ValueError, match=rf"{name}: {expected}"):
+        TokenArray.load(str(data), split, side)  # the one place data files are opened: with data.verify=none too
+    for mode in ("ids", "checksums"):
+        with pytest.raises(ValueError, match=rf"{name}: {expected}"):
+            verify(str(data), manifest, mode)
+
+
+def test_the_trainer_refuses_data_cut_behind_its_manifest_before_building_anything(tiny_data, tmp_path):
+    from trainer.training.cli import train_main
+
+    data = _copy_data(tiny_data, tmp_path)
+    _cut_pairs(data, "train", lambda n: range(n - 1))
+    with pytest.raises(ValueError, match=r"train.src.idx: holds 599 pairs where the data manifest says 600"):
         train_main(None, [f"data.dir={data}", f"run.dir={tmp_path / 'run'}"], str(REPO / "ds_configs" / "single.json"))
     assert not (tmp_path / "run").exists()
 

@@ -68,6 +68,45 @@ def test_deferred_weight_gradients_follow_each_ranks_last_backward(num_pp, units
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("head_parallel,num_dp,units,chunks,extra", [
+    (True, 1, 1, 1, {}), (True, 1, 3, 2, {}), (True, 2, 2, 2, {}), (False, 1, 2, 3, {}),
+    (True, 2, 1, 4, {"head_split": "time"}),
+    (True, 1, 2, 2, {"defer_weight_grads": True})])
+@pytest.mark.parametrize("num_pp", [2, 3, 4])
+def test_deferred_head_weight_gradient_fills_each_ranks_wait(num_pp, head_parallel, num_dp, units, chunks, extra,
+                                                            mode):
+    """parallel_layout.defer_head_weight_grads: one `head_weight_grads` on every rank that ran a head, except the
+    last stage of a hybrid (its head reduction must start before its backward messages, for NCCL): on a stage
+    before the last just before its first receive of a backward (its wait for the last stage), then the head
+    gradients' reduction; on the last stage of a pipeline after its last backward (and its deferred LSTM weight
+    gradients); the schedules replay deadlock-free on gloo and NCCL."""
+    from dataclasses import replace
+
+    if extra.get("head_split") and chunks < num_pp:
+        pytest.skip("a layout the trainer refuses")
+    spec = replace(_spec(num_pp, num_dp, units, chunks, head_parallel), defer_head_weight_grads=True, **extra)
+    for boundary in (True, False):
+        programs = global_programs(spec, boundary=boundary)
+        for rank, prog in programs.items():
+            ops = [i.op for i in prog]
+            last = rank >= (num_pp - 1) * num_dp
+            deferred = "head" in ops and not (last and head_parallel)
+            assert ops.count("head_weight_grads") == (1 if deferred else 0), (rank, ops)
+            if not deferred:
+                assert not head_parallel and not last or (last and head_parallel)
+                continue
+            at = ops.index("head_weight_grads")
+            assert ops.index("head") < at
+            if last:
+                assert "backward" not in ops[at:] and ops[at - 1] in ("send_backward", "backward", "weight_grads")
+            else:
+                assert ops[at + 1:].index("recv_backward") <= 1 and "recv_backward" not in ops[:at]
+            if head_parallel and boundary:
+                assert ops[at + 1] == "reduce_head_grads" and ops.count("reduce_head_grads") == 1
+        replay(programs, group_members(spec), mode=mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("num_pp,num_dp,chunks,shares", [(2, 1, 2, ()), (2, 1, 4, ()), (2, 2, 5, (3, 1)),
                                                           (3, 1, 3, ()), (4, 1, 8, (3, 2, 2, 1)), (8, 1, 8, ())])
 def test_head_cut_along_time_never_deadlocks(num_pp, num_dp, chunks, shares, mode):

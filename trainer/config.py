@@ -11,7 +11,6 @@ import dataclasses
 import io
 import math
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -19,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from data_prep.dataformat import userfiles
 from trainer.metrics import TOKENIZE_CHOICES, tokenizer_problem
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,8 +58,10 @@ class DataConfig:
     bucket_batches: int = _key(100, "length-sort windows of this many batches, then shuffle batches")
     min_batch_sentences: int = _key(8, "smallest batch; the same in every layout so runs stay comparable "
                                        "(a layout needs replicas x max(units, head shards))")
-    verify: str = _key("ids", "check the binarized data at start: ids (every token id inside its vocabulary, "
-                              "cheap) | checksums (also each file's sha256 against the manifest) | none")
+    verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest, "
+                              "every token id inside its vocabulary; cheap) | checksums (also each binarized "
+                              "file's sha256) | full (also the SentencePiece models' and the manifest's checksum) "
+                              "| none (nothing)")
 
 
 @dataclass
@@ -145,7 +147,7 @@ _CHOICES = {
     "logging.wandb_mode": ("online", "offline", "disabled", "off"),
     "train.step_timing": ("auto", "every"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
-    "data.verify": ("ids", "checksums", "none"),
+    "data.verify": ("ids", "checksums", "full", "none"),
 }
 _POSITIVE = ("model.emb_dim", "model.hidden", "model.layers", "train.max_steps", "train.eval_every",
              "train.log_every", "train.keep_last", "decode.beam", "decode.dev_beam", "decode.batch_size",
@@ -258,6 +260,10 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
             raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
         if "${" in item:
             raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
+        try:  # the value is read as YAML: bounded like a file's
+            userfiles.check_yaml(item.partition("=")[2], f"override {item[:60]!r}")
+        except userfiles.UserFileError as e:
+            raise ConfigError(str(e)) from None
     loaded = read_yaml(path)
     _text_keys_read_as_bool(loaded, path)
     try:
@@ -289,19 +295,27 @@ def describe(cfg: DictConfig) -> str:
 
 
 def read_yaml(path: str) -> DictConfig:
-    """The YAML file at `path` as an untyped DictConfig, or a ConfigError naming the file (and line)."""
-    if not os.path.exists(path):
+    """The YAML file at `path` as an untyped DictConfig, or a ConfigError naming the file (and line): read
+    strictly (data_prep.userfiles: a regular file, every key once, nesting bounded)."""
+    if not os.path.lexists(path):
         raise ConfigError(f"--config {path}: no such file")
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise ConfigError(f"{path}: not a regular file")
-    if os.path.getsize(path) > MAX_CONFIG_BYTES:
+    try:
+        with userfiles.open_regular(path, "a config") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except userfiles.UserFileError as e:
+        raise ConfigError(str(e)) from None
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot be read ({e.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: {os.path.getsize(path)} bytes; a config has at most {MAX_CONFIG_BYTES}")
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        userfiles.check_yaml(text, path)
+    except userfiles.UserFileError as e:
+        raise ConfigError(str(e)) from None
     try:
         loaded = OmegaConf.load(io.StringIO(text))
     except yaml.YAMLError as e:

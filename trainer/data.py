@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data_prep.dataformat import (BOS_ID, EOS_ID, MANIFEST, PAD_ID, SIDES, TokenArray, file_sha256, files_checksum,
-                                  first_out_of_range, has_split, load_pair, side_paths)
+from data_prep.dataformat import (BOS_ID, EOS_ID, MANIFEST, OFFSET_DTYPE, PAD_ID, SIDES, SPM_MODELS, TOKEN_DTYPE,
+                                  TokenArray, file_sha256, files_checksum, first_out_of_range, has_split, load_pair,
+                                  open_data, side_paths)
 from trainer.model.tensors import round_count, to_device
 
 
@@ -306,17 +307,20 @@ def read_manifest(data_dir: str) -> dict:
 
 
 def verify(data_dir: str, manifest: dict, mode: str = "ids") -> None:
-    """Refuse damaged binarized data before anything is built (`data.verify`), naming the file and position:
-    "ids" reads every token id once (numpy min/max per chunk) and checks it lies inside its side's vocabulary,
-    which a flipped byte almost always breaks (it would crash the embedding minutes later); "checksums" also
-    compares every file with the sha256 prepare recorded (the whole manifest checksum for older manifests);
-    "none" checks nothing."""
+    """Refuse data that is damaged or disagrees with its manifest before anything is built (`data.verify`),
+    naming the file: every mode but "none" first compares each split's pair count and each file's size with
+    the manifest (a stat per file); "ids" (the default) then reads every token id once (numpy min/max per
+    chunk) and checks it lies inside its side's vocabulary, which a flipped byte almost always breaks (it would
+    crash the embedding minutes later); "checksums" also compares every binarized file with the sha256 prepare
+    recorded (the whole manifest checksum for older manifests); "full" also the SentencePiece models' sha256
+    and the manifest's checksum over all the binarized files: every byte the manifest vouches for."""
     if mode == "none":
         return
+    check_sizes(data_dir, manifest)
     sizes = {"src": manifest["vocab"]["src_size"], "tgt": manifest["vocab"]["tgt_size"]}
     splits = [s for s in ("train", "dev", "test") if has_split(data_dir, s)]
-    if mode == "checksums":
-        _verify_checksums(data_dir, manifest)
+    if mode in ("checksums", "full"):
+        _verify_checksums(data_dir, manifest, whole=mode == "full")
     for split in splits:
         for side in SIDES:
             array = TokenArray.load(data_dir, split, side)
@@ -330,27 +334,73 @@ def verify(data_dir: str, manifest: dict, mode: str = "ids") -> None:
                     f"damaged; prepare the data again (data.verify=checksums compares every file with the manifest)")
 
 
-def _verify_checksums(data_dir: str, manifest: dict) -> None:
-    per_file = manifest.get("file_sha256")
-    names = manifest.get("checksum_files") or []
-    if isinstance(per_file, dict) and per_file:
-        for name, want in sorted(per_file.items()):
-            path = os.path.join(data_dir, os.path.basename(str(name)))
-            if not os.path.isfile(path):
-                raise ValueError(f"{path}: missing (the data manifest lists it)")
-            if file_sha256(path) != want:
-                raise ValueError(f"{path}: sha256 differs from the data manifest's: the file changed after prepare "
-                                 f"wrote it; prepare the data again")
-        return
-    if names:  # a manifest from before per-file hashes: one checksum over every file
-        paths = [os.path.join(data_dir, os.path.basename(str(n))) for n in names]
-        missing = [p for p in paths if not os.path.isfile(p)]
+def check_sizes(data_dir: str, manifest: dict) -> None:
+    """Each split's files against the manifest's counts, by size alone: the .idx holds pairs + 1 offsets, the
+    .bin the split's tokens of its side (manifests without token counts: the .idx only). A split the manifest
+    does not list must not be there; one it lists may be gone whole (a dev set removed: trained without one),
+    not in part. Refused naming the file and both counts."""
+    where = os.path.join(data_dir, MANIFEST)
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict):
+        raise ValueError(f"{where}: has no 'splits' (pairs per split): not a manifest written by data_prep.prepare")
+    for split in ("train", "dev", "test"):
+        entry, present = splits.get(split), [p for side in SIDES for p in side_paths(data_dir, split, side)
+                                             if os.path.lexists(p)]
+        if entry is None and present:
+            raise ValueError(f"{present[0]}: the data manifest lists no {split} split; the file is not prepare's "
+                             f"(remove it, or prepare the data again)")
+        if not present:
+            continue
+        pairs = entry.get("pairs_kept") if isinstance(entry, dict) else None
+        if type(pairs) is not int or pairs < 0:
+            raise ValueError(f"{where}: splits.{split}.pairs_kept={pairs!r}: not a count of pairs")
+        tokens = entry.get("tokens") if isinstance(entry.get("tokens"), dict) else {}
+        for side in SIDES:
+            bin_path, idx_path = side_paths(data_dir, split, side)
+            _check_size(idx_path, (pairs + 1) * OFFSET_DTYPE.itemsize,
+                        lambda n: f"holds {n // OFFSET_DTYPE.itemsize - 1} pairs where the data manifest says {pairs}")
+            if type(tokens.get(side)) is int:
+                _check_size(bin_path, tokens[side] * TOKEN_DTYPE.itemsize,
+                            lambda n: f"holds {n // TOKEN_DTYPE.itemsize} tokens where the data manifest says "
+                                      f"{tokens[side]}")
+
+
+def _check_size(path: str, want: int, says) -> None:
+    try:
+        with open_data(path) as f:  # a regular file, or refused naming what it is
+            have = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (the data manifest lists its split); prepare the data again") from None
+    if have != want:
+        exact = "" if have % 8 == 0 else f" ({have} bytes, not whole numbers)"
+        raise ValueError(f"{path}: {says(have)}{exact}: the file changed after prepare wrote it; prepare the data "
+                         f"again")
+
+
+def _verify_checksums(data_dir: str, manifest: dict, whole: bool = False) -> None:
+    """Each binarized file against its sha256 in the manifest; `whole`: also the SentencePiece models and the
+    manifest's one checksum over the binarized files (the only hash of a manifest from before per-file ones)."""
+    per_file = dict(manifest["file_sha256"]) if isinstance(manifest.get("file_sha256"), dict) else {}
+    names = [os.path.basename(str(n)) for n in manifest.get("checksum_files") or []]
+    if whole:
+        vocab = manifest["vocab"]
+        per_file.update({os.path.basename(str(vocab.get(f"{side}_model") or SPM_MODELS[side])): want for side in SIDES
+                         if isinstance(want := vocab.get(f"{side}_model_sha256"), str)})
+    for name, want in sorted(per_file.items()):
+        path = os.path.join(data_dir, os.path.basename(str(name)))
+        if not os.path.lexists(path):
+            raise ValueError(f"{path}: missing (the data manifest lists it)")
+        if file_sha256(path) != want:
+            raise ValueError(f"{path}: sha256 differs from the data manifest's: the file changed after prepare "
+                             f"wrote it; prepare the data again")
+    if names and (whole or not manifest.get("file_sha256")):
+        missing = [p for p in (os.path.join(data_dir, n) for n in names) if not os.path.lexists(p)]
         if missing:
             raise ValueError(f"{missing[0]}: missing (the data manifest lists it)")
-        if files_checksum(data_dir, [os.path.basename(str(n)) for n in names]) != manifest.get("checksum"):
+        if files_checksum(data_dir, names) != manifest.get("checksum"):
+            older = "" if manifest.get("file_sha256") else " (this older manifest has no per-file sha256 to name the file)"
             raise ValueError(f"{data_dir}: the binarized files ({', '.join(names)}) do not match the manifest's "
-                             f"checksum (this older manifest has no per-file sha256 to name the file); prepare the "
-                             f"data again")
+                             f"checksum{older}; prepare the data again")
 
 
 __all__ = ["Batch", "BatchStream", "ParallelData", "Prefetcher", "collate", "has_split", "make_batches",

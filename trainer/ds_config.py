@@ -11,6 +11,8 @@ import math
 import numbers
 import os
 
+from data_prep.dataformat import userfiles
+
 MAX_BYTES = 1 << 20  # a DeepSpeed JSON is a few hundred bytes; refuse to parse anything huge
 
 
@@ -111,19 +113,19 @@ def check_batch(ds: dict, path: str, num_dp: int) -> None:
 
 
 def read_json_file(path: str, *, flag: str, kind: str, max_bytes: int, error: type[Exception]):
-    """A JSON file the user names with `flag` (a config, a profile), read with a size cap: a missing file,
-    one over `max_bytes`, invalid JSON or non-UTF-8 text is one line naming the file (and line)."""
-    if not os.path.isfile(path):
+    """A JSON file the user names with `flag` (a config, a profile), read strictly (data_prep.userfiles): a
+    missing file, a special file, one over `max_bytes`, non-UTF-8 text, invalid JSON, a key stated twice or
+    nesting past userfiles.MAX_DEPTH is one line naming the file (and line and key)."""
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{flag} {path}: no such file")
-    if os.path.getsize(path) > max_bytes:
-        raise error(f"{path}: {os.path.getsize(path)} bytes; {kind} is at most {max_bytes}")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise error(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        return userfiles.read_json(path, max_bytes, what=kind)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{flag} {path}: no such file (a link to nothing)") from None
+    except userfiles.UserFileError as e:
+        raise error(str(e)) from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror})") from None
 
 
 SCHEDULES_WITH_LENGTH = ("WarmupDecayLR", "WarmupCosineLR")  # DeepSpeed schedules with a total_num_steps

@@ -1,4 +1,4 @@
-"""What the surviving node of a two-node job sees when the other fails (README "Several nodes").
+"""What the surviving node of a two-node job sees when the other fails (docs/training.md, "Several nodes").
 
     python -m benchmarks.reliability.node_failures [--work /tmp/hybrid-nmt-nodes] [--own-hostnames]
 

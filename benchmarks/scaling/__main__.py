@@ -21,9 +21,12 @@ idle fractions (metrics.jsonl) and ms per step by category, and for the hybrid r
 sampled step by where each ms falls. Each run's Gantt chart of one step is copied to
 WORK/scaling/<precision>_<run>.png. Everything goes to WORK/scaling.json (WORK/scaling_wide.json).
 
-`--goals` (benchmarks/scaling/goals.py): issue 23's goals from one command, both sizes and both precisions:
-which are met, by how much in each round, and where the shipped hybrid's milliseconds are on its
-timeline; to WORK/scaling_goals.json (--model, --only, --precision, --lstm-kernel, --steps are not used).
+`--goals` (benchmarks/scaling/goals.py): the scaling goals from one command, both sizes and both precisions: the
+ceiling (two single-rank runs at once, each on its own core: the most a 2-rank layout can reach on this machine),
+every 2-rank layout as a fraction of it, which goals are met in each round, and for each one not met the
+milliseconds and CPU seconds per thread that stand between; goal 5 (against OpenNMT-py) from
+WORK/opennmt_peer.json when python -m benchmarks.peers.opennmt_peer wrote one; to WORK/scaling_goals.json
+(--model, --only, --precision, --lstm-kernel, --steps are not used).
 
 `--throughput` (benchmarks/scaling/throughput.py): one process alone, the ceiling every layout is held
 against: enja-small through `python launch/train.py --deepspeed_config ds_configs/single.json` with
@@ -57,7 +60,7 @@ def main() -> None:
     p.add_argument("--model", choices=tuple(layouts.MODELS), default="small", help="small: emb/hidden 256; wide: 1024")
     p.add_argument("--lstm-kernel", choices=("fused", "stepwise", "both"), default="fused")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--goals", action="store_true", help="issue 23's goals: both models and precisions, "
+    mode.add_argument("--goals", action="store_true", help="the scaling goals against the ceiling: both models and precisions, "
                       "fixed runs (--model, --only, --precision, --lstm-kernel, --steps are not used)")
     mode.add_argument("--throughput", action="store_true", help="one process alone, fp32 and bf16, with the "
                       "per-part split (--threads threads; --steps, --work only)")
@@ -73,7 +76,7 @@ def main() -> None:
     pngs.mkdir(exist_ok=True)
     if args.goals:  # the report after every round, so that an interrupted run keeps what it measured
         def write(results: dict, done: int) -> None:
-            out = goals.report(results, done)
+            out = goals.report(results, done, args.work / "opennmt_peer.json")
             (args.work / "scaling_goals.json").write_text(json.dumps({"peak": peak, **out, "results": results},
                                                                      indent=1))
         goals.measure(args.work, data, layouts.MODELS, args.rounds, pngs, on_round=write)

@@ -179,7 +179,7 @@ def where_ms(trace: dict) -> dict:
     return out
 
 
-def report(results: dict, runs_done: int) -> dict:
+def report(results: dict, runs_done: int, peer_file: Path | None = None) -> dict:
     """Print the goals table, every run's tokens/s against one alone and the ceiling, and for each goal not
     met where the milliseconds and CPU seconds between it and its target are."""
     table = goals_table(results)
@@ -207,7 +207,28 @@ def report(results: dict, runs_done: int) -> dict:
     for g in table:
         if g["met"] is False:
             gaps[f"{g['goal']}_{g['model']}_{g['precision']}"] = where(results[g["model"]][g["precision"]], g)
-    return {"cpu": cpu_model(), "goals": table, "gaps": gaps}
+    return {"cpu": cpu_model(), "goals": table, "gaps": gaps, "peer": peer_goal(peer_file)}
+
+
+PEER_TARGET = 1.2  # goal 5: ours single fp32 against OpenNMT-py without input feeding, the same threads
+
+
+def peer_goal(path: Path | None) -> dict | None:
+    """Goal 5 from python -m benchmarks.peers.opennmt_peer's WORK/opennmt_peer.json (its own run, side by side with
+    OpenNMT-py in its own virtual environment), printed; None when there is none."""
+    if path is None or not path.exists():
+        print("\ngoal 5 (fp32 >= 1.2x OpenNMT-py): not in this run; python -m benchmarks.peers.opennmt_peer --work WORK "
+              "measures it (OpenNMT-py in its own virtual environment), and --goals prints it from there")
+        return None
+    peer = json.loads(path.read_text())
+    runs = peer["runs"]
+    ratio = runs["ours single fp32"]["pairs_per_s"] / runs["OpenNMT-py, no input feeding fp32"]["pairs_per_s"]
+    out = {"ratio": ratio, "target": PEER_TARGET, "met": ratio >= PEER_TARGET, "cpu": peer.get("cpu"),
+           "threads": peer.get("threads"), "busy": peer.get("busy"), "command": peer.get("command")}
+    print(f"\ngoal 5: ours single fp32 / OpenNMT-py without input feeding = {ratio:.2f}x (target >= {PEER_TARGET}x, "
+          f"{'met' if out['met'] else '**not met**'}; {peer.get('threads')} threads, {peer.get('cpu')}, from {path}"
+          f"{'; measured on a busy machine' if peer.get('busy') else ''})")
+    return out
 
 
 def _median_round(rs: list) -> int:

@@ -198,10 +198,10 @@ class RunDirBusy(ValueError):
 
 def _holder(path: str) -> str | None:
     """Who the lock file says holds it ('pid N on HOST since TIME'), None if it names nobody."""
-    import json
+    from data_prep.dataformat import userfiles
 
     try:
-        data = json.loads(read_capped(path, 4096, what="the run.dir lock").decode("utf-8"))
+        data = userfiles.parse_json(read_capped(path, 4096, what="the run.dir lock").decode("utf-8"), path)
         return f"pid {int(data['pid'])} on {str(data['host'])[:100]} since {str(data['since'])[:40]}"
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

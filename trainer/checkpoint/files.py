@@ -40,6 +40,7 @@ from typing import Optional
 
 import torch
 
+from data_prep.dataformat import userfiles
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import BEST, CKPT_DIR, LATEST
 
@@ -350,6 +351,8 @@ def read_json(path: str, max_bytes: int = MAX_JSON_BYTES):
         raise CheckpointError(f"{path}: {size} bytes, more than the {max_bytes} a file of this kind may have")
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read(max_bytes + 1).decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return userfiles.parse_json(f.read(max_bytes + 1).decode("utf-8"), path)  # every key once, bounded depth
+    except userfiles.UserFileError as e:
+        raise CheckpointError(str(e)) from None
+    except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None

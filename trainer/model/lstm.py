@@ -15,55 +15,19 @@ permuted and put back), step t runs the first `sizes[t]` rows, a row past its le
 and gets a zero output. The parameters are nn.LSTM's own (weight_ih_l0, weight_hh_l0, bias_ih_l0,
 bias_hh_l0), so checkpoints and exports do not depend on the kernel.
 
-Inside `deferred_weight_grads(queue)` the backward computes only what the layers below wait for (the
-input and state gradients) and queues the weight gradients; `queue.run()` computes them later and adds
-them to the parameters' `.grad`, in the order they were queued (zero-bubble pipelining's split of the
-backward: a pipeline stage hands its input gradient on first and fills its idle drain with the rest).
+Inside `deferred_weight_grads(queue)` (trainer.model.weight_grads) the backward computes only what the layers
+below wait for (the input and state gradients) and queues the weight gradients.
 """
 from __future__ import annotations
 
-import contextlib
+import functools
 
 import numpy as np
 import torch
 from torch import nn
 
 from trainer.model.tensors import to_device
-
-
-class WeightGradQueue:
-    """Weight gradients queued by stepwise layers' backward under `deferred_weight_grads`."""
-
-    def __init__(self):
-        self.pending: list = []
-
-    def __len__(self) -> int:
-        return len(self.pending)
-
-    def run(self) -> None:
-        """Compute every queued weight gradient and accumulate it into its parameter's `.grad`."""
-        pending, self.pending = self.pending, []
-        with torch.no_grad():
-            for grads, hs, x, params in pending:
-                _accumulate(params, _weight_grads(grads, hs, x))
-
-
-_DEFERRING: list[WeightGradQueue] = []  # not thread-local: on an accelerator autograd runs the backward
-#                                         in its own device thread
-
-
-@contextlib.contextmanager
-def deferred_weight_grads(queue: WeightGradQueue | None):
-    """Within: stepwise layers queue their weight gradients in `queue` instead of returning them (None:
-    no deferral)."""
-    if queue is None:
-        yield
-        return
-    _DEFERRING.append(queue)
-    try:
-        yield
-    finally:
-        _DEFERRING.pop()
+from trainer.model.weight_grads import deferring
 
 
 def _weight_grads(grads: torch.Tensor, hs: torch.Tensor, x: torch.Tensor) -> tuple:
@@ -75,12 +39,6 @@ def _weight_grads(grads: torch.Tensor, hs: torch.Tensor, x: torch.Tensor) -> tup
     d_w_ih = flat.t() @ x.reshape(batch * time, x.shape[2])
     d_b = flat.sum(0, dtype=torch.promote_types(x.dtype, torch.float32)).to(x.dtype)
     return d_w_ih, d_w_hh, d_b, d_b.clone()
-
-
-def _accumulate(params: tuple, grads: tuple) -> None:
-    for p, g in zip(params, grads):
-        if p.requires_grad:
-            p.grad = g if p.grad is None else p.grad.add_(g)
 
 
 class _StepLSTM(torch.autograd.Function):
@@ -137,8 +95,9 @@ class _StepLSTM(torch.autograd.Function):
             dc[:n] *= acts[:n, t, hidden:2 * hidden]
             dh[:n] = grads[:n, t] @ w_hh
         d_x = (grads.view(batch * time, 4 * hidden) @ w_ih).view_as(x) if ctx.needs_input_grad[0] else None
-        if _DEFERRING:  # the weight gradients later, from the queue
-            _DEFERRING[-1].pending.append((grads, hs[:, :time], x, ctx.params))
+        queue = deferring()
+        if queue is not None:  # the weight gradients later, from the queue
+            queue.add(ctx.params, functools.partial(_weight_grads, grads, hs[:, :time], x))
             return d_x, dh.to(x.dtype), dc.to(x.dtype), None, None, None, None, None
         return (d_x, dh.to(x.dtype), dc.to(x.dtype), *_weight_grads(grads, hs[:, :time], x), None)
 

@@ -14,6 +14,8 @@ about ranks; `trainer.parallel` places these modules and moves tensors between t
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 import torch.nn as nn
@@ -23,6 +25,7 @@ from data_prep.dataformat import PAD_ID
 from trainer.model.tensors import round_count, to_device
 from trainer.model.dropout import DropoutSlice, KeyedDropout
 from trainer.model.lstm import auto_stepwise, run_stepwise
+from trainer.model.weight_grads import deferring
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
 
@@ -325,22 +328,46 @@ def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: 
 
 class _ProjectedCrossEntropy(torch.autograd.Function):
     """The gradients are computed in the forward (the head always runs its backward right after);
-    the backward only scales them by the incoming gradient of the loss."""
+    the backward only scales them by the incoming gradient of the loss. Under `deferred_weight_grads`
+    (trainer.model.weight_grads) the projection's weight and bias gradients, one GEMM as large as the logits', are
+    left to the queue: the forward keeps the logits' gradient and the hidden rows for it."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, eps: float, chunk: int):
         loss, nll_sum, dlogits = _chunked_loss(hidden, weight, bias, target, eps, grads=True, chunk=chunk)
-        ones = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
-        d_weight_bias = dlogits.t() @ torch.cat([hidden, ones], 1)  # the bias gradient as a last column
-        ctx.save_for_backward(dlogits @ weight, d_weight_bias[:, :-1], d_weight_bias[:, -1])
         ctx.mark_non_differentiable(nll_sum)
+        ctx.deferred = deferring()
+        if ctx.deferred is not None:
+            ctx.save_for_backward(dlogits @ weight)
+            ctx.later = (weight, bias, dlogits, hidden.detach())
+            return loss, nll_sum
+        d_weight_bias = _projection_grads(dlogits, hidden)
+        ctx.save_for_backward(dlogits @ weight, d_weight_bias[:, :-1], d_weight_bias[:, -1])
         return loss, nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss, grad_nll):
+        if ctx.deferred is not None:
+            (d_hidden,) = ctx.saved_tensors
+            weight, bias, dlogits, hidden = ctx.later
+            g = grad_loss.to(d_hidden.dtype)
+            ctx.deferred.add((weight, bias), functools.partial(_scaled_projection_grads, dlogits, hidden, g))
+            ctx.later = None
+            return d_hidden * g, None, None, None, None, None
         d_hidden, d_weight, d_bias = ctx.saved_tensors
         g = grad_loss.to(d_hidden.dtype)
         return d_hidden * g, d_weight * g, d_bias * g, None, None, None
+
+
+def _projection_grads(dlogits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """(vocab, out_dim + 1): the projection's weight gradient with its bias gradient as a last column, one GEMM."""
+    ones = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
+    return dlogits.t() @ torch.cat([hidden, ones], 1)
+
+
+def _scaled_projection_grads(dlogits: torch.Tensor, hidden: torch.Tensor, g: torch.Tensor) -> tuple:
+    d = _projection_grads(dlogits, hidden)
+    return d[:, :-1] * g, d[:, -1] * g
 
 
 class Seq2Seq(nn.Module):

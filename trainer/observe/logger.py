@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from data_prep.dataformat import userfiles
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import METRICS
 from trainer.observe import wandb_run
@@ -48,13 +49,18 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int) -> str:
-    """One line per logged step for logs that are not a terminal."""
+def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int,
+                 pace: tuple[float, int] | None = (0.0, -1)) -> str:
+    """One line per logged step for logs that are not a terminal. The ETA is the pace since `pace` (elapsed
+    seconds, step) times the steps left; the default is the start (`start_step`); None: no pace yet ("ETA -")."""
     step = row["step"]
-    done = max(1, step - start_step)
-    eta = elapsed / done * (total_steps - step)
+    if pace is None:
+        eta = "-"
+    else:
+        since, at = pace if pace[1] >= 0 else (0.0, start_step)
+        eta = _duration((elapsed - since) / max(1, step - at) * (total_steps - step))
     return (f"step {step}/{total_steps}  loss {row['loss']:.4f}  ppl {row['ppl']:.2f}  lr {row['lr']:.2e}  "
-            f"{row['tokens_per_s']:,.0f} tok/s  elapsed {_duration(elapsed)}  ETA {_duration(eta)}")
+            f"{row['tokens_per_s']:,.0f} tok/s  elapsed {_duration(elapsed)}  ETA {eta}")
 
 
 class RunLogger(NullLogger):
@@ -71,6 +77,7 @@ class RunLogger(NullLogger):
         self.run_dir, self.total, self.start_step = run_dir, total_steps, start_step
         self.log_every = cfg.train.log_every
         self._started = time.perf_counter()
+        self._pace: tuple[float, int] | None = None  # (elapsed, step) after the run's first step: its warm-up
         self._wandb, self._service = wandb_run.start(run_dir, cfg, extra_config or {}, resumed)
         self._bar = None
         if cfg.logging.progress and sys.stderr.isatty():
@@ -86,8 +93,11 @@ class RunLogger(NullLogger):
         self._append(row["step"], (json.dumps(row) + "\n").encode("utf-8"))
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+        elapsed, pace = time.perf_counter() - self._started, self._pace
+        if self._pace is None:  # the first step builds and warms everything up: the pace is counted after it
+            self._pace = (elapsed, row["step"])
         if self._bar is None and (row["step"] % self.log_every == 0 or row["step"] == 1) and row.get("loss") is not None:
-            self.message(compact_line(row, self.total, time.perf_counter() - self._started, self.start_step))
+            self.message(compact_line(row, self.total, elapsed, self.start_step, pace))
 
     def _append(self, step: int, data: bytes) -> None:
         """One whole row or none: written straight to the descriptor (no buffer to flush later), and a write
@@ -154,7 +164,7 @@ def truncate_metrics(path: str, step: int) -> str | None:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = userfiles.parse_json(line, path, line=number)  # a torn, repeated-key or too deep row
                 if not isinstance(row, dict):
                     raise ValueError("not an object")
             except ValueError:

@@ -1,9 +1,10 @@
 """A picture of a run without wandb: loss, dev BLEU and tokens/s over steps from RUN_DIR/metrics.jsonl."""
 from __future__ import annotations
 
-import json
+import io
 import os
 
+from data_prep.dataformat import userfiles
 from trainer.artifacts.run_dir import METRICS, PLOT
 
 
@@ -12,13 +13,13 @@ def read_metrics(run_dir: str) -> list[dict]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file (is {run_dir} a run directory written by launch/train.py?)")
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with io.TextIOWrapper(userfiles.open_regular(path, METRICS), encoding="utf-8") as f:  # never a FIFO
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except ValueError:
+                row = userfiles.parse_json(line, path, line=n)
+            except ValueError:  # a torn, repeated-key or too deeply nested row
                 raise ValueError(f"{path}:{n}: not a JSON object") from None
             if not isinstance(row, dict) or not isinstance(row.get("step"), int):
                 raise ValueError(f"{path}:{n}: a metrics row needs an integer 'step'")

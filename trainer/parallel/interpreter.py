@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from trainer.data import Batch
 from trainer.model.dropout import DropoutKeys
-from trainer.model.lstm import WeightGradQueue, deferred_weight_grads
+from trainer.model.weight_grads import WeightGradQueue, deferred_weight_grads
 from trainer.model.seq2seq import Embeddings, EncoderDecoderLayer
 from trainer.model.tensors import to_device
 from trainer.observe.op_counter import host
@@ -145,6 +145,9 @@ class StepRunner:
         self.ms: MicroStep | None = None
         # LSTM weight gradients deferred to the program's `weight_grads` (the schedule decides which stages)
         self.weight_grads = WeightGradQueue() if any(i.op == "weight_grads" for i in self.programs[True]) else None
+        # ... and the head projection's, to `head_weight_grads`
+        self.head_weight_grads = (WeightGradQueue() if any(i.op == "head_weight_grads" for i in self.programs[True])
+                                  else None)
         # the replicas' gradient sums (reduce_grads): what this rank's optimizer updates, embeddings by touched row
         self.replica_grads = (ReplicaGrads(runtime, module.optimizer_parameters(), self._row_tables())
                               if self.layout.num_dp > 1 else None)
@@ -394,13 +397,14 @@ class StepRunner:
             enc, dec = _leaf(enc), _leaf(dec)
         self.sync_head()
         positions = to_device(rows.token_positions(), self.device)
-        loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out, positions, masks)
-        if self.poison and ms.train:  # fault injection (trainer.training.faults): a non-finite loss
-            loss_sum = loss_sum * float("nan")
-        ms.metrics += torch.stack([loss_sum.detach(), nll_sum]).double()
-        if not ms.train:
-            return
-        self.engine.backward(loss_sum * ms.loss_scale)
+        with deferred_weight_grads(self.head_weight_grads if ms.train else None):  # (None: no deferral here)
+            loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out, positions, masks)
+            if self.poison and ms.train:  # fault injection (trainer.training.faults): a non-finite loss
+                loss_sum = loss_sum * float("nan")
+            ms.metrics += torch.stack([loss_sum.detach(), nll_sum]).double()
+            if not ms.train:
+                return
+            self.engine.backward(loss_sum * ms.loss_scale)
         if self.layout.is_last:
             self._place_grads((a, b), t0, enc.grad, dec.grad)
         else:
@@ -464,6 +468,9 @@ class StepRunner:
 
     def op_weight_grads(self, ins: Instr) -> None:
         self.weight_grads.run()
+
+    def op_head_weight_grads(self, ins: Instr) -> None:
+        self.head_weight_grads.run()
 
     def _next_state_leaves(self, kind: str, u: int, c: int) -> list:
         """The leaves that consumed this chunk's outgoing states (whose .grad we hand back)."""

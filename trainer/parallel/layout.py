@@ -51,6 +51,8 @@ class LayoutSpec:
     defer_weight_grads: bool = False  # LSTM weight gradients after the rank's last backward, on the stages
     #                                   after the first (stepwise kernel; trainer.parallel.schedule)
     head_split: str = "sentences"  # hybrid: the head's shards by sentences, or by time (blocks of time chunks)
+    defer_head_weight_grads: bool = False  # the head projection's weight gradient where the rank would wait
+    #                                        (pipeline, hybrid, grid; trainer.parallel.schedule)
 
     @property
     def world_size(self) -> int:
@@ -85,7 +87,7 @@ class LayoutSpec:
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
         section = check_section(ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"}))
         known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares",
-                 "head_schedule", "defer_weight_grads", "head_split"}
+                 "head_schedule", "defer_weight_grads", "head_split", "defer_head_weight_grads"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -116,9 +118,13 @@ class LayoutSpec:
         head_schedule = section.get("head_schedule", "after_forward")
         if head_schedule not in ("after_forward", "per_unit"):
             raise LayoutError(f"{SECTION}.head_schedule={head_schedule!r}: one of after_forward, per_unit")
-        defer = section.get("defer_weight_grads", False)
-        if not isinstance(defer, bool):
-            raise LayoutError(f"{SECTION}.defer_weight_grads={_short(defer)}: must be true or false")
+        defer, defer_head = section.get("defer_weight_grads", False), section.get("defer_head_weight_grads", False)
+        for key, value in (("defer_weight_grads", defer), ("defer_head_weight_grads", defer_head)):
+            if not isinstance(value, bool):
+                raise LayoutError(f"{SECTION}.{key}={_short(value)}: must be true or false")
+        if defer_head and num_pp < 2:
+            raise LayoutError(f"{SECTION}.defer_head_weight_grads=true fills a pipeline stage's waits: it needs "
+                              f"num_pp >= 2 (now {num_pp}); leave it false")
         head_split = section.get("head_split", "sentences")
         if head_split not in HEAD_SPLITS:
             raise LayoutError(f"{SECTION}.head_split={_short(head_split)}: one of {', '.join(HEAD_SPLITS)}")
@@ -126,17 +132,26 @@ class LayoutSpec:
                    time_chunks=section.get("time_chunks", 1),
                    partition_method=section.get("partition_method", PARTITION_DEFAULT),
                    head_shares=tuple(shares), head_schedule=head_schedule, defer_weight_grads=defer,
-                   head_split=head_split)
-        if head_split == "time" and spec.head_parallel:
-            if head_schedule != "after_forward" or spec.micro_batches != 1 or spec.time_chunks < num_pp:
-                raise LayoutError(f"{SECTION}.head_split=time gives each stage a block of the time chunks of one "
-                                  f"unit: it needs head_schedule=after_forward, micro_batches=1 and time_chunks >= "
-                                  f"num_pp={num_pp} (now {head_schedule}, {spec.micro_batches}, {spec.time_chunks})")
-        if head_schedule == "per_unit" and spec.head_parallel and spec.micro_batches < num_pp:
-            raise LayoutError(f"{SECTION}.head_schedule=per_unit runs each unit's head on one stage: micro_batches="
-                              f"{spec.micro_batches} must be >= num_pp={num_pp}")
+                   head_split=head_split, defer_head_weight_grads=defer_head)
+        spec._check_head_options()
         spec.check_world(world_size)
         return spec
+
+    def _check_head_options(self) -> None:
+        """The head's options that only some layouts can take (messages name the keys to change)."""
+        if self.head_split == "time" and self.head_parallel:
+            if self.head_schedule != "after_forward" or self.micro_batches != 1 or self.time_chunks < self.num_pp:
+                raise LayoutError(f"{SECTION}.head_split=time gives each stage a block of the time chunks of one "
+                                  f"unit: it needs head_schedule=after_forward, micro_batches=1 and time_chunks >= "
+                                  f"num_pp={self.num_pp} (now {self.head_schedule}, {self.micro_batches}, "
+                                  f"{self.time_chunks})")
+        if self.defer_head_weight_grads and self.head_schedule == "per_unit" and self.head_parallel:
+            raise LayoutError(f"{SECTION}.defer_head_weight_grads=true: not with head_schedule=per_unit (its heads' "
+                              f"gradients go back to the last stage during the backward, where the deferred one "
+                              f"would be in the way); use head_schedule=after_forward or leave it false")
+        if self.head_schedule == "per_unit" and self.head_parallel and self.micro_batches < self.num_pp:
+            raise LayoutError(f"{SECTION}.head_schedule=per_unit runs each unit's head on one stage: micro_batches="
+                              f"{self.micro_batches} must be >= num_pp={self.num_pp}")
 
     def check_world(self, world_size: int) -> None:
         if self.num_pp * self.num_dp != world_size:

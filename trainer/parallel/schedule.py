@@ -71,6 +71,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("backward", "compute", doc="backward through local layers (kind, unit, chunk)"),
     Op("weight_grads", "compute", doc="the LSTM weight gradients the backward deferred (parallel_layout."
                                       "defer_weight_grads), after this rank's last backward"),
+    Op("head_weight_grads", "compute", doc="the head projection's weight gradient its backward deferred (parallel_"
+                                           "layout.defer_head_weight_grads): where the rank would wait"),
     Op("send_backward", "send", pairs="recv_backward",
        doc="gradient w.r.t. the input of (kind, unit, chunk) to stage peer"),
     Op("recv_backward", "recv", pairs="send_backward"),
@@ -127,7 +129,8 @@ def head_owner(unit: int, num_pp: int) -> int:
 
 def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parallel: bool,
                    boundary: bool = True, head_schedule: str = "after_forward",
-                   defer_weight_grads: bool = False, head_blocks: list | None = None) -> list[Instr]:
+                   defer_weight_grads: bool = False, head_blocks: list | None = None,
+                   defer_head_weight_grads: bool = False) -> list[Instr]:
     """The instruction list of one micro-step for the rank at `stage`.
 
     head_schedule (hybrid only):
@@ -153,15 +156,26 @@ def build_schedule(stage: int, num_pp: int, units: int, chunks: int, head_parall
     (`weight_grads`), in what would otherwise be the drain bubble before the optimizer step. The first
     stage hands nothing on, so it computes them at once: deferred, they would only wait for its
     backward's receives and then run on the step's critical path.
+
+    defer_head_weight_grads: a head's backward computes only the gradient the LSTM stages wait for, and the
+    projection's weight gradient follows (`head_weight_grads`) where the rank would otherwise wait: a stage
+    before the last that ran a head (hybrid), just before its first receive of a backward (while the last stage
+    runs its backward), and then starts the head gradients' reduction; the last stage, after its last backward
+    (while the stages before it run theirs), but only where no head reduction is waiting for it (pipeline: one
+    head). In the hybrid the last stage's reduction starts right after its head phase, before any backward
+    message, as on every other stage: on NCCL a rank's collectives and its sends keep one order, so starting it
+    after the backward there would make the earlier stages' receives wait on a collective they are already in.
     """
     b = _StageProgram(stage, num_pp, units, chunks, head_parallel, boundary,
                       per_unit=head_parallel and head_schedule == "per_unit",
-                      blocks=head_blocks if head_parallel else None)
+                      blocks=head_blocks if head_parallel else None, defer_head=defer_head_weight_grads)
     b.forward()
     b.head_phase()
     b.backward()
     if defer_weight_grads and stage > 0:
         b.add("weight_grads")
+    if b.defer_head and b.last and not head_parallel:
+        b.head_grads_final()
     b.step()
     return b.prog
 
@@ -178,6 +192,8 @@ class _StageProgram:
     boundary: bool
     per_unit: bool
     blocks: list | None = None  # head_split=time: each stage's block of decoder time chunks
+    defer_head: bool = False  # the head projection's weight gradient where the rank would wait
+    head_dw_due: bool = False  # ... still to be placed, before this stage's first receive of a backward
     prog: list = field(default_factory=list)
 
     @property
@@ -241,8 +257,23 @@ class _StageProgram:
                 self.add("send_shard_grad", peer=owner)
         elif self.last:
             self.add("head")
-        if self.boundary and self.head_parallel:  # the head's gradients are final: start their reduction
-            self.add("reduce_head_grads", peer=owner)
+        if not self.defer_head or (self.last and self.head_parallel):
+            self.start_head_reduce()
+        elif not self.last:  # a stage before the last that ran a head: its deferred gradient before it waits
+            self.head_dw_due = any(i.op == "head" for i in self.prog)
+
+    def start_head_reduce(self) -> None:
+        """The head's gradients are final: start their reduction into the last stage (hybrid, at the boundary)."""
+        if self.boundary and self.head_parallel:
+            self.add("reduce_head_grads", peer=self.num_pp - 1)
+
+    def head_grads_final(self) -> None:
+        """defer_head_weight_grads: the projection's weight gradient, then the head gradients' reduction."""
+        self.add("head_weight_grads")
+        self.start_head_reduce()
+        self.head_dw_due = False
+
+
 
     def backward(self) -> None:
         """Units in reverse; in each, the decoder chunks first (reverse time), then the encoder chunks.
@@ -259,6 +290,8 @@ class _StageProgram:
             for kind in ("dec", "enc"):
                 for c in reversed(range(self.chunks)):
                     if not self.last:
+                        if self.head_dw_due:  # before the first wait for the last stage's backward
+                            self.head_grads_final()
                         self.add("recv_backward", u, c, kind, stage + 1)
                         if mine and (kind, c) == ("enc", 0) and u > 0 and head_owner(u - 1, self.num_pp) == stage:
                             self.add("send_shard_grad", unit=u - 1, peer=owner_stage)
@@ -301,7 +334,8 @@ def rank_programs(spec, stage: int) -> dict[bool, list[Instr]]:
     return {b: build_schedule(stage, spec.num_pp, spec.micro_batches, spec.time_chunks, spec.head_parallel,
                               boundary=b, head_schedule=spec.head_schedule,
                               defer_weight_grads=spec.defer_weight_grads,
-                              head_blocks=head_blocks(spec) if time_split(spec) else None) for b in (True, False)}
+                              head_blocks=head_blocks(spec) if time_split(spec) else None,
+                              defer_head_weight_grads=spec.defer_head_weight_grads) for b in (True, False)}
 
 
 def format_schedule(programs: dict[int, list[Instr]]) -> str:

@@ -222,7 +222,8 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
                               "keyed dropout, keep_mask, DeepSpeed's optimizer step) on random data of the model's "
                               "sizes and on pieces of real batches; median of repeats after warm-up",
                     "contention": "measured: each component alone and while a second process runs the same component "
-                                  "on the other core (1 thread each); the ratio",
+                                  "on the other core (1 thread each); the ratio. 'step': a whole training step of "
+                                  "the model, the ceiling's measurement; the planner applies it to every component",
                     "transfers": "measured: two processes through ParallelRuntime on loopback gloo (the trainer's verbs)"},
     }
     if not profile["conditions"]["quiet"]:

@@ -13,7 +13,8 @@ import torch
 
 from trainer.planner.timing import dtype_of, timed_ms
 
-COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer")
+COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer", "step")
+STEP_ROWS, STEP_LEN = 64, 12  # "step": a whole training step of the model on a batch of this many pairs and tokens
 _runtime = None  # this process's world of one, started once
 
 
@@ -57,7 +58,7 @@ def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> di
         def grads():
             for p in engine.module.parameters():
                 p.grad = torch.randn_like(p) * 1e-3
-        points.append([sum(p.numel() for p in params), len(params), timed_ms(lambda _: engine.step(), reps, setup=grads)])
+        points.append([sum(p.numel() for p in params), len(params), timed_ms(lambda _: engine.step(boundary=True), reps, setup=grads)])
         if module is model:
             x = torch.zeros(4, requires_grad=True, dtype=next(engine.module.parameters()).dtype)
             plain = timed_ms(lambda: (x * 2).sum().backward(), reps * 4)
@@ -99,11 +100,32 @@ def component(name: str, model_cfg: dict, src_vocab: int, tgt_vocab: int, precis
     if name == "copy":
         src, dst = torch.randn(1 << 21), torch.empty(1 << 21)
         return lambda: dst.copy_(src)
+    if name == "step":
+        return _model_step(cfg, src_vocab, tgt_vocab, dtype)
     params = [torch.nn.Parameter(torch.randn(n)) for n in (1 << 20, 1 << 20, 1 << 18)]
     for p in params:
         p.grad = torch.randn_like(p)
     opt = torch.optim.Adam(params, fused=True)
     return opt.step
+
+
+def _model_step(cfg, src_vocab: int, tgt_vocab: int, dtype):
+    """One training step of the whole model in one process (forward, the head's loss, backward, Adam): what the
+    ceiling of `python -m benchmarks.scaling --goals` runs twice at once, here without the trainer around it."""
+    from trainer.model.seq2seq import build_model
+
+    model = build_model(cfg, src_vocab, tgt_vocab).to(dtype)
+    opt = torch.optim.Adam(model.parameters(), fused=True)
+    src = torch.randint(4, src_vocab, (STEP_ROWS, STEP_LEN))
+    tgt = torch.randint(4, tgt_vocab, (STEP_ROWS, STEP_LEN))
+    lengths = torch.full((STEP_ROWS,), STEP_LEN)
+
+    def step():
+        loss, _ = model(src, lengths, tgt, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
 
 
 def _burner(conn, model_cfg, src_vocab, tgt_vocab, precision, running) -> None:
@@ -122,7 +144,8 @@ def _burner(conn, model_cfg, src_vocab, tgt_vocab, precision, running) -> None:
 
 
 def contention(cfg, dims, precision: str, quick: bool) -> dict:
-    """{component: time while a second process runs the same component / time alone} (1 thread each)."""
+    """{component: time while a second process runs the same component / time alone} (1 thread each); "step": a
+    whole training step of the model, the ceiling's measurement (two single-process runs at once)."""
     from omegaconf import OmegaConf
 
     model_cfg = OmegaConf.to_container(cfg.model)

@@ -44,9 +44,11 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, args.overrides)
     if args.calibrate:
         from trainer.planner.calibrate import calibrate
+        from trainer.planner.plan import require_prepared
 
         if not args.out:
             raise ValueError("--calibrate needs --out PROFILE (the file to write)")
+        require_prepared(cfg.data.dir, args.config)  # it times the model on real batches
         from trainer.ds_config import global_micro_batch, layout_world, load_ds_config
         from trainer.parallel.layout import LayoutSpec
 
@@ -68,6 +70,7 @@ def main(argv=None) -> int:
     from trainer.planner.profile import load, resolve
 
     profile = load(resolve(args.profile))
+    plan.require_prepared(cfg.data.dir, args.config)
     ds = load_ds_config(args.deepspeed_config, None)  # the schedule is not planned; written without a length
     work = plan.workload(cfg, ds, args.steps)
     ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link)

@@ -8,10 +8,11 @@ does (trainer/parallel/interpreter.py):
                  for the whole global micro-batch the first time it is used in a micro-step
     backward     the same layers' backward (+ the embeddings' dense gradient on stage 0)
     head         forward + backward of the head on the piece (+ assembling the top outputs and placing
-                 their gradients on the last stage)
+                 their gradients on the last stage); with defer_head_weight_grads less the projection's weight
+                 gradient, which `head_weight_grads` prices (HEAD_WEIGHT_GRAD_SHARE of the head's step)
     send/recv    posting a message; its bytes travel over the link (`transfer`)
-    collectives  gloo/NCCL between the group's ranks; DeepSpeed's replica all-reduce also flattens and
-                 copies back
+    collectives  gloo/NCCL between the group's ranks; the replicas' gradient sum (reduce_grads) in place, the
+                 embedding tables by the rows the micro-batch touches (trainer.parallel.replica_grads)
     optimizer    DeepSpeed's step on the rank's own parameters; it all-reduces the gradient norm over
                  the pipeline partway (`inner_sync`)
 Each cost is kept by component (lstm, head, ...) so that the slowdown of ranks sharing a host can be
@@ -24,6 +25,14 @@ from trainer.parallel.schedule import OPS, Instr, global_programs
 from trainer.planner.shapes import Chunk, Cut, ModelDims, Stage
 
 NORM_BEFORE = 0.4  # share of DeepSpeed's step before its gradient-norm all-reduce (fp32 copies + norms)
+
+
+def head_weight_grad_share(dims: ModelDims) -> float:
+    """The projection's weight gradient's share of a head step (forward + backward): its GEMM, 2 D V FLOPs per
+    token, over the step's 3 x (attentional layer 4 H D + projection 2 D V); the softmax's elementwise work
+    (not counted) makes the real share somewhat lower."""
+    d, v = dims.out_dim, dims.tgt_vocab
+    return 2 * d * v / (3 * (4 * dims.hidden * d + 2 * d * v))
 METRICS_BYTES = 16  # the loss sums all-reduced each micro-step (2 x float64)
 
 
@@ -79,6 +88,8 @@ class MicroStepCosts:
         dev, spec = self.device, self.spec
         masks_drawn: set = set()
         top_ready = grads_ready = False
+        deferred = any(i.op == "head_weight_grads" for i in prog)
+        share, later = head_weight_grad_share(self.dims), 0.0  # the head's deferred weight gradients, so far
         for ins in prog:
             op = OPS[ins.op]
             parts = {"overhead": dev.instruction(ins.op)}
@@ -88,6 +99,9 @@ class MicroStepCosts:
                 piece = self.cut.piece(replica, stage, ins.unit)
                 w = {"rows": piece.size, "src": int(piece.src.shape[1]), "tgt": int(piece.tgt_in.shape[1])}
                 parts["head"] = dev.head_step(w["rows"], w["src"], w["tgt"], piece.tgt_tokens)
+                if deferred:
+                    later += share * parts["head"]
+                    parts["head"] *= 1 - share
                 parts["overhead"] += dev.backward_call
                 if self.dims.dropout > 0:
                     parts["mask"] = self._mask("head", self.dims.out_dim, "tgt", masks_drawn)
@@ -98,6 +112,8 @@ class MicroStepCosts:
                         top_ready = ins.unit < 0
                     parts["copy"] = parts.get("copy", 0.0) + self._place(replica, piece, not grads_ready)
                     grads_ready = True
+            elif ins.op == "head_weight_grads":
+                parts["head"], later = later, 0.0
             elif ins.op == "scatter_shard":
                 piece = self.cut.piece(replica, ins.peer // spec.num_dp, ins.unit)
                 self.sizes[(rank, ins)] = self._shard_bytes(piece)
@@ -200,9 +216,15 @@ class MicroStepCosts:
             if spec.num_dp < 2:
                 return {}
             own = self.stages[stage].params.count + (dims.head_params.count if stage == spec.num_pp - 1 else 0)
-            nbytes = own * self.bytes
-            # DeepSpeed's allreduce_bucket: flatten, scale, all-reduce, scale, copy back (bytes read + written)
-            return {"comm": dev.collective("all_reduce", nbytes, spec.num_dp), "copy": dev.copy_bytes(8 * nbytes)}
+            parts = {}
+            if self.stages[stage].embeddings:  # the tables by the rows the batch touches: gathered, put back
+                batch = self.cut.batch
+                ids = batch.ids or (batch.src.unique(), batch.tgt_in.unique())
+                rows = len(ids[0]) + len(ids[1])
+                own -= (dims.src_vocab + dims.tgt_vocab - rows) * dims.emb
+                parts["copy"] = dev.copy_bytes(4 * rows * dims.emb * self.bytes)
+            # in place, one collective per tensor (trainer.parallel.replica_grads)
+            return {**parts, "comm": dev.collective("all_reduce", own * self.bytes, spec.num_dp)}
         # the runtime's async verbs: flatten, the collective, copy back (measured together on a CPU)
         name = "reduce" if ins.op == "reduce_head_grads" else "broadcast"
         return {"comm": dev.collective(name, head_bytes, spec.num_pp)}

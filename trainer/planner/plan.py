@@ -8,6 +8,7 @@ head waits for is charged when it would arrive later than that head starts.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -43,17 +44,32 @@ class Workload:
         return sum(b.src_tokens + b.tgt_tokens for b in window)
 
 
+DEMO_DATA = "data/demo"  # what launch/prepare_demo.sh makes on any clone (demo.yaml's data.dir)
+
+
+def require_prepared(data_dir: str, config: str | None = None) -> None:
+    """The planner (and its calibration) reads real batches of data.dir: on a fresh clone there are none. Says
+    the command that prepares it: the demo corpus's script, or for another corpus where its command is."""
+    if os.path.exists(os.path.join(data_dir, MANIFEST)):
+        return
+    if os.path.normpath(data_dir) == DEMO_DATA:
+        fix = "bash launch/prepare_demo.sh (the demo corpus: nothing to download, about 20 s)"
+    else:
+        fix = (f"python -m data_prep.prepare ... --out {data_dir} (the first lines of "
+               f"{config or 'the YAML'} give the command for its corpus; docs/planner.md for "
+               f"paper_size.yaml), or plan on the demo corpus any clone can make: bash launch/prepare_demo.sh, then "
+               f"data.dir={DEMO_DATA}")
+    raise FileNotFoundError(f"data.dir={data_dir}: not prepared (no {MANIFEST}); the planner reads real batches of "
+                            f"it: prepare it first: {fix}")
+
+
 def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
     """The first `skip + steps` steps' batches of the training stream (the trainer's own batching),
     the last `steps` of them kept."""
     world = layout_world(ds)
     base = LayoutSpec.from_ds_config(ds, world) if "parallel_layout" in ds else LayoutSpec("single", 1, 1)
     global_batch = global_micro_batch(ds, base.num_dp)
-    if not os.path.exists(os.path.join(cfg.data.dir, MANIFEST)):  # a fresh clone has no prepared data
-        raise FileNotFoundError(f"data.dir={cfg.data.dir}: not prepared (no {MANIFEST}); the planner simulates "
-                                f"real batches of it: prepare it first with python -m data_prep.prepare ... --out "
-                                f"{cfg.data.dir} (README, 'Choosing a layout', gives the command for "
-                                f"trainer/configs/paper_size.yaml), or point data.dir= at a prepared corpus")
+    require_prepared(cfg.data.dir)
     vocab = read_manifest(cfg.data.dir)["vocab"]
     stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_batch,
                          max_tokens=cfg.data.max_tokens, seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
@@ -84,9 +100,14 @@ class Prediction:
 
 
 def predict(candidate: Candidate, work: Workload, profile: dict, link: str | None = None,
-            steps: int | None = None) -> Prediction:
+            steps: int | None = None, devices: dict | None = None) -> Prediction:
+    """`devices`: a memo of the priced devices (per thread count) that the candidates of one ranking share;
+    a calibrated machine's device fits its curves when built."""
     spec = candidate.spec
-    device = device_for(profile, work.precision, candidate.threads, link, work.dims)
+    devices = {} if devices is None else devices
+    if candidate.threads not in devices:
+        devices[candidate.threads] = device_for(profile, work.precision, candidate.threads, link, work.dims)
+    device = devices[candidate.threads]
     stages = stages_of(work.dims, spec)
     groups = group_members(spec)
     shared = device.kind == "measured" and candidate.ranks > 1  # ranks on one host's cores
@@ -148,13 +169,14 @@ def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None =
         raise ValueError(f"--devices {devices}: no layout fits (model.layers={work.dims.layers}, batch of "
                          f"{work.global_batch}, data.min_batch_sentences={work.cfg.data.min_batch_sentences})")
     baseline = Candidate(LayoutSpec("single", 1, 1, partition_method=method), 1, 1 if cpu_threads else 0)
-    screened = sorted((predict(c, work, profile, link, steps=screen_steps) for c in cands), key=lambda p: p.step_s)
+    devices: dict = {}
+    screened = sorted((predict(c, work, profile, link, screen_steps, devices) for c in cands), key=lambda p: p.step_s)
     keep = screened[:12] + [p for p in screened[12:] if p is next(q for q in screened if _mode(q) == _mode(p))]
-    final = sorted((predict(p.candidate, work, profile, link) for p in keep), key=lambda p: p.step_s)
+    final = sorted((predict(p.candidate, work, profile, link, None, devices) for p in keep), key=lambda p: p.step_s)
     kept = {id(p) for p in keep}
     rest = [p for p in screened if id(p) not in kept]
-    one = predict(baseline, work, profile, link)
-    one_screened = predict(baseline, work, profile, link, steps=screen_steps)
+    one = predict(baseline, work, profile, link, None, devices)
+    one_screened = predict(baseline, work, profile, link, screen_steps, devices)
     for p in final + [one]:
         p.speedup = one.step_s / p.step_s
     for p in rest:  # screened on fewer steps: against the baseline on those steps
@@ -179,7 +201,7 @@ def best_by_mode(ranked: list[Prediction], devices: int) -> dict[str, Prediction
 def winner_config(base: dict, winner: Candidate, global_batch: int) -> dict:
     """The base DeepSpeed JSON (optimizer, schedule, precision ...) with the winner's layout and the
     micro-batch per replica that keeps the global micro-batch."""
-    ds = json.loads(json.dumps(base))
+    ds = copy.deepcopy(base)
     # the schedule's length is the trainer's (train.max_steps of the run that uses the file), never the plan's
     (ds.get("scheduler") or {}).get("params", {}).pop("total_num_steps", None)
     ds["train_micro_batch_size_per_gpu"] = global_batch // winner.spec.num_dp

@@ -32,7 +32,8 @@ The planner reads two more sections, whichever the file has:
                                 backward_ms} (the interpreter's own work per instruction type, read
                                 off real one-rank micro-steps; DeepSpeed's backward call)
                 contention   {PREC: {component: factor}}: how much slower a component runs while a
-                             second rank computes on the other core (shared caches, memory bandwidth)
+                             second rank computes on the other core (shared caches, memory bandwidth);
+                             "step": a whole training step, which the planner applies to every component
                 transfers    {"gloo": {p2p [[bytes, one_way_ms, post_ms]], all_reduce / reduce /
                              broadcast [[bytes, ms]] between two ranks}}
     roofline    a GPU's rates, each with its source (datasheet figure, a measurement, or an estimate):
@@ -283,7 +284,11 @@ class MeasuredDevice:
         return self.optimizer_line(params, tensors)
 
     def slowdown(self, component: str) -> float:
-        return max(1.0, float(self.contention.get(component, 1.0)))
+        """How much slower `component` runs while another rank computes on the host's other core: the whole
+        step's factor where the calibration measured one (two training steps at once against one alone, the
+        ceiling's measurement: python -m benchmarks.scaling --goals), else the component's own."""
+        factor = self.contention.get("step", self.contention.get(component, 1.0))
+        return max(1.0, float(factor))
 
     # ---- transfers between ranks ----
     def p2p(self, nbytes: int) -> tuple[float, float]:

@@ -127,6 +127,7 @@ class RooflineDevice:
         self.vocab = dims.tgt_vocab if dims is not None else 0
         self.src_vocab = dims.src_vocab if dims is not None else 0
         self.emb = dims.emb if dims is not None else 0
+        self._memo: dict = {}  # (counts, in_dim, hidden, backward) -> seconds of an LSTM call
 
     def instruction(self, op: str) -> float:
         return self.per_instruction
@@ -145,8 +146,9 @@ class RooflineDevice:
         tokens = sum(counts)
         g4 = 4 * hidden
         peak = self.lstm_peak
-        per = [max(self.step, self.gemm(n, g4, hidden, peak) + 10 * n * g4 * self.bytes / self.bw) for n in counts if n]
-        gpu = sum(per) * (2 if backward else 1)
+        each = {n: max(self.step, self.gemm(n, g4, hidden, peak) + 10 * n * g4 * self.bytes / self.bw)
+                for n in set(counts) if n}  # a step's price depends on its rows alone: once per distinct count
+        gpu = sum([each[n] for n in counts if n]) * (2 if backward else 1)
         if backward:  # gradients of the input and of both weight matrices, one product each at the end
             gpu += self.gemm(tokens, in_dim, g4, peak) + self.gemm(g4, in_dim + hidden, tokens, peak)
         else:
@@ -155,10 +157,17 @@ class RooflineDevice:
 
     # ---- the interface costs.py prices with (seconds) ----
     def lstm_fused(self, direction: str, in_dim: int, hidden: int, rows: int, steps: int) -> float:
-        return self._steps([rows] * steps, in_dim, hidden, direction == "bwd") if rows and steps else 0.0
+        return self._memo_steps((rows,) * steps, in_dim, hidden, direction == "bwd") if rows and steps else 0.0
 
     def lstm_packed(self, direction: str, in_dim: int, hidden: int, counts) -> float:
-        return self._steps(list(counts), in_dim, hidden, direction == "bwd") if any(counts) else 0.0
+        return self._memo_steps(tuple(counts), in_dim, hidden, direction == "bwd") if any(counts) else 0.0
+
+    def _memo_steps(self, counts: tuple, in_dim: int, hidden: int, backward: bool) -> float:
+        """_steps, once per shape: the candidates of a ranking share this device and mostly the same chunks."""
+        key = (counts, in_dim, hidden, backward)
+        if key not in self._memo:
+            self._memo[key] = self._steps(list(counts), in_dim, hidden, backward)
+        return self._memo[key]
 
     def embed(self, side: str, direction: str, tokens: int) -> float:
         if not tokens:

@@ -114,6 +114,7 @@ class Cut:
 
     def __init__(self, batch: Batch, spec: LayoutSpec):
         self.batch, self.spec = batch, spec
+        self._chunks: dict = {}  # (replica, kind, unit, chunk) -> Chunk: each is asked for by every op on it
 
     @cached_property
     def _replicas(self) -> list[ReplicaCut]:
@@ -126,11 +127,13 @@ class Cut:
         return self._replicas[d].units
 
     def chunk(self, d: int, kind: str, u: int, c: int) -> Chunk:
-        cut = self._replicas[d]
-        a, b = cut.chunks[kind][u][c]
-        if kind == "dec":
-            return Chunk(cut.units[u].size, b - a, None)
-        return Chunk(cut.units[u].size, b - a, tuple(int(x) for x in cut.encoder_lengths(u, c)))
+        key = (d, kind, u, c)
+        if key not in self._chunks:
+            cut = self._replicas[d]
+            a, b = cut.chunks[kind][u][c]
+            lengths = None if kind == "dec" else tuple(int(x) for x in cut.encoder_lengths(u, c))
+            self._chunks[key] = Chunk(cut.units[u].size, b - a, lengths)
+        return self._chunks[key]
 
     def piece(self, d: int, stage: int, unit: int = -1) -> Batch:
         """The rows one head instruction works on: a unit (per_unit) or this stage's shard."""

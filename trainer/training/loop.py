@@ -149,7 +149,7 @@ class Trainer:
     def _validate(self, weights: str) -> tuple[dict, bool]:
         """Dev loss and BLEU of the weights just written; whether they are the best so far."""
         st = self.state
-        row, samples = self.validator.evaluate(weights)
+        row, samples = self.validator.evaluate(weights, say=self.log.message)
         self.log.samples(st.step, samples)
         loss = row.get("dev_loss")
         self.log.message(f"step {st.step}: dev loss {loss if loss is None else round(loss, 4)} "

@@ -19,11 +19,13 @@ import time
 
 import torch
 
+from data_prep.dataformat import userfiles
 from trainer.model.seq2seq import LOSS_CHUNK_ROWS, projected_cross_entropy
 
 CANDIDATES = (128, 256, 512, 1024)
 TOKENS = 1024  # target tokens of the timed loss: about half a 64-pair batch of enja-small
 REPEATS = 3
+MAX_CACHE_BYTES = 1 << 20
 
 
 def cache_path() -> str:
@@ -49,11 +51,10 @@ def _key(width: int, vocab: int, dtype: torch.dtype) -> str:
 
 def _read_cache() -> dict:
     try:
-        with open(cache_path(), encoding="utf-8") as f:
-            data = json.load(f)
+        data = userfiles.read_json(cache_path(), MAX_CACHE_BYTES, "the tuning cache")
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
-        return {}  # no cache yet, or one another tool damaged: measure again
+        return {}  # no cache yet, or a damaged or foreign one: measure again
 
 
 def _write_cache(key: str, value: int) -> None:

@@ -35,10 +35,11 @@ class Validator:
         self.module.train()
         return nll / tokens
 
-    def dev_bleu(self, ckpt: str) -> tuple[dict, list]:
+    def dev_bleu(self, ckpt: str, say=None) -> tuple[dict, list]:
         """Rank 0 decodes the dev set with the whole model loaded from the checkpoint `ckpt`; returns
         {dev_bleu, dev_chrf} (BLEU with the target language's tokenizer) and the first (source,
-        reference, hypothesis) triples as samples."""
+        reference, hypothesis) triples as samples. `say` (the run's console) hears first that it starts: a
+        wide model's first decode takes most of a minute on a CPU."""
         from trainer.inference.loading import load_run
         from trainer.inference.text import read_lines
         from trainer.metrics import dev_scores
@@ -46,21 +47,23 @@ class Validator:
         translator = load_run(self.run_dir, ckpt, device=self.rt.device(), decode={"beam": self.decode.dev_beam})
         src = read_lines(os.path.join(self.data_dir, "dev.src.txt"))
         ref = read_lines(os.path.join(self.data_dir, "dev.tgt.txt"))
-        n = self.decode.dev_max_sentences or len(src)
+        n = min(len(src), self.decode.dev_max_sentences or len(src))
+        if say is not None:
+            say(f"dev BLEU: decoding {n} dev sentences (beam {self.decode.dev_beam}) with {os.path.basename(ckpt)}")
         hyps = translator.translate(src[:n])
         samples = list(zip(src[:SAMPLES], ref[:SAMPLES], hyps[:SAMPLES]))
         return dev_scores(hyps, ref[:n], self.bleu_tokenize), samples
 
-    def evaluate(self, ckpt: str) -> tuple[dict, list]:
+    def evaluate(self, ckpt: str, say=None) -> tuple[dict, list]:
         """Dev loss (every rank) and dev BLEU (rank 0, the other ranks wait on the eval group); the RNG
         streams are left as they were, so a resumed run continues exactly. Returns the metrics and, on
-        rank 0, sample translations."""
+        rank 0, sample translations; `say`: see dev_bleu."""
         rt = self.rt
         row, rng, samples = {}, capture_rng(), []
         loss = self.dev_loss()
         scores = None
         if rt.is_rank0:
-            scores, samples = self.dev_bleu(ckpt)
+            scores, samples = self.dev_bleu(ckpt, say)
         scores = rt.broadcast_object(scores, src=0, group="eval")
         restore_rng(rng)
         if loss is not None:

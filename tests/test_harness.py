@@ -1,0 +1,90 @@
+"""The worker pool of tests/harness.py under faults (issue 30, part B item 1): the fast tier once failed with 53
+errors because the pool's one start failed under load and every test using it got that same error. A failed
+start is retried; a start that fails every try fails the one test that asked, and the next test starts afresh;
+a worker that dies fails its job at once; a rank's traceback is reported even while its peers hang. The pools
+here are light (no torch, a planted meeting) so the faults cost a second, not a real start each."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import JobError, Workers
+
+
+def planted_meet(directory: str, failing_tries: int) -> str:
+    """A meeting that fails on every rank in the first `failing_tries` starts (counted in files per rank)."""
+    rank = os.environ["RANK"]
+    tries = len(list(Path(directory).glob(f"r{rank}.*")))
+    Path(directory, f"r{rank}.{tries}").touch()
+    if tries < failing_tries:
+        raise RuntimeError(f"planted: start {tries + 1} of rank {rank} fails")
+    return "met"
+
+
+def whoami(*_) -> tuple[str, int]:
+    return os.environ["RANK"], os.getpid()
+
+
+def exit_on_rank_1(code: int) -> None:
+    if os.environ["RANK"] == "1":
+        os._exit(code)
+
+
+def fail_on_rank_0_while_1_hangs() -> None:
+    if os.environ["RANK"] == "0":
+        raise ValueError("rank 0's own cause")
+    time.sleep(600)
+
+
+def _pool(tmp_path, failing_tries: int, tries: int = 3) -> Workers:
+    return Workers(2, start_tries=tries, meet=planted_meet, meet_args=(str(tmp_path), failing_tries), preload=False)
+
+
+def test_a_failed_start_is_retried_with_fresh_workers(tmp_path):
+    pool = _pool(tmp_path, failing_tries=2)
+    try:
+        first = pool.run(2, whoami)
+        assert [r for r, _ in first] == ["0", "1"] and pool.starts == 1
+        assert len(list(tmp_path.glob("r0.*"))) == 3  # two planted failures, then the start that met
+        assert pool.run(2, whoami) == first  # the same workers serve the next job
+    finally:
+        pool.close()
+
+
+def test_a_start_that_fails_every_try_fails_one_test_with_its_causes_and_the_next_starts_afresh(tmp_path):
+    pool = _pool(tmp_path, failing_tries=2, tries=2)
+    try:
+        with pytest.raises(JobError) as e:
+            pool.run(2, whoami)
+        assert "the pool of 2 workers did not start" in str(e.value)
+        assert "try 1:" in str(e.value) and "try 2:" in str(e.value) and "start 2 of rank 0 fails" in str(e.value)
+        assert pool.run(2, whoami)[1][0] == "1" and pool.starts == 1  # the next test's own start meets
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_dies_fails_its_job_at_once_and_the_pool_restarts(tmp_path):
+    pool = _pool(tmp_path, failing_tries=0)
+    try:
+        pool.run(2, whoami)
+        began = time.monotonic()
+        with pytest.raises(JobError, match="exit_on_rank_1 on 2 ranks: worker 1 exited with code 3"):
+            pool.run(2, exit_on_rank_1, 3, timeout=100)
+        assert time.monotonic() - began < 30  # not the job's 100 s timeout
+        assert [r for r, _ in pool.run(2, whoami)] == ["0", "1"] and pool.starts == 2
+    finally:
+        pool.close()
+
+
+def test_a_failed_rank_is_reported_with_its_traceback_while_its_peer_hangs(tmp_path):
+    pool = _pool(tmp_path, failing_tries=0)
+    pool.error_grace_s = 1
+    try:
+        with pytest.raises(JobError) as e:
+            pool.run(2, fail_on_rank_0_while_1_hangs, timeout=100)
+        assert "(ranks [1] did not answer)" in str(e.value) and "ValueError: rank 0's own cause" in str(e.value)
+    finally:
+        pool.close()
