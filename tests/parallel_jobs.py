@@ -16,8 +16,26 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
     `steps` optimizer steps, and return the metrics rows and, from replica 0, this rank's parameters
     by global name ('layer_XX.<name>', 'head.<name>') as float32 numpy arrays."""
     trainer = _trainer(overrides, ds, work)
-    runtime = trainer.rt
     rows = [trainer.train_step() for _ in range(steps)]
+    return _finish(trainer, rows)
+
+
+def steps_then_save(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
+    """As `train_steps`, from the checkpoint `train.resume` names (if it names one), then a checkpoint of the last
+    step, as a run saves one; also each rank's optimizer memory (Engine.optimizer_state_bytes)."""
+    trainer = _trainer(overrides, ds, work)
+    rows = [trainer.train_step() for _ in range(steps)]
+    trainer.save()
+    optimizer_bytes = trainer.engine.optimizer_state_bytes()
+    return {**_finish(trainer, rows), "optimizer_bytes": optimizer_bytes, "zero_stage": trainer.engine.zero_stage}
+
+
+def _finish(trainer, rows: list) -> dict:
+    """Close the trainer's run (its run.dir lock too, so that the next job may resume from it) and return `rows`
+    with, from replica 0, this rank's parameters by global name."""
+    from trainer.artifacts.run_files import release_run_dir
+
+    runtime = trainer.rt
     trainer.runner.sync_head()
     trainer.log.close()
     params = {}
@@ -29,6 +47,8 @@ def train_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
         if module.owns_head:
             for name, p in module.head.named_parameters():
                 params[f"head.{name}"] = p.detach().float().numpy().copy()
+    trainer.stream.close()
+    release_run_dir()
     runtime.close()
     return {"rows": rows, "params": params}
 
@@ -107,7 +127,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     obs["stage_id"] = dsa.stage_id(module.stages)
     obs["backward_allreduce"] = engine.ds.enable_backward_allreduce
     obs["mpu_is_grid"] = engine.ds.mpu is rt.grid
-    obs["bf16"] = engine.bf16
+    obs["bf16"], obs["fp16"], obs["loss_scale"] = engine.bf16, engine.fp16, engine.loss_scale
     # one real step: the recorded global norm equals the norm of every owned gradient over all ranks
     stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_micro_batch(ds, spec.num_dp),
                          max_tokens=0,
@@ -148,7 +168,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
         obs["hp_mapping_refused"] = True
     del owned[0]._hp_mapping
     # fp32 only: a non-finite gradient makes the guarded step skip the update (as bf16's optimizer does)
-    if not engine.bf16:
+    if not (engine.bf16 or engine.fp16):
         before = [p.detach().clone() for p in owned]
         skipped = engine.skipped_steps
         runner.inject_nan(True)
@@ -278,3 +298,88 @@ def count_step_ops(overrides: list[str], ds: dict, work: str, warmup: int = 1, c
     trainer.log.close()
     trainer.rt.close()
     return {"syncs": counter.syncs, "launches": counter.launches, "by_op": dict(counter.by_op), "row": row}
+
+
+def overflow_steps(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
+    """`steps` optimizer steps: per step whether it was skipped, the learning rate after it, the loss scale before
+    and after it, and whether this rank's fp32 master weights (ZeRO: its partitions) changed (fp16's dynamic loss
+    scaling)."""
+    import torch
+
+    trainer = _trainer(overrides, ds, work)
+    masters = trainer.engine.masters()
+    params = ([g.master for g in trainer.engine.zero_groups] or
+              [masters.get(id(p), p) for p in trainer.module.optimizer_parameters()])
+    out = []
+    for _ in range(steps):
+        before, scale = [p.detach().clone() for p in params], trainer.engine.loss_scale
+        row = trainer.train_step()
+        out.append({"skipped": bool(row.get("skipped")), "lr": row["lr"], "scale": (scale, trainer.engine.loss_scale),
+                    "moved": any(not torch.equal(a, p.detach()) for a, p in zip(before, params)),
+                    "skipped_steps": trainer.engine.skipped_steps})
+    trainer.runner.sync_head()
+    trainer.log.close()
+    trainer.rt.close()
+    return {"steps": out}
+
+
+def lean_zero_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> dict:
+    """ZeRO stage 1: the same gradients stepped by DeepSpeed's own DeepSpeedZeroOptimizer.step (its gradient
+    partitions built as its unmanaged-accumulation boundary builds them, from the parameters' gradients) and by the
+    adapter's lean_zero_step: this rank's master partition, weights, Adam state and global norm after each; and
+    what the adapter saw of ZeRO's layout (the elements of each parameter this rank's partition holds)."""
+    import copy
+
+    import torch
+
+    from trainer.config import load_config
+    from trainer.data import BatchStream, ParallelData, read_manifest
+    from trainer.ds_config import global_micro_batch
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.training.build import build_model_parts
+
+    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
+    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
+    module, adapter, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])
+    opt, groups = adapter.ds.optimizer, adapter.zero_groups
+    names = {id(p): n for n, p in module.named_parameters()}
+    held = {names[id(p)]: count for g in groups for p, _, _, count in g.pieces}
+    layout = {"held": held, "numel": {names[id(p)]: p.numel() for p in module.optimizer_parameters()},
+              "hooks": len(opt._grad_acc_hooks), "masters": [g.master.numel() for g in groups]}
+    batch = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_micro_batch(ds, spec.num_dp),
+                        max_tokens=0, seed=1, bucket_batches=10, min_batch=cfg.data.min_batch_sentences).next()
+    base, every = opt.optimizer, list(module.parameters())
+    saved = ([p.detach().clone() for p in every], [g.master.detach().clone() for g in groups],
+             copy.deepcopy(base.state_dict()))
+    lean = opt.step
+
+    def deepspeeds_step(closure=None):
+        for i, params in enumerate(opt.params_in_partition):
+            opt.all_grad_tensors[i] = opt.get_all_grad_tensors(params, dtype=opt.gradient_accumulation_dtype)
+        opt.finalize_gradient_accumulation_boundary()
+        return type(opt).step(opt)
+
+    outcome = {}
+    for name, step in (("deepspeed", deepspeeds_step), ("lean", lean)):
+        runner.sync_head()
+        with torch.no_grad():
+            for p, v in zip(every, saved[0]):
+                p.copy_(v)
+            for g, v in zip(groups, saved[1]):
+                g.master.copy_(v)
+        base.load_state_dict(copy.deepcopy(saved[2]))
+        opt.step = step
+        runner.step([batch], key=(1, 1))
+        runner.sync_head()  # the owner's updated head, broadcast into the replicas
+        norm = opt._global_grad_norm if name == "deepspeed" else adapter.last_grad_norm
+        outcome[name] = {"norm": float(norm), "weights": [p.detach().float().clone() for p in every],
+                         "masters": [g.master.detach().clone() for g in groups],
+                         "exp_avg_sq": [base.state[g.master]["exp_avg_sq"].clone() for g in groups]}
+    runner.sync_head()
+    rt.close()
+    a, b = outcome["deepspeed"], outcome["lean"]
+    diff = max(max(float((x - y).abs().max()) for x, y in zip(a[k], b[k])) for k in ("weights", "masters", "exp_avg_sq"))
+    return {"norm": (a["norm"], b["norm"]), "max_diff": diff, "layout": layout,
+            "moved": max(float((x - y).abs().max()) for x, y in zip(a["masters"], saved[1]))}

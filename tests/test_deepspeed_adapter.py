@@ -13,9 +13,10 @@ from tests.parallel_jobs import adapter_touch_points
 MODEL = ["model.layers=2", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "data.min_batch_sentences=8"]
 
 
-def _ds(layout: dict, bf16: bool) -> dict:
+def _ds(layout: dict, bf16: bool, fp16: bool = False) -> dict:
     ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=8, parallel_layout=layout, bf16={"enabled": bf16})
+    ds.update(train_micro_batch_size_per_gpu=8, parallel_layout=layout, bf16={"enabled": bf16},
+              fp16={"enabled": fp16})
     ds["scheduler"]["params"]["total_num_steps"] = 100
     return ds
 
@@ -32,6 +33,13 @@ def bf16_hybrid(workers, tiny_data, tmp_path_factory):
     layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1}
     return workers.run(2, adapter_touch_points, [f"data.dir={tiny_data}", *MODEL], _ds(layout, True),
                        str(tmp_path_factory.mktemp("bf16")))
+
+
+@pytest.fixture(scope="module")
+def fp16_hybrid(workers, tiny_data, tmp_path_factory):
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1}
+    return workers.run(2, adapter_touch_points, [f"data.dir={tiny_data}", *MODEL], _ds(layout, False, fp16=True),
+                       str(tmp_path_factory.mktemp("fp16")))
 
 
 def test_version_is_checked(monkeypatch):
@@ -104,6 +112,15 @@ def test_bf16_masters_are_fp32_copies(bf16_hybrid):
         assert isinstance(r["scaler"], dict)
 
 
+def test_fp16_runs_on_the_cpu_accelerator_with_fp32_masters_and_a_dynamic_loss_scale(fp16_hybrid):
+    """DeepSpeed's CPU accelerator says no to fp16 on a CPU without oneDNN fp16 kernels; the adapter's answer is
+    yes (torch computes it): FP16_UnfusedOptimizer's masters and its loss scale (2^16 to start) are what we use."""
+    for r in fp16_hybrid:
+        assert r["fp16"] and not r["bf16"] and r["masters"] == r["owned"] > 0 and r["masters_fp32_match"]
+        assert r["loss_scale"] == 2.0 ** 16 and r["scaler"]["cur_scale"] == 2.0 ** 16 and r["grad_norm"] > 0
+        assert r["state_keyed_by_master"] and r["state_keys"] == ["exp_avg", "exp_avg_sq"]
+
+
 def test_flat_partitioned_optimizers_are_refused(grid):
     assert all(r["hp_mapping_refused"] for r in grid)
 
@@ -113,16 +130,17 @@ def test_fp32_step_with_a_non_finite_gradient_is_skipped(grid):
         assert not r["nan_norm_finite"] and r["nan_step_skipped"] and r["nan_params_unchanged"]
 
 
-@pytest.mark.parametrize("bf16", [True, False])
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("clip", [1.0, 1e-3])  # clipping inactive and active
-def test_lean_step_equals_deepspeeds_step(workers, tiny_data, tmp_path, clip, bf16):
+def test_lean_step_equals_deepspeeds_step(workers, tiny_data, tmp_path, clip, precision):
     """The adapter's one-sync step (the norm on the device, read once) against DeepSpeed's own step on
     the same gradients: the same norm and the same weights and Adam state after it, to the float32
-    summation order of the norm."""
+    summation order of the norm (fp16: gradients carrying the loss scale, which both steps divide out)."""
     from tests.parallel_jobs import lean_step_matches_deepspeed
 
     layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1}
-    ds = dict(_ds(layout, bf16), gradient_clipping=clip)
+    bf16 = precision != "fp32"  # a mixed-precision optimizer (fp32 masters)
+    ds = dict(_ds(layout, precision == "bf16", precision == "fp16"), gradient_clipping=clip)
     ds.pop("scheduler")  # a warm-up from lr 0 would not move the weights at the first step
     for r in workers.run(2, lean_step_matches_deepspeed, [f"data.dir={tiny_data}", *MODEL], ds,
                          str(tmp_path / "lean")):
@@ -130,3 +148,27 @@ def test_lean_step_equals_deepspeeds_step(workers, tiny_data, tmp_path, clip, bf
         if bf16:
             assert r["norm"][1] == pytest.approx(r["norm"][0], rel=1e-6), r
         assert r["max_diff"] <= 1e-6, r
+
+
+@pytest.mark.parametrize("clip,precision", [(1e-3, "bf16"), (1.0, "fp32")])  # clipping active and inactive
+def test_lean_zero_step_equals_deepspeeds_zero_step(workers, tiny_data, tmp_path, clip, precision):
+    """ZeRO stage 1 on the 2x2 grid (trainer/parallel/deepspeed_zero.py): the adapter reads ZeRO's layout (each
+    parameter's elements are held by exactly one replica's partition; the gradient hooks are gone), and its one-sync
+    step equals DeepSpeedZeroOptimizer.step on the same gradients: the same norm, master partitions, weights and
+    Adam state, to the float32 summation order of the norm."""
+    from tests.parallel_jobs import lean_zero_step_matches_deepspeed
+
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2}
+    ds = dict(_ds(layout, precision == "bf16"), gradient_clipping=clip, zero_optimization={"stage": 1})
+    ds.pop("scheduler")  # a warm-up from lr 0 would not move the weights at the first step
+    out = workers.run(4, lean_zero_step_matches_deepspeed, [f"data.dir={tiny_data}", *MODEL], ds, str(tmp_path / "z"))
+    for stage in (0, 1):  # ranks stage * 2 + replica
+        replicas = [out[stage * 2 + r]["layout"] for r in (0, 1)]
+        assert all(r["hooks"] == 0 for r in replicas) and replicas[0]["masters"] == replicas[1]["masters"]
+        numel = replicas[0]["numel"]
+        held = {n: sum(r["held"].get(n, 0) for r in replicas) for n in numel}
+        assert held == numel and all(r["held"] for r in replicas), (held, numel)  # each element once; both hold some
+    for r in out:
+        assert r["moved"] > 0, "the step must change the weights for the comparison to mean something"
+        assert r["norm"][1] == pytest.approx(r["norm"][0], rel=1e-6), r["norm"]
+        assert r["max_diff"] <= 1e-6, r["max_diff"]

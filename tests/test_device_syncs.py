@@ -59,11 +59,18 @@ def test_the_counter_ignores_host_tensors_and_device_work():
     assert c.launches >= 6 and c.by_op["mm"] >= 3  # forward mm + two in its backward
 
 
-def _ds(micro: int, layout: dict, bf16: bool) -> dict:
+def _ds(micro: int, layout: dict, bf16: bool, fp16: bool = False) -> dict:
     ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
     ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=2, gradient_clipping=0.05,
-              parallel_layout=layout, bf16={"enabled": bf16})
+              parallel_layout=layout, bf16={"enabled": bf16}, fp16={"enabled": fp16})
     return ds
+
+
+def _one_sync(out: list, label: str) -> None:
+    for rank, o in enumerate(out):
+        assert len(o["syncs"]) <= 1, f"{label} rank {rank}: {o['syncs']}"
+        assert o["syncs"] == [("Tensor.tolist", o["syncs"][0][1])] and "_read_global_norm" in o["syncs"][0][1], o
+        assert o["launches"] > 100 and o["row"]["loss"] > 0  # a real step was counted
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -72,10 +79,28 @@ def test_one_device_sync_per_optimizer_step_in_every_layout(workers, tiny_data, 
     for bf16 in (True, False):
         out = workers.run(world, count_step_ops, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3"],
                           _ds(micro, layout, bf16), str(tmp_path / f"{name}_{bf16}"))
-        for rank, o in enumerate(out):
-            assert len(o["syncs"]) <= 1, f"{name} bf16={bf16} rank {rank}: {o['syncs']}"
-            assert o["syncs"] == [("Tensor.tolist", o["syncs"][0][1])] and "_read_global_norm" in o["syncs"][0][1], o
-            assert o["launches"] > 100 and o["row"]["loss"] > 0  # a real step was counted
+        _one_sync(out, f"{name} bf16={bf16}")
+
+
+@pytest.mark.parametrize("name,precision", [("data_2", "bf16"), ("grid_2x2", "fp16"), ("grid_2x2", "fp32")])
+def test_zero_stage_1_keeps_one_device_sync_per_step(workers, tiny_data, tmp_path, name, precision):
+    """ZeRO-1's step (trainer.parallel.deepspeed_zero.lean_zero_step): the partitions' norms summed over the ranks
+    on the device, read once; the all-gather of the updated partitions does not wait for the device."""
+    world, micro, layout = LAYOUTS[name]
+    ds = {**_ds(micro, layout, precision == "bf16", fp16=precision == "fp16"), "zero_optimization": {"stage": 1}}
+    out = workers.run(world, count_step_ops, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3"], ds,
+                      str(tmp_path / name))
+    _one_sync(out, f"{name} {precision} ZeRO-1")
+
+
+@pytest.mark.parametrize("name", ["single", "hybrid_2", "data_2", "grid_2x2"])
+def test_fp16_keeps_one_device_sync_per_step(workers, tiny_data, tmp_path, name):
+    """fp16's dynamic loss scale is a host number (DeepSpeed's optimizer keeps it), and an overflow is the norm's
+    being non-finite: the norm's one read decides the skip."""
+    world, micro, layout = LAYOUTS[name]
+    out = workers.run(world, count_step_ops, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0.3"],
+                      _ds(micro, layout, False, fp16=True), str(tmp_path / name))
+    _one_sync(out, f"{name} fp16")
 
 
 def test_the_heads_launches_do_not_grow_with_tokens_on_an_accelerators_chunk():

@@ -42,7 +42,8 @@ def test_threads_that_ended_are_counted_apart():
     worker.start()
     worker.join()
     per_step = clock.per_step(1)
-    assert "short-lived" not in per_step and per_step["(threads that ended)"] == pytest.approx(300, abs=60)
+    # at least its 0.3 s (other threads of the test process that end meanwhile would add theirs)
+    assert "short-lived" not in per_step and 240 <= per_step["(threads that ended)"] < 2000
 
 
 def test_the_loss_chunk_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):

@@ -23,18 +23,19 @@ MODEL = ["model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout
          "data.min_batch_sentences=8"]
 
 
-def _ds(micro: int, layout: dict, bf16: bool = False) -> dict:
+def _ds(micro: int, layout: dict, bf16: bool = False, fp16: bool = False, gas: int = 2) -> dict:
     ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
-    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=2, gradient_clipping=0.05,
-              parallel_layout=layout, bf16={"enabled": bf16})
+    ds.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas, gradient_clipping=0.05,
+              parallel_layout=layout, bf16={"enabled": bf16}, fp16={"enabled": fp16})
     ds["optimizer"] = {"type": "SGD", "params": {"lr": 1.0}}
     ds.pop("scheduler")
     return ds
 
 
-def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0, extra=()):
+def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0, extra=(), fp16=False,
+         gas=2):
     out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL, f"model.dropout={dropout}", *extra],
-                      _ds(micro, layout, bf16), str(tmp_path / name), 2)
+                      _ds(micro, layout, bf16, fp16, gas), str(tmp_path / name), 2)
     params = {}
     for rank_out in out:
         params.update(rank_out["params"])
@@ -106,6 +107,70 @@ def test_bf16_hybrid_matches_bf16_single(workers, tiny_data, tmp_path):
     ref = _run(workers, tiny_data, tmp_path, "single_bf16", 1, 13, {"mode": "single"}, bf16=True)
     _compare(ref, _run(workers, tiny_data, tmp_path, "hybrid_bf16", 2, 13, layout, bf16=True), "hybrid_2 bf16",
              tol=2e-2)
+
+
+FP16_LAYOUTS = ("hybrid_2", "hybrid_4", "pipeline_2", "data_2", "grid_2x2")
+
+
+@pytest.fixture(scope="module")
+def single14_fp16(workers, tiny_data, tmp_path_factory):
+    return _run(workers, tiny_data, tmp_path_factory.mktemp("s14fp16"), "single", 1, 14, {"mode": "single"},
+                fp16=True)
+
+
+@pytest.mark.parametrize("name", FP16_LAYOUTS)
+def test_fp16_every_layout_matches_fp16_single(workers, tiny_data, tmp_path, single14_fp16, name):
+    """fp16 with DeepSpeed's dynamic loss scaling (2^16 to start): the scaled loss's gradients, handed on between
+    stages and summed over replicas, then unscaled at the step, give single's fp16 step in every layout, to about
+    an fp16 rounding of a weight (the weights are fp16 copies of fp32 masters)."""
+    world, _, layout = LAYOUTS[name]
+    _compare(single14_fp16, _run(workers, tiny_data, tmp_path, name, world, 14 // layout.get("num_dp", 1), layout,
+                                 fp16=True), f"{name} fp16", tol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["single", "hybrid_2"])
+def test_fp16_overflow_skips_the_step_holds_the_lr_and_halves_the_scale(workers, tiny_data, tmp_path, name):
+    """A loss scale of 2^24 overflows fp16 gradients: as DeepSpeed's fp16 optimizer does, the step is skipped (the
+    weights stay, the LR schedule does not advance) and the scale halves, until a step fits; then it trains."""
+    from tests.parallel_jobs import overflow_steps
+
+    world, _, layout = ({"single": (1, 14, {"mode": "single"})} | LAYOUTS)[name]
+    ds = _ds(14, layout, fp16=True)
+    ds["fp16"]["initial_scale_power"] = 24
+    ds["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.1, "warmup_max_lr": 1.0,
+                                                      "warmup_num_steps": 10, "warmup_type": "linear"}}
+    out = workers.run(world, overflow_steps, [f"data.dir={tiny_data}", *MODEL, "model.dropout=0"], ds,
+                      str(tmp_path / name), 6)
+    steps = out[0]["steps"]
+    print(name, [(s["skipped"], s["lr"], s["scale"]) for s in steps])
+    assert steps[0]["skipped"] and not steps[-1]["skipped"], steps  # it overflowed, then it fit
+    lr = 0.1  # WarmupLR from warmup_min_lr
+    for s in steps:
+        before, after = s["scale"]
+        if s["skipped"]:
+            assert not s["moved"] and s["lr"] == lr and after == before / 2, s
+        else:
+            assert s["moved"] and s["lr"] >= lr and after == before, s
+        lr = s["lr"]
+    assert lr > 0.1, steps  # the schedule advanced with the steps that were applied
+    assert steps[-1]["skipped_steps"] == sum(s["skipped"] for s in steps)
+    agreed = [[(s["skipped"], s["lr"], s["scale"]) for s in o["steps"]] for o in out]
+    assert all(a == agreed[0] for a in agreed), agreed  # every rank skips the same steps
+
+
+@pytest.fixture(scope="module")
+def single14_gas3(workers, tiny_data, tmp_path_factory):
+    return _run(workers, tiny_data, tmp_path_factory.mktemp("s14gas3"), "single", 1, 14, {"mode": "single"}, gas=3)
+
+
+@pytest.mark.parametrize("name", ["data_2", "grid_2x2", "hybrid_4", "pipeline_2", "hybrid_2_per_unit"])
+def test_three_accumulation_steps_match_single(workers, tiny_data, tmp_path, single14_gas3, name):
+    """gradient_accumulation_steps=3 (every other test here takes 2): two micro-batches between boundaries, whose
+    gradients accumulate before the replicas' sum, the head's reduction and the step; single's step in every
+    kind of layout."""
+    world, _, layout = LAYOUTS[name]
+    got = _run(workers, tiny_data, tmp_path, name, world, 14 // layout.get("num_dp", 1), layout, gas=3)
+    _compare(single14_gas3, got, f"{name} gas=3")
 
 
 def test_bidirectional_bottom_layer_in_the_quickstart_layout_matches_single(workers, tiny_data, tmp_path):

@@ -23,17 +23,20 @@ from trainer.checkpoint import files as checkpoint
 
 HYBRID = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}
 SINGLE = {"mode": "single", "num_pp": 1, "num_dp": 1}
+DATA = {"mode": "data", "num_pp": 1, "num_dp": 2}
 
 pytestmark = pytest.mark.slow  # real CLIs as processes; the fast tier is `pytest -m "not slow" tests`
 
 
 
-def ds_config(tmp_path: Path, layout: dict, bf16: bool = False, total_steps: int = 12) -> str:
-    """Adam with warm-up/decay over a fixed `total_steps` (so a run may stop early and continue)."""
+def ds_config(tmp_path: Path, layout: dict, bf16: bool = False, total_steps: int = 12, zero: int = 0) -> str:
+    """Adam with warm-up/decay over a fixed `total_steps` (so a run may stop early and continue); `zero`:
+    zero_optimization.stage. The global micro-batch is 16 sentences in every layout."""
     cfg = json.loads((REPO / "ds_configs" / "single.json").read_text())
-    cfg.update(train_micro_batch_size_per_gpu=16, bf16={"enabled": bf16}, parallel_layout=layout)
+    cfg.update(train_micro_batch_size_per_gpu=16 // layout.get("num_dp", 1), bf16={"enabled": bf16},
+               parallel_layout=layout, zero_optimization={"stage": zero})
     cfg["scheduler"]["params"].update(warmup_num_steps=3)  # its length: train.max_steps (or train.schedule_steps)
-    path = tmp_path / f"{layout['mode']}_{'bf16' if bf16 else 'fp32'}_{total_steps}.json"
+    path = tmp_path / f"{layout['mode']}_{'bf16' if bf16 else 'fp32'}_{total_steps}_zero{zero}.json"
     path.write_text(json.dumps(cfg))
     return str(path)
 
@@ -60,15 +63,17 @@ def losses(run_dir) -> dict[int, float]:
 
 
 # ---- exact resume ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,ranks,layout,bf16", [
-    ("single_fp32", 1, SINGLE, False),
-    ("hybrid_2_fp32", 2, HYBRID, False),
-    ("hybrid_2_bf16", 2, HYBRID, True),
+@pytest.mark.parametrize("name,ranks,layout,bf16,zero", [
+    ("single_fp32", 1, SINGLE, False, 0),
+    ("hybrid_2_fp32", 2, HYBRID, False, 0),
+    ("hybrid_2_bf16", 2, HYBRID, True, 0),
+    ("data_2_bf16_zero1", 2, DATA, True, 1),
 ])
-def test_resume_is_exact(tiny_data, tmp_path, name, ranks, layout, bf16):
+def test_resume_is_exact(tiny_data, tmp_path, name, ranks, layout, bf16, zero):
     """A run killed (SIGKILL) after step 5 and resumed from its step-4 checkpoint logs bitwise the same
-    losses for steps 5-8 as a run never stopped (dropout 0.3 on: the RNG states are restored)."""
-    ds = ds_config(tmp_path, layout, bf16)
+    losses for steps 5-8 as a run never stopped (dropout 0.3 on: the RNG states are restored; ZeRO-1: the
+    replicas' optimizer shards, gathered into whole parameters, cut into the shards again)."""
+    ds = ds_config(tmp_path, layout, bf16, zero=zero)
     train(tiny_data, tmp_path / "ref", ranks, ds, "train.max_steps=8")
     run = tmp_path / "run"
     proc = train(tiny_data, run, ranks, ds, "train.max_steps=8", faults=f"die@5:{ranks - 1}", check=False)
@@ -100,6 +105,25 @@ def test_layout_change_on_resume(tiny_data, tmp_path):
     assert sorted(got) == list(range(1, 13))
     worst = max(abs(ref[s] - got[s]) for s in ref)
     print(f"layout change: max |loss - single| over 12 steps = {worst:.3g}")
+    assert worst < 1e-5
+
+
+def test_layout_and_zero_change_on_resume(tiny_data, tmp_path):
+    """data_2 with ZeRO-1 (steps 1-4) -> hybrid_2 without it (5-8) -> data_2 with it (9-12), through the CLI:
+    the checkpoints hold whole parameters whatever the sharding, so the run continues the uninterrupted single
+    run (dropout 0; fp32 summation-order tolerance, as test_layout_change_on_resume)."""
+    extra = ("model.dropout=0", "train.max_steps=12")
+    single, hybrid, zero = ds_config(tmp_path, SINGLE), ds_config(tmp_path, HYBRID), ds_config(tmp_path, DATA, zero=1)
+    train(tiny_data, tmp_path / "ref", 1, single, *extra)
+    run = tmp_path / "run"
+    train(tiny_data, run, 2, zero, *extra, faults="die@5:1", check=False)
+    proc = train(tiny_data, run, 2, hybrid, *extra, "train.resume=auto", faults="die@9:0", check=False)
+    assert "layout changed (data 1x2" in proc.stdout + proc.stderr
+    train(tiny_data, run, 2, zero, *extra, "train.resume=auto")
+    ref, got = losses(tmp_path / "ref"), losses(run)
+    assert sorted(got) == list(range(1, 13))
+    worst = max(abs(ref[s] - got[s]) for s in ref)
+    print(f"ZeRO-1 data_2 -> hybrid_2 -> ZeRO-1 data_2: max |loss - single| over 12 steps = {worst:.3g}")
     assert worst < 1e-5
 
 

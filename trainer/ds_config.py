@@ -58,9 +58,11 @@ def validate(ds, path: str) -> None:
         sec = _section(path, ds, key)
         if "enabled" in sec:
             _check(path, f"{key}.enabled", sec["enabled"], isinstance(sec["enabled"], bool), "true or false")
+    _check_fp16(ds, path)
     zero = _section(path, ds, "zero_optimization")
     if "stage" in zero:
-        _check(path, "zero_optimization.stage", zero["stage"], _is_int(zero["stage"]), "an integer")
+        _check(path, "zero_optimization.stage", zero["stage"], _is_int(zero["stage"]) and 0 <= zero["stage"] <= 3,
+               "an integer in 0..3")
     for name in ("optimizer", "scheduler"):
         sec = _section(path, ds, name)
         if not sec:
@@ -88,13 +90,84 @@ def validate(ds, path: str) -> None:
                 _check(path, key, v, _is_int(v) and v >= 0, "an integer >= 0")
             else:
                 _check(path, key, v, _is_number(v) and v >= 0, "a finite number >= 0")
-    if ds.get("zero_optimization", {}).get("stage", 0) > 0:
-        raise DSConfigError(f"{path}: zero_optimization.stage > 0 is not supported: checkpoints keep optimizer "
-                            f"state per parameter, which ZeRO's flat partitions do not expose (and the schedule "
-                            f"owns the gradient reductions)")
-    if ds.get("fp16", {}).get("enabled"):
-        raise DSConfigError(f"{path}: fp16 is not supported (use bf16): checkpoints keep optimizer state per "
-                            f"parameter, which DeepSpeed's fp16 optimizer does not expose")
+    _check_zero(ds, path)
+    _check_grad_accum_dtype(ds, path)
+
+
+FP16_KEYS = {"loss_scale": ("a finite number >= 0 (0: dynamic loss scaling)", lambda v: _is_number(v) and v >= 0),
+             "initial_scale_power": ("an integer in 0..64", lambda v: _is_int(v) and 0 <= v <= 64),
+             "loss_scale_window": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+             "hysteresis": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+             "min_loss_scale": ("a finite number > 0", lambda v: _is_number(v) and v > 0),
+             "consecutive_hysteresis": ("true or false", lambda v: isinstance(v, bool))}
+
+
+def _check_fp16(ds: dict, path: str) -> None:
+    """fp16 (DeepSpeed's dynamic loss scaling by default) for GPUs without bf16; one precision at a time."""
+    fp16, bf16 = ds.get("fp16", {}), ds.get("bf16", {})
+    if not fp16.get("enabled"):
+        return
+    if bf16.get("enabled"):
+        raise DSConfigError(f"{path}: fp16.enabled and bf16.enabled are both true: choose one (bf16 where the GPU "
+                            f"has it, fp16 on V100/T4-class GPUs)")
+    for key, (what, ok) in FP16_KEYS.items():
+        if key in fp16:
+            _check(path, f"fp16.{key}", fp16[key], ok(fp16[key]), what)
+    if fp16.get("auto_cast"):
+        raise DSConfigError(f"{path}: fp16.auto_cast=true: the trainer calls its layers itself, so DeepSpeed would "
+                            f"cast nothing; the weights are already fp16 with fp16.enabled: drop auto_cast")
+
+
+ZERO_REFUSED = {
+    2: "ZeRO-2 partitions the gradients by reducing each one inside the backward pass (DeepSpeed's hooks), once per "
+       "micro-batch; here the schedule runs several backward passes per micro-batch (pipeline units, time chunks, "
+       "the head) and sums the replicas' gradients after them, so there is nothing to partition early (and "
+       "DeepSpeed itself refuses ZeRO-2 with pipeline parallelism)",
+    3: "ZeRO-3 partitions the weights and gathers them inside each layer's forward and backward, which the "
+       "schedule's stages (each holding its layers whole) do not do",
+}
+
+
+def _check_zero(ds: dict, path: str) -> None:
+    """ZeRO stage 1 (the optimizer state and fp32 masters sharded over the data-parallel replicas) in every
+    layout; stages 2 and 3 and offloading refused, each saying what to use instead."""
+    zero = ds.get("zero_optimization", {})
+    stage = zero.get("stage", 0)
+    if stage in ZERO_REFUSED:
+        raise DSConfigError(f"{path}: zero_optimization.stage={stage} is not supported: {ZERO_REFUSED[stage]}; use "
+                            f"stage 1 (the optimizer state and fp32 masters sharded over the replicas)")
+    if stage != 1:
+        return
+    for key in ("offload_optimizer", "offload_param", "cpu_offload"):
+        value = zero.get(key)
+        if value not in (None, False) and not (isinstance(value, dict) and value.get("device", "none") == "none"):
+            raise DSConfigError(f"{path}: zero_optimization.{key}={json.dumps(value)}: offloading is not supported "
+                                f"(the trainer steps the partition where it lives); drop it")
+    opt_type = (ds.get("optimizer") or {}).get("type")
+    if opt_type and not ds.get("zero_allow_untested_optimizer"):
+        from trainer.parallel import deepspeed_adapter as dsa
+
+        tested = dsa.zero_optimizer_names()
+        if opt_type.lower() not in tested:
+            raise DSConfigError(f"{path}: zero_optimization.stage=1 with optimizer.type={json.dumps(opt_type)}: "
+                                f"DeepSpeed tests ZeRO with {', '.join(sorted(tested))} only; use one of them, or set "
+                                f"\"zero_allow_untested_optimizer\": true")
+
+
+DTYPE_NAMES = {name: canon for canon, names in {"fp16": ("torch.float16", "fp16", "float16", "half"),
+                                                 "fp32": ("torch.float32", "fp32", "float32", "float"),
+                                                 "bf16": ("torch.bfloat16", "bf16", "bfloat16")}.items()
+               for name in names}  # DeepSpeed's DtypeEnum spellings
+
+
+def _check_grad_accum_dtype(ds: dict, path: str) -> None:
+    """Gradients accumulate in the weights' precision (fp32 masters beside bf16/fp16 weights); DeepSpeed would
+    switch to another optimizer (BF16_Optimizer) or refuse (without ZeRO) for any other."""
+    value = (ds.get("data_types") or {}).get("grad_accum_dtype")
+    precision = "bf16" if ds.get("bf16", {}).get("enabled") else "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
+    if value is not None and DTYPE_NAMES.get(value) != precision:
+        raise DSConfigError(f"{path}: data_types.grad_accum_dtype={json.dumps(value)}: gradients accumulate in the "
+                            f"weights' precision ({precision}; the fp32 masters are kept beside them); drop it")
 
 
 def global_micro_batch(ds: dict, num_dp: int) -> int:
@@ -104,12 +177,15 @@ def global_micro_batch(ds: dict, num_dp: int) -> int:
 
 
 def check_batch(ds: dict, path: str, num_dp: int) -> None:
-    """DeepSpeed refuses (with a traceback) a train_batch_size that is not micro x accumulation x replicas."""
+    """DeepSpeed refuses (with a traceback) a train_batch_size that is not micro x accumulation x replicas; here it
+    is one line with the three numbers. (It is derived: a JSON need not state it.)"""
     if "train_batch_size" in ds:
-        want = global_micro_batch(ds, num_dp) * ds.get("gradient_accumulation_steps", 1)
+        micro, gas = ds["train_micro_batch_size_per_gpu"], ds.get("gradient_accumulation_steps", 1)
+        want = global_micro_batch(ds, num_dp) * gas
         if ds["train_batch_size"] != want:
-            raise DSConfigError(f"{path}: train_batch_size={ds['train_batch_size']} != train_micro_batch_size_per_gpu "
-                                f"x gradient_accumulation_steps x replicas (num_dp) = {want}; drop it or fix it")
+            raise DSConfigError(f"{path}: train_batch_size={ds['train_batch_size']} != train_micro_batch_size_per_gpu="
+                                f"{micro} x gradient_accumulation_steps={gas} x replicas (parallel_layout.num_dp)="
+                                f"{num_dp} = {want}: drop train_batch_size (it is derived) or make it {want}")
 
 
 def read_json_file(path: str, *, flag: str, kind: str, max_bytes: int, error: type[Exception]):

@@ -16,9 +16,10 @@ from trainer.checkpoint import files, structure
 from trainer.checkpoint.collective import CollectiveWriter, agree
 from trainer.checkpoint.files import CheckpointError
 from trainer.checkpoint.optimizer import LayerKeyedOptimizerState
+from trainer.checkpoint.sharded_optimizer import ShardedOptimizerState
 from trainer.checkpoint.resume import RunIdentity, check_compatible, choose
 from trainer.checkpoint.state import TrainState, reseed, restore_rng
-from trainer.parallel.layout import LayoutSpec
+from trainer.parallel.layout import LayoutSpec, rank_of
 
 # the dev evaluation of a save: decodes from the weights just written (a directory); returns its metrics row and
 # whether this checkpoint is the best so far
@@ -48,7 +49,7 @@ class Checkpointer:
                  keep_last: int, faults=None, optimizer_state=None):
         self.run_dir, self.rt, self.module, self.engine, self.stream = run_dir, runtime, module, engine, stream
         self.identity, self.config, self.keep_last = identity, config, keep_last
-        self.optimizer_state = optimizer_state or LayerKeyedOptimizerState(engine, module, runtime.layout.replica)
+        self.optimizer_state = optimizer_state or _optimizer_state(engine, module, runtime)
         self.writer = CollectiveWriter(run_dir, runtime, module, self.optimizer_state, faults)
 
     # ---- names the loop's messages use ----
@@ -151,6 +152,15 @@ class Checkpointer:
         self.engine.load_lr_scheduler_state(ts.lr_scheduler)
         self.engine.load_counters(ts.engine, ts.step)
         self.stream.load_state_dict(ts.stream)  # forced with other batching: same epoch and batch count
+
+
+def _optimizer_state(engine, module, runtime) -> LayerKeyedOptimizerState:
+    """Where the optimizer keeps its state: whole per replica, or sharded over the replicas (ZeRO stage 1)."""
+    layout = runtime.layout
+    if engine.zero_stage:
+        return ShardedOptimizerState(engine, module, layout.replica, runtime,
+                                     replica0=rank_of(layout.spec, layout.stage, 0))
+    return LayerKeyedOptimizerState(engine, module, layout.replica)
 
 
 def _load(path: str):

@@ -2,11 +2,12 @@
 any layout. The fp32 master weights travel with it (in bf16 the model weights are only their rounded copies), and
 so does the loss scaler of DeepSpeed's mixed-precision optimizer.
 
-`LayerKeyedOptimizerState` is the one piece of a checkpoint that knows where the optimizer keeps its state. Today
-every data-parallel replica holds all of it for its layers, so replica 0 writes it and every replica reads it
-whole. An optimizer whose state is sharded over the replicas (ZeRO stage 1/2, issue 31) replaces this class with
-one of the same four methods: `gather` collects the shards into the writer, `scatter` hands each replica its
-slice; the files, the structure checks and the Checkpointer stay as they are.
+`LayerKeyedOptimizerState` is the one piece of a checkpoint that knows where the optimizer keeps its state. Without
+ZeRO every data-parallel replica holds all of it for its layers, so replica 0 writes it and every replica reads it
+whole. With ZeRO stage 1 the state is sharded over the replicas: `ShardedOptimizerState`
+(trainer.checkpoint.sharded_optimizer) has the same four methods, `gather` collecting the shards into the writer and
+`scatter` handing each replica its slice; the files, the structure checks and the Checkpointer stay as they are.
+The Checkpointer picks one (`checkpointer._optimizer_state`).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def owned_parameters(module) -> Iterator[tuple[str, str, nn.Parameter]]:
                 yield HEAD, name, p
 
 
-def _state_keys(base) -> list[str]:
+def state_keys(base) -> list[str]:
     for st in base.state.values():
         return [k for k in st if k != "step"]
     return []
@@ -49,7 +50,7 @@ def _step_of(base) -> float:
     return 0.0
 
 
-def _init_state(base, step: float, keys: list[str]) -> None:
+def init_state(base, step: float, keys: list[str]) -> None:
     """Create zero optimizer state (as torch would at its first step) where there is none."""
     for group in base.param_groups:
         on_device = group.get("fused") or group.get("capturable")
@@ -85,17 +86,21 @@ class LayerKeyedOptimizerState:
         engine = self.engine
         engine.check_per_parameter_state()
         base, masters = engine.base_optimizer(), engine.masters()
-        keys = _state_keys(base)
+        keys = state_keys(base)
         out: dict[str, dict] = {}
         for part, name, p in owned_parameters(self.module):
             master = masters.get(id(p), p)
             st = base.state.get(master, {})
             entry = {MASTER: master.detach(), **{k: st[k] for k in keys if k in st}}
             out.setdefault(part, {})[name] = {k: v.detach().float().cpu().clone() for k, v in entry.items()}
+        return out, self.summary(base, keys)
+
+    def summary(self, base, keys: list[str]) -> dict:
+        """The optimizer's step, state keys, hyperparameters (its first group's) and loss scaler."""
         group = {k: (list(v) if isinstance(v, tuple) else v) for k, v in base.param_groups[0].items()
                  if k != "params" and isinstance(v, (int, float, bool, tuple, list, str, type(None)))}
-        return out, {"step": _step_of(base), "state_keys": keys, "param_group": group,
-                     "loss_scaler": engine.loss_scaler_state()}
+        return {"step": _step_of(base), "state_keys": keys, "param_group": group,
+                "loss_scaler": self.engine.loss_scaler_state()}
 
     def scatter(self, parts: dict, summary: dict) -> None:
         """Load masters and optimizer state written by `gather` (in any layout) into this rank's parameters.
@@ -106,7 +111,7 @@ class LayerKeyedOptimizerState:
         base, masters = engine.base_optimizer(), engine.masters()
         keys = list(summary.get("state_keys", []))
         if keys:
-            _init_state(base, summary["step"], keys)
+            init_state(base, summary["step"], keys)
         for part, name, p in owned_parameters(self.module):
             entry = parts[part][name]
             master = masters.get(id(p), p)
@@ -116,8 +121,12 @@ class LayerKeyedOptimizerState:
                     p.copy_(master)  # the bf16 weight is the rounded master, as after an optimizer step
             for k in keys:
                 base.state[master][k].copy_(entry[k])
+        self.load_hyperparameters(base, summary)
+
+    def load_hyperparameters(self, base, summary: dict) -> None:
+        """The written hyperparameters (lr, betas, ...) into every group, and the loss scaler."""
         for group in base.param_groups:
             for k, v in summary.get("param_group", {}).items():
                 if k in group and k not in ("params", "fused", "foreach", "capturable", "differentiable"):
                     group[k] = tuple(v) if isinstance(group[k], tuple) else v
-        engine.load_loss_scaler_state(summary.get("loss_scaler", {}))
+        self.engine.load_loss_scaler_state(summary.get("loss_scaler", {}))

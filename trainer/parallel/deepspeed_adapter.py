@@ -5,19 +5,23 @@ silently somewhere in the training loop.
 
 Touch points, each wrapped by one function or `Engine` method below:
     distributed  deepspeed.init_distributed on a process group we started, without the CPU comm op
-                 `deepspeed_shm_comm` (`comm.torch.build_shm_op`, see `init_comm`)
+                 `deepspeed_shm_comm` (`comm.torch.build_shm_op`, see `init_comm`); the CPU accelerator's
+                 `is_fp16_supported` answered yes (fp16 rehearsed on a CPU, see `_let_the_cpu_run_fp16`)
     grid         PipeDataParallelTopology / PipelineParallelGrid and its group members (`pp_group`,
                  `dp_group`)
     stages       PipelineModule + LayerSpec: `_local_start`, `forward_funcs`, `parts`, `stage_id`
     engine       deepspeed.initialize with the grid as mpu, `enable_backward_allreduce`, the fp32
                  clipping hook `clip_fp32_gradients` (a no-op) and `optimizer.step` (`lean_step`), the counters
-                 `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`
+                 `global_steps`, `global_samples`, `skipped_steps`, `micro_steps`; its `backward` is not used
+                 (plain autograd: the interpreter scales the loss once, `Engine.loss_scale`)
     names        the optimizer and scheduler types DeepSpeed accepts (`optimizer_names`, `scheduler_names`),
-                 checked when the JSON is read
-    optimizer    the bf16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
+                 and those its ZeRO tests (`zero_optimizer_names`), checked when the JSON is read
+    optimizer    the bf16 / fp16 wrapper's `fp16_groups` / `fp32_groups` (masters), `optimizer.optimizer`,
                  `_hp_mapping` (flat-partitioned optimizers we refuse), `loss_scale_config`, `_skip_invalid_grad_norm`,
                  `_update_scale`; its `step` replaced by `lean_step` (same arithmetic, a third of the
                  passes, one device sync)
+    zero         ZeRO stage 1's optimizer (DeepSpeedZeroOptimizer): its partitions, gradient hooks, loss
+                 scaler and `step`, in trainer/parallel/deepspeed_zero.py (`Engine._install_zero_step`)
 """
 from __future__ import annotations
 
@@ -27,10 +31,13 @@ import io
 import logging
 import math
 import types
+import warnings
 from datetime import timedelta
 
 import torch
 import torch.nn as nn
+
+from trainer.parallel import deepspeed_zero as zero
 
 WRITTEN_FOR = "0.19"  # major.minor of the DeepSpeed these touch points were written and tested against
 
@@ -51,6 +58,8 @@ class _DropNoise(logging.Filter):
 
 
 logging.getLogger("DeepSpeed").addFilter(_DropNoise())  # before deepspeed is imported: it reuses this logger
+# ZeRO's all-gather of the updated partitions calls a torch function that torch 2.13 deprecates, once per rank
+warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor` is deprecated", category=FutureWarning)
 
 
 def set_verbose(verbose: bool) -> None:
@@ -222,7 +231,7 @@ def local_layers(stages) -> list[nn.Module]:
 
 
 # ---- engine ----
-def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=None,
+def lean_step(opt, closure=None, *, mixed: bool, clip: float, sum_over_stages=None,
               engine: "Engine | None" = None) -> bool:
     """The optimizer step DeepSpeed's engine calls at an accumulation boundary (bound to the optimizer
     instance, replacing its `step`), with the same arithmetic as DeepSpeed's and one device sync.
@@ -234,31 +243,30 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=Non
     one all-reduce over the pipeline's stages: DeepSpeed's get_weight_norm / clip_grad_norm_ with the
     grid as mpu), and read back once, in the same copy as `engine.step`'s `along` values (the step's
     loss sums): that read decides the skip (a non-finite norm skips the update, as an overflow does)
-    and the clip factor, and gives the logged norm. bf16: the gradients go into fp32 buffers kept from
-    step to step (the masters' `.grad`), and the masters are copied back into the bf16 weights.
+    and the clip factor, and gives the logged norm. `mixed` (bf16 or fp16, DeepSpeed's FP16_UnfusedOptimizer): the
+    gradients go into fp32 buffers kept from step to step (the masters' `.grad`), and the masters are copied back
+    into the low-precision weights. fp16: the gradients carry the dynamic loss scale (the interpreter multiplied
+    the loss by `Engine.loss_scale`); an overflow is a non-finite norm, which skips the update and halves the scale,
+    as DeepSpeed's fp16 step does; the logged norm is the unscaled one.
     Returns `overflow`, as DeepSpeed's."""
-    grads, scale = _master_grads(opt) if bf16 else (
+    grads, scale = _master_grads(opt) if mixed else (
         [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None], 1.0)
     norm, read = _read_global_norm(grads, sum_over_stages, engine.along if engine is not None else None)
     if engine is not None:
-        engine.read, engine.last_grad_norm = read, norm
+        engine.read, engine.last_grad_norm = read, norm / scale
     if not math.isfinite(norm):
-        if bf16:
+        if mixed:
             return opt._skip_invalid_grad_norm()
         opt.overflow = True
         return True
     opt.overflow = False
-    combined = scale
-    if bf16:
+    if mixed:
         opt._global_grad_norm = norm
         opt._update_scale(False)
-    if clip > 0.0:
-        factor = ((norm / scale) + 1e-6) / clip
-        if factor > 1:
-            combined = factor * scale
+    combined = zero.unscale_factor(norm, scale, clip)
     if combined != 1.0:
         torch._foreach_mul_(grads, 1.0 / combined)
-    if not bf16:
+    if not mixed:
         type(opt).step(opt)  # the torch optimizer's own step (the instance's is this function)
         return False
     opt.optimizer.step()
@@ -268,7 +276,7 @@ def lean_step(opt, closure=None, *, bf16: bool, clip: float, sum_over_stages=Non
 
 
 def _master_grads(opt) -> tuple[list, float]:
-    """bf16: the gradients copied into the fp32 masters' `.grad` buffers (kept from step to step), and the
+    """bf16 / fp16: the gradients copied into the fp32 masters' `.grad` buffers (kept from step to step), and the
     loss scale."""
     lows = [p for g in opt.fp16_groups for p in g]
     highs = [p for g in opt.fp32_groups for p in g]
@@ -323,18 +331,51 @@ def scheduler_names() -> frozenset:
     return frozenset(VALID_LR_SCHEDULES) | torch_names
 
 
-def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None) -> "Engine":
+def zero_optimizer_names() -> frozenset:
+    """The `optimizer.type`s DeepSpeed's ZeRO runs without "zero_allow_untested_optimizer" (its
+    ZERO_SUPPORTED_OPTIMIZERS, by the name the JSON gives them, lower case): anything else it refuses with an
+    AssertionError after the model is built."""
+    from deepspeed.runtime.zero.utils import ZERO_SUPPORTED_OPTIMIZERS
+
+    names = set()
+    for cls in ZERO_SUPPORTED_OPTIMIZERS:
+        name = cls.__name__
+        for prefix in ("Fused", "DeepSpeedCPU", "ZenFlowCPU"):
+            name = name[len(prefix):] if name.startswith(prefix) else name
+        names.add(name.lower())
+    return frozenset(names)
+
+
+def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None,
+               sum_over_ranks=None) -> "Engine":
     """deepspeed.initialize with the runtime's grid as mpu. The schedule owns every gradient
     reduction, so DeepSpeed's own backward all-reduce is switched off. `sum_over_stages(tensor)`: an
     in-place all-reduce over the pipeline's stages (the runtime's), for the global gradient norm; None
-    with one stage."""
+    with one stage. `sum_over_ranks`: the same over every rank (ZeRO: each replica holds a partition), None
+    with one rank."""
     import deepspeed
 
+    if ds_config.get("fp16", {}).get("enabled"):
+        _let_the_cpu_run_fp16()
     with _quiet_prints():
         ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config,
                                                   mpu=grid)
     ds_engine.enable_backward_allreduce = False
-    return Engine(ds_engine, sum_over_stages)
+    return Engine(ds_engine, sum_over_stages, sum_over_ranks)
+
+
+def _let_the_cpu_run_fp16() -> None:
+    """DeepSpeed's CPU accelerator refuses fp16 unless oneDNN has fast fp16 kernels (AVX512-FP16 / AMX-FP16 CPUs),
+    though torch computes every op of this model in fp16 on any CPU (slowly: it is for rehearsing a V100/T4 run's
+    fp16 path, loss scaling and overflow skips, not for speed). On the CPU accelerator its answer becomes yes;
+    a GPU's answer is left alone."""
+    accel = accelerator()
+    if accel.device_name() == "cpu" and not accel.is_fp16_supported():
+        type(accel).is_fp16_supported = _yes
+
+
+def _yes(*_args) -> bool:
+    return True
 
 
 class Engine:
@@ -342,10 +383,11 @@ class Engine:
     learning rate and counters, and the optimizer state by parameter (for layout-independent
     checkpoints)."""
 
-    def __init__(self, ds_engine, sum_over_stages=None):
+    def __init__(self, ds_engine, sum_over_stages=None, sum_over_ranks=None):
         self.ds = ds_engine
-        self.sum_over_stages = sum_over_stages
+        self.sum_over_stages, self.sum_over_ranks = sum_over_stages, sum_over_ranks
         self.module = ds_engine.module
+        self.zero_groups: list[zero.ZeroGroup] = []  # ZeRO stage 1: this rank's partition of each parameter group
         self.last_grad_norm = None
         self.along = None  # a device tensor read back with the gradient norm at the next optimizer step
         self.read = None  # its values, once read
@@ -358,18 +400,48 @@ class Engine:
         from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
         ds = self.ds
-        bf16 = ds.bfloat16_enabled()
+        mixed = ds.bfloat16_enabled() or ds.fp16_enabled()
         opt = ds.optimizer
-        if bf16 and not isinstance(opt, FP16_UnfusedOptimizer):
+        if self.zero_stage:
+            if zero.is_zero_optimizer(opt):
+                self._install_zero_step()
+            return
+        if mixed and not isinstance(opt, FP16_UnfusedOptimizer):
             return  # a flat-partitioned optimizer: refused by check_per_parameter_state
         ds.clip_fp32_gradients = lambda: None
-        opt.step = types.MethodType(functools.partial(lean_step, bf16=bf16, clip=ds.gradient_clipping(),
+        opt.step = types.MethodType(functools.partial(lean_step, mixed=mixed, clip=ds.gradient_clipping(),
                                                       sum_over_stages=self.sum_over_stages, engine=self), opt)
 
+    def _install_zero_step(self) -> None:
+        """ZeRO stage 1: its gradient hooks removed (the schedule reduces), its `step` the one-sync
+        `lean_zero_step` over this rank's partitions (trainer.parallel.deepspeed_zero)."""
+        opt = self.ds.optimizer
+        zero.remove_gradient_hooks(opt)
+        self.zero_groups = zero.zero_groups(opt)
+        opt.step = types.MethodType(functools.partial(
+            zero.lean_zero_step, groups=self.zero_groups, clip=self.ds.gradient_clipping(),
+            sum_over_ranks=self.sum_over_ranks, read_norm=_read_global_norm, engine=self), opt)
+
+    @property
+    def zero_stage(self) -> int:
+        """zero_optimization.stage (0, or 1: the optimizer state and fp32 masters sharded over the replicas)."""
+        return int(self.ds.zero_optimization_stage())
+
     # the step
+    @property
+    def loss_scale(self) -> float:
+        """What the loss is multiplied by before its backward: fp16's dynamic loss scale (DeepSpeed's optimizer
+        keeps it, halves it on an overflow and doubles it after a quiet window); 1 in bf16 and fp32."""
+        cfg = self._scaler()
+        return float(cfg.cur_scale) if cfg is not None else 1.0
+
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a scalar whose scale we chose (no division by the accumulation steps)."""
-        self.ds.backward(loss, scale_wrt_gas=False)
+        """Backward of a scalar whose scale the interpreter chose (the loss scale and the window's tokens, applied
+        to the head's loss once; the pipeline's hand-on gradients carry it). Plain autograd: DeepSpeed's
+        engine.backward would add its own scaling to every call (ZeRO's optimizers scale each one, which would
+        scale the hand-on gradients twice; FP16_UnfusedOptimizer scales none in 0.19), and its gradient
+        all-reduce is off: the schedule reduces."""
+        loss.backward()
 
     def step(self, *, boundary: bool, along: torch.Tensor | None = None) -> list[float] | None:
         """Call after every micro-batch; `boundary`: the accumulation window's last (the runner's window decides:
@@ -395,6 +467,14 @@ class Engine:
     @property
     def bf16(self) -> bool:
         return self.ds.bfloat16_enabled()
+
+    @property
+    def fp16(self) -> bool:
+        return self.ds.fp16_enabled()
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
 
     @property
     def skipped_steps(self) -> int:
@@ -429,8 +509,9 @@ class Engine:
     # the optimizer by parameter
     def check_per_parameter_state(self) -> None:
         if any(getattr(p, "_hp_mapping", None) is not None for p in self.ds.module.parameters()):
-            raise NotImplementedError("checkpointing DeepSpeed's flat-partitioned optimizers (ZeRO, BF16_Optimizer) "
-                                      "per layer is not implemented; use zero_optimization.stage 0")
+            raise NotImplementedError("checkpointing DeepSpeed's BF16_Optimizer (flat partitions) per layer is not "
+                                      "implemented; use zero_optimization.stage 0 or 1 without "
+                                      "data_types.grad_accum_dtype")
 
     def masters(self) -> dict:
         """id(model parameter) -> its fp32 master, for DeepSpeed's per-parameter mixed-precision
@@ -443,20 +524,38 @@ class Engine:
                 for lp, hp in zip(lp_group, hp_group)}
 
     def base_optimizer(self):
-        """The torch optimizer whose `state` is keyed by the master parameters."""
+        """The torch optimizer whose `state` is keyed by the master parameters (ZeRO: by the master partitions)."""
         opt = self.ds.optimizer
-        return opt.optimizer if hasattr(opt, "fp32_groups") else opt
+        return opt.optimizer if hasattr(opt, "fp32_groups") or zero.is_zero_optimizer(opt) else opt
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer memory on this rank: the fp32 masters kept beside low-precision weights (ZeRO: this
+        rank's partition, kept in every precision) and the torch optimizer's state (Adam's two moments: of the
+        partition with ZeRO). Gradients and the weights themselves are not counted."""
+        opt, base = self.ds.optimizer, self.base_optimizer()
+        tensors = [t for st in base.state.values() for t in st.values() if torch.is_tensor(t)]
+        if self.zero_groups:
+            tensors += [g.master for g in self.zero_groups]
+        elif hasattr(opt, "fp32_groups"):
+            tensors += [p for group in opt.fp32_groups for p in group]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     SCALER_KEYS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 
+    def _scaler(self):
+        """The loss scaler's state object: FP16_UnfusedOptimizer's `loss_scale_config`, ZeRO's `loss_scaler`."""
+        opt = self.ds.optimizer
+        return getattr(opt, "loss_scale_config", None) or getattr(opt, "loss_scaler", None)
+
     def loss_scaler_state(self) -> dict:
-        cfg = getattr(self.ds.optimizer, "loss_scale_config", None)
+        cfg = self._scaler()
         if cfg is None:
             return {}
-        return {k: getattr(cfg, k) for k in self.SCALER_KEYS if isinstance(getattr(cfg, k, None), (int, float))}
+        return {k: getattr(cfg, k) for k in self.SCALER_KEYS
+                if isinstance(getattr(cfg, k, None), (int, float)) and not isinstance(getattr(cfg, k), bool)}
 
     def load_loss_scaler_state(self, state: dict) -> None:
-        cfg = getattr(self.ds.optimizer, "loss_scale_config", None)
+        cfg = self._scaler()
         for k, v in state.items():
             if cfg is not None and hasattr(cfg, k):
                 setattr(cfg, k, v)

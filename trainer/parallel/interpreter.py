@@ -6,7 +6,8 @@ micro-step builds up (autograd records, received activations, the head's inputs 
 lives in one `MicroStep`, made fresh for every micro-step.
 
 Reductions: each head replica sums token cross-entropies of its shard and divides by the token count
-of the whole accumulation window (all replicas, all micro-batches), and every reduction over ranks sums
+of the whole accumulation window (all replicas, all micro-batches; times fp16's loss scale), and every reduction
+over ranks sums
 (the head's over the pipeline, `reduce_grads` over a stage's replicas: trainer.parallel.replica_grads). So
 every gradient is d(global summed CE / global tokens).
 """
@@ -279,8 +280,10 @@ class StepRunner:
     def _micro_step(self, batch: Batch, window: AccumulationWindow | None, boundary: bool) -> MicroStep:
         spec = self.layout.spec
         cut = cut_replica(spec, batch, self.layout.replica).to(self.device)
-        # the replicas' gradients are summed (reduce_grads, trainer.parallel.replica_grads): the sum over the window
-        loss_scale = 1.0 / window.tokens if window is not None and window.tokens else 0.0
+        # the one place the loss is scaled: the replicas' gradients are summed (reduce_grads,
+        # trainer.parallel.replica_grads), so the sum over the window, divided by its tokens; and fp16's dynamic
+        # loss scale (1 in bf16 and fp32), which the optimizer step divides out
+        loss_scale = self.engine.loss_scale / window.tokens if window is not None and window.tokens else 0.0
         return MicroStep(cut, loss_scale, window, boundary)
 
     def _act_shape(self, kind: str, unit: int, chunk: int):

@@ -6,7 +6,7 @@ over the spec's topology (checked against `layout.group_members`, the same map t
 uses) -> the eval group. Verbs:
 
     p2p              `stage_comm(dtype)`: activations, shards and their gradients between stages
-    collectives      `all_reduce`, `reduce_async`, `broadcast_async` over a named group
+    collectives      `all_reduce`, `reduce_async`, `broadcast_async`, `gather` over a named group
     objects          `broadcast_object`, `all_gather_object` (small Python values: errors, answers)
     lifetime         `barrier`, `close`
 
@@ -197,6 +197,13 @@ class ParallelRuntime:
             return None
         return lambda tensor: self.all_reduce(tensor, group="pipe")
 
+    def rank_sum(self):
+        """An in-place SUM over every rank (ZeRO's gradient norm: a partition per replica and stage), or None with
+        one rank."""
+        if self.world_size == 1:
+            return None
+        return lambda tensor: self.all_reduce(tensor, group="world")
+
     def reduce_async(self, tensors: list[torch.Tensor], dst: int, group: str) -> AsyncCollective:
         """Start the SUM of `tensors` over `group` into global rank `dst`; after `wait()` it is in `dst`'s
         tensors (the others' are scratch)."""
@@ -221,6 +228,16 @@ class ParallelRuntime:
         box = [obj]
         dist.broadcast_object_list(box, src=src, group=self.groups[group])
         return box[0]
+
+    def gather(self, tensor: torch.Tensor, dst: int, group: str) -> list[torch.Tensor] | None:
+        """Every rank of `group`'s `tensor` (same shape and dtype), in the group's rank order, on global rank
+        `dst`; None on the others."""
+        if self.world_size == 1:
+            return [tensor]
+        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.groups[group]))] \
+            if self.rank == dst else None
+        dist.gather(tensor, gather_list=out, dst=dst, group=self.groups[group])
+        return out
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's `tensor` stacked in rank order: (world, *shape), on every rank."""

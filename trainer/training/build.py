@@ -94,7 +94,8 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
     """This rank's layers and head, its DeepSpeed engine and the schedule's interpreter, on a started runtime."""
     module = build_rank_module(cfg.model, runtime.spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
                                cfg.train.seed)
-    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum())
+    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum(),
+                            runtime.rank_sum())
     return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
 
 
@@ -108,6 +109,15 @@ def schedule_notes(ds: dict) -> list[str]:
                 f"fewer than its warm-up (scheduler.params.warmup_num_steps={warmup}): the learning rate stays "
                 f"below warmup_max_lr for the whole run"]
     return []
+
+
+def zero_notes(engine, spec: LayoutSpec) -> list[str]:
+    """ZeRO stage 1 over one replica shards nothing (and in fp32 keeps a master copy the run would not need)."""
+    if not engine.zero_stage or spec.num_dp > 1:
+        return []
+    cost = "; in fp32 it adds an fp32 master copy (1.5x the optimizer memory)" if engine.precision == "fp32" else ""
+    return [f"zero_optimization.stage={engine.zero_stage} with one replica (parallel_layout.num_dp=1) shards "
+            f"nothing{cost}: drop it, or use replicas"]
 
 
 class Build:
@@ -150,8 +160,8 @@ class Build:
         log.message(f"layout: mode={rt.spec.mode} num_pp={rt.spec.num_pp} num_dp={rt.spec.num_dp} "
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
-                    f"gas={engine.accumulation_steps}")
-        for line in part_notes + notes + schedule_notes(ds):
+                    f"gas={engine.accumulation_steps} {engine.precision} zero_stage={engine.zero_stage}")
+        for line in part_notes + notes + schedule_notes(ds) + zero_notes(engine, rt.spec):
             log.message(line)
         return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
                        runner=self.runner, checkpointer=checkpointer, validator=validator, log=log,

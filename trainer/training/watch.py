@@ -86,9 +86,11 @@ class StepWatch:
             self.log.message(f"step {step}: timeline {png}")
 
     def rank_stats(self) -> dict:
-        """Every rank's busy / waiting / communicating / idle fractions since the last call, and its resident
-        memory, as metrics columns (a collective: every rank calls it on the same steps)."""
-        mine = {**timeline.fractions(self.runner.take_kind_seconds(), self.interval_wall), **timeline.memory_mb()}
+        """Every rank's busy / waiting / communicating / idle fractions since the last call, its resident memory and
+        its optimizer's (fp32 masters and state: what ZeRO stage 1 shards), as metrics columns (a collective: every
+        rank calls it on the same steps)."""
+        mine = {**timeline.fractions(self.runner.take_kind_seconds(), self.interval_wall), **timeline.memory_mb(),
+                "optimizer_mb": round(self.runner.engine.optimizer_state_bytes() / 2 ** 20, 3)}
         self.interval_wall = 0.0
         keys = list(mine)  # the same keys, in the same order, on every rank: one small tensor travels
         every = self.rt.all_gather(host(torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64)))
