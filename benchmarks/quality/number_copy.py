@@ -1,6 +1,6 @@
 """Are numbers copied into the translation? (What number placeholders, `prepare --number-placeholders`, buy.)
 
-    python -m benchmarks.quality.number_copy --run RUN_DIR --src test.en --ref test.ja [--beam 5] [--seed 1]
+    python -m benchmarks.quality.number_copy --run RUN_DIR [--checkpoint C] --src test.en --ref test.ja [--beam 5] [--seed 1]
     python -m benchmarks.quality.number_copy --masking --src train.en --ref train.ja [--slots 8]
 
 Patents are full of numbers: claim references ("according to claim 3"), reference numerals ("the housing
@@ -102,6 +102,7 @@ def masking(src: list[str], tgt: list[str], slots: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", help="a trained run (its best checkpoint translates); not with --masking")
+    p.add_argument("--checkpoint", default="best", help="with --run: best | last | a checkpoint directory")
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("--beam", type=int, default=5)
@@ -117,7 +118,7 @@ def main() -> None:
         return
     if not args.run:
         p.error("--run is required (or --masking)")
-    translator = load_run(args.run, "best")
+    translator = load_run(args.run, args.checkpoint)
     src, ref = read_lines(args.src), read_lines(args.ref)
     tokenize = resolve_tokenize("auto", translator.tgt_lang, ref)
     result = {}
