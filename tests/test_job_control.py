@@ -368,7 +368,9 @@ def test_sigint_from_a_script_saves_the_step_and_only_the_runner_speaks_for_itse
     assert f"stopped by SIGINT after step {last}: saved" in text, text[-3000:]
     assert "[rank0]" not in text and "[rank1]" not in text, text[-3000:]  # no rank's traceback
     if target == "group":
-        assert job.returncode in (130, -signal.SIGINT), job.returncode
+        # DeepSpeed's runner: 130 when the SIGINT lands in its wait, 1 when its node launcher (which got the
+        # same SIGINT and ends with 1) has ended first -- a race between DeepSpeed's two processes, not ours
+        assert job.returncode in (1, 130, -signal.SIGINT), job.returncode
         assert text.count("Traceback") == 1 and "deepspeed/launcher/runner.py" in text.split("Traceback")[1]
     else:
         assert job.returncode == 0 and "Traceback" not in text, text[-3000:]
