@@ -9,6 +9,7 @@ killed (found by a mark in its environment). docs/RELIABILITY.md ("Signals, the 
 lists what each case gets."""
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -44,6 +45,21 @@ def kill_marked(env: dict) -> None:
                 p.kill()
         except psutil.Error:
             pass
+
+
+@contextlib.contextmanager
+def job_at_step(tiny_data, tmp_path: Path, step: int):
+    """A 2-rank job started in its own session (the job's process group is its pid), yielded once it has
+    reached `step`, as (job, run, log, processes); every process it started is killed on the way out."""
+    cmd, run = job_cmd(tiny_data, tmp_path)
+    log, env = tmp_path / "job.log", default_env()
+    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        wait_for_step(run, step, lambda: job.poll() is None)
+        yield job, run, log, job_processes(job.pid)
+    finally:
+        kill_marked(env)
 
 
 def job_cmd(tiny_data, tmp_path: Path, *overrides) -> tuple[list, Path]:
@@ -315,20 +331,12 @@ def test_sigterm_to_the_job_with_wandb_offline_saves_and_keeps_the_wandb_history
     on to every process below the ranks, wandb's service too: rank 0 died in wandb's ConnectionResetError,
     rank 1 in gloo's "Connection closed by peer". Now both save the step and exit 0, and the wandb run
     holds every step up to the saved one."""
-    cmd, run = job_cmd(tiny_data, tmp_path)
-    log, env = tmp_path / "job.log", default_env()
-    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                           start_new_session=True)
-    try:
-        wait_for_step(run, 3, lambda: job.poll() is None)
-        procs = job_processes(job.pid)
+    with job_at_step(tiny_data, tmp_path, 3) as (job, run, log, procs):
         os.killpg(job.pid, signal.SIGTERM)
         sent = time.time()
         assert not gone([procs["rank0"], procs["rank1"]], 60), "a rank was still running 60 s after SIGTERM"
         print(f"SIGTERM to the job's process group: both ranks gone {time.time() - sent:.1f}s later")
         job.wait(timeout=60)
-    finally:
-        kill_marked(env)
     text = log.read_text()
     assert "Traceback" not in text and "ConnectionResetError" not in text, text[-3000:]
     last = assert_saved_at_the_last_step(run)
@@ -342,27 +350,20 @@ def test_sigterm_to_the_job_with_wandb_offline_saves_and_keeps_the_wandb_history
 @pytest.mark.parametrize("target", ["group", "rank0"])
 def test_sigint_from_a_script_saves_the_step_and_only_the_runner_speaks_for_itself(tiny_data, tmp_path, target):
     """A script (no terminal) that sends SIGINT to the job's process group: every process of the job gets it, the
-    `deepspeed` runner too, which dies of it with DeepSpeed's own KeyboardInterrupt traceback (exit status 130:
-    its code, not ours; no rank can change how another process takes a signal). The ranks finish the step,
+    `deepspeed` runner too, which dies of it with DeepSpeed's own KeyboardInterrupt traceback (exit status 130),
+    or ends with 1 when its node launcher ends first (its code, not ours; no rank can change how another process
+    takes a signal). The ranks finish the step,
     save it and exit 0, with no traceback of theirs. What a terminal's Ctrl-C does (exit 0, one line) a script
     gets by sending SIGINT to rank 0 alone: its pid is in RUN_DIR/train.lock."""
     import json
 
-    cmd, run = job_cmd(tiny_data, tmp_path)
-    log, env = tmp_path / "job.log", default_env()
-    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                           start_new_session=True)
-    try:
-        wait_for_step(run, 3, lambda: job.poll() is None)
-        procs = job_processes(job.pid)
+    with job_at_step(tiny_data, tmp_path, 3) as (job, run, log, procs):
         if target == "group":
             os.killpg(job.pid, signal.SIGINT)
         else:
             os.kill(json.loads((run / "train.lock").read_text())["pid"], signal.SIGINT)
         assert not gone([procs["rank0"], procs["rank1"]], 90), "a rank was still running 90 s after SIGINT"
         job.wait(timeout=60)
-    finally:
-        kill_marked(env)
     text = log.read_text()
     last = assert_saved_at_the_last_step(run)
     assert f"stopped by SIGINT after step {last}: saved" in text, text[-3000:]
@@ -371,7 +372,8 @@ def test_sigint_from_a_script_saves_the_step_and_only_the_runner_speaks_for_itse
         # DeepSpeed's runner: 130 when the SIGINT lands in its wait, 1 when its node launcher (which got the
         # same SIGINT and ends with 1) has ended first -- a race between DeepSpeed's two processes, not ours
         assert job.returncode in (1, 130, -signal.SIGINT), job.returncode
-        assert text.count("Traceback") == 1 and "deepspeed/launcher/runner.py" in text.split("Traceback")[1]
+        tracebacks = text.split("Traceback")[1:]  # the runner's own, if the SIGINT landed in its wait
+        assert len(tracebacks) <= 1 and all("deepspeed/launcher/runner.py" in t for t in tracebacks), text[-3000:]
     else:
         assert job.returncode == 0 and "Traceback" not in text, text[-3000:]
 
