@@ -116,11 +116,27 @@ DEFAULT_TIMEOUT_S = 600  # per test; a multi-process test that hangs fails inste
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: starts the real CLIs as processes (end-to-end, faults); "
-                                       "`pytest -m 'not slow' tests` is the fast tier")
+    config.addinivalue_line("markers", "slow: starts the real CLIs as processes (end-to-end, faults), or costs "
+                                       "seconds (tests/tiers.py); `pytest -m 'not slow' tests` is the fast tier")
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
+def pytest_collection_modifyitems(config, items):
+    from tests.tiers import HEAVY
+
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_S))
+        if item.nodeid in HEAVY:
+            item.add_marker(pytest.mark.slow)
+    stale = stale_heavy(HEAVY, {item.nodeid for item in items}, config.args, config.rootpath)
+    if stale:
+        raise pytest.UsageError(f"tests/tiers.py names a test that was not collected: {stale[0]}")
+
+
+def stale_heavy(heavy, collected: set[str], args: list[str], root: Path) -> list[str]:
+    """The names in tests/tiers.py whose file was collected whole (a directory or file argument, not one test)
+    but which name no collected test."""
+    whole = [(root / a).resolve() for a in args if "::" not in a]
+    return [nid for nid in heavy if nid not in collected
+            and any(w == (f := (root / nid.split("::")[0]).resolve()) or w in f.parents for w in whole)]
