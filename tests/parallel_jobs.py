@@ -30,6 +30,16 @@ def steps_then_save(overrides: list[str], ds: dict, work: str, steps: int) -> di
     return {**_finish(trainer, rows), "optimizer_bytes": optimizer_bytes, "zero_stage": trainer.engine.zero_stage}
 
 
+def layers_time_chunked(overrides: list[str], ds: dict, work: str) -> list[bool]:
+    """Each of this rank's LSTM layers: built to be called in time chunks (for model.lstm_kernel=auto)?"""
+    from trainer.model.seq2seq import EncoderDecoderLayer
+
+    trainer = _trainer(overrides, ds, work)
+    flags = [m.time_chunked for m in trainer.module.modules() if isinstance(m, EncoderDecoderLayer)]
+    _finish(trainer, [])
+    return flags
+
+
 def _finish(trainer, rows: list) -> dict:
     """Close the trainer's run (its run.dir lock too, so that the next job may resume from it) and return `rows`
     with, from replica 0, this rank's parameters by global name."""

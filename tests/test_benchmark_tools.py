@@ -194,6 +194,8 @@ def test_scaling_runs_single_processes_with_both_lstm_kernels():
                                              ("single 1 thread stepwise", "stepwise"), ("data_2", "stepwise")]
     both = with_kernels([r for r in RUNS if r[0] == "data_2"], "both")
     assert [r[0] for r in both] == ["data_2 fused", "data_2 stepwise"]
+    zero = with_kernels([r for r in RUNS if r[0] == "data_2 zero1"], "fused")
+    assert [(r[0], r[5]) for r in zero] == [("data_2 zero1", {"zero_optimization": {"stage": 1}})]
 
 
 def test_lstm_kernels_times_each_kernel_cut_in_chunks():

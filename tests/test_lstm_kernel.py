@@ -162,19 +162,36 @@ def test_deferred_weight_gradients_equal_the_immediate_ones(dtype):
         assert torch.allclose(a, p.grad, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-6)
 
 
-@pytest.mark.parametrize("dtype,hidden,stepwise", [(torch.bfloat16, 1024, True), (torch.float32, 1024, False),
-                                                   (torch.bfloat16, 256, False), (torch.float64, 1024, False)])
-def test_auto_runs_stepwise_only_where_it_was_measured_faster(monkeypatch, dtype, hidden, stepwise):
-    """model.lstm_kernel=auto: stepwise on a CPU in bf16 at hidden >= 1024 (docs/BENCHMARKS.md 13.1),
-    torch's fused LSTM otherwise; decided per call from the input, so the same model runs either."""
+@pytest.mark.parametrize("dtype,hidden,chunked,stepwise", [
+    (torch.bfloat16, 1024, False, True), (torch.float32, 1024, False, False), (torch.float32, 1024, True, True),
+    (torch.bfloat16, 256, False, False), (torch.float32, 256, True, False), (torch.float64, 1024, False, False)])
+def test_auto_runs_stepwise_only_where_it_was_measured_faster(monkeypatch, dtype, hidden, chunked, stepwise):
+    """model.lstm_kernel=auto: stepwise on a CPU at hidden >= 1024 in bf16, or in fp32 when the layer is called
+    in time chunks (docs/BENCHMARKS.md, the LSTM kernel chunk by chunk), torch's fused LSTM otherwise; decided
+    per call from the input, so the same model runs either."""
     import trainer.model.seq2seq as seq2seq
 
     calls = []
     real = seq2seq.run_stepwise
     monkeypatch.setattr(seq2seq, "run_stepwise", lambda *a: calls.append(1) or real(*a))
-    layer = EncoderDecoderLayer(index=1, emb_dim=8, hidden=hidden, dropout=0.0, kernel="auto").to(dtype)
+    layer = EncoderDecoderLayer(index=1, emb_dim=8, hidden=hidden, dropout=0.0, kernel="auto",
+                                time_chunked=chunked).to(dtype)
     x = torch.randn(2, 3, hidden, dtype=dtype)
     out, state = layer.encode(x, np.array([3, 2]))
     layer.decode(x, state)
     assert len(calls) == (2 if stepwise else 0)
     assert load_config(None, ["model.lstm_kernel=auto"]).model.lstm_kernel == "auto"
+
+
+@pytest.mark.parametrize("time_chunks", [1, 2])
+def test_a_time_chunked_layout_tells_its_layers_so(workers, tiny_data, tmp_path, time_chunks):
+    """The rank module builds its LSTM layers knowing whether the layout calls them in time chunks, for
+    model.lstm_kernel=auto; the model itself knows nothing of the layout. A real 2-rank hybrid job."""
+    from tests.parallel_jobs import layers_time_chunked
+    from tests.test_parallel_parity import MODEL, _ds
+
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 1, "time_chunks": time_chunks}
+    out = workers.run(2, layers_time_chunked, [f"data.dir={tiny_data}", *MODEL, "model.lstm_kernel=auto"],
+                      _ds(13, layout), str(tmp_path / "run"))
+    assert [len(flags) for flags in out] == [2, 2]
+    assert all(flag == (time_chunks > 1) for flags in out for flag in flags)

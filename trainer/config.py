@@ -47,8 +47,9 @@ class ModelConfig:
     tie_embeddings: bool = _key(False, "share the target embedding with the output projection (single/data only)")
     lstm_kernel: str = _key("fused", "LSTM layers: fused (torch's LSTM; oneDNN on CPU, cuDNN on GPU) | stepwise "
                                      "(trainer.model.lstm: one GEMM per step, chunk-invariant cost; CPU, wide "
-                                     "models and time-chunked layouts) | auto (stepwise on a CPU in bf16 at "
-                                     "hidden >= 1024, where it was measured faster; fused elsewhere)")
+                                     "models and time-chunked layouts) | auto (stepwise on a CPU at hidden >= "
+                                     "1024 in bf16, or in fp32 when the layout cuts time into chunks, where it "
+                                     "was measured faster; fused elsewhere)")
 
 
 @dataclass

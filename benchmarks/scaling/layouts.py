@@ -13,11 +13,12 @@ from benchmarks.scaling import goals
 
 MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
 
-# (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes)
+# (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes[, top-level JSON changes])
 RUNS = [
     ("single 1 thread", "single", 1, 1, {}),
     ("single 2 threads", "single", 1, 2, {}),
     ("data_2", "data_2", 2, 1, {}),
+    ("data_2 zero1", "data_2", 2, 1, {}, {"zero_optimization": {"stage": 1}}),
     ("pipeline_2 units=1", "pipeline_2", 2, 1, {"micro_batches": 1}),
     ("pipeline_2 units=4", "pipeline_2", 2, 1, {"micro_batches": 4}),
     ("hybrid_2 units=1", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 1}),
@@ -63,9 +64,9 @@ def run(args: argparse.Namespace, steps: int, data: Path, peak: dict, pngs: Path
     results: dict = {prec: {} for prec in precisions}
     for rnd in range(args.rounds):
         for prec in precisions:
-            for label, base, ranks, threads, layout, kernel in runs:
+            for label, base, ranks, threads, layout, top, kernel in runs:
                 name = f"{args.model}_{prec}_{label.replace(' ', '_').replace('=', '')}"
-                cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"})
+                cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"}, **top)
                 r = train(args.work, name, cfg, ranks, threads, steps, data, config=MODELS[args.model],
                           extra=(f"train.timeline_every={steps - 1}", f"model.lstm_kernel={kernel}"))
                 run_dir = args.work / "runs" / name
@@ -95,13 +96,14 @@ def with_kernels(runs: list, kernel: str) -> list:
     both = ("fused", "stepwise")
     out = []
     for r in runs:
+        r = (*r, {}) if len(r) == 5 else r  # no top-level JSON changes
         kernels = both if r[2] == 1 or kernel == "both" else (kernel,)
         out += [(f"{r[0]} {k}" if len(kernels) > 1 else r[0], *r[1:], k) for k in kernels]
     return out
 
 
 def report(prec: str, res: dict, peak: dict, runs: list) -> None:
-    threads = {label: (ranks, t) for label, _, ranks, t, _, _ in runs}
+    threads = {label: (ranks, t) for label, _, ranks, t, _, _, _ in runs}
     # ratios against the fastest single process with 1 / 2 threads in the table (either LSTM kernel)
     one = max((r["tokens_per_s"] for label, r in res.items() if threads[label] == (1, 1)), default=None)
     two = max((r["tokens_per_s"] for label, r in res.items() if threads[label] == (1, 2)), default=None)

@@ -119,15 +119,16 @@ def _gate_grads(a, c_prev, c, dh, dc):
                       dh * tc * o * (1 - o)], 1)
 
 
-AUTO_MIN_HIDDEN = 1024  # model.lstm_kernel=auto: the narrowest layer measured faster stepwise (bf16, CPU)
+AUTO_MIN_HIDDEN = 1024  # model.lstm_kernel=auto: the narrowest layer measured faster stepwise (CPU)
 
 
-def auto_stepwise(x: torch.Tensor, hidden: int) -> bool:
+def auto_stepwise(x: torch.Tensor, hidden: int, time_chunked: bool = False) -> bool:
     """model.lstm_kernel=auto: run this layer stepwise? Only where it was measured faster than torch's
-    fused LSTM (docs/BENCHMARKS.md 13.1, 13.5): on a CPU, in bf16, at hidden >= AUTO_MIN_HIDDEN (oneDNN's
-    bf16 LSTM backward is slower than the GEMMs it needs there). In fp32, at hidden 256, and on GPUs
-    (cuDNN) the fused kernel."""
-    return x.device.type == "cpu" and x.dtype == torch.bfloat16 and hidden >= AUTO_MIN_HIDDEN
+    fused LSTM (docs/BENCHMARKS.md, the LSTM kernel chunk by chunk): on a CPU at hidden >= AUTO_MIN_HIDDEN,
+    in bf16 (oneDNN's bf16 LSTM backward is slower than the GEMMs it needs there), and in fp32 where the
+    layer is called in time chunks (the fused kernel reorders its weights per call: 1.24x of one call at 4
+    chunks, 1.61x at 8, against stepwise's 1.02-1.06x). Uncut fp32, hidden 256, and GPUs (cuDNN): fused."""
+    return x.device.type == "cpu" and hidden >= AUTO_MIN_HIDDEN and (x.dtype == torch.bfloat16 or time_chunked)
 
 
 def run_stepwise(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray | None, state):

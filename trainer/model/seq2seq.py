@@ -118,11 +118,13 @@ class EncoderDecoderLayer(nn.Module):
     """
 
     def __init__(self, *, index: int, emb_dim: int, hidden: int, dropout: float, bidirectional: bool = False,
-                 kernel: str = "fused"):
+                 kernel: str = "fused", time_chunked: bool = False):
         super().__init__()
         # model.lstm_kernel: "stepwise" runs unidirectional layers with trainer.model.lstm; "auto" decides
-        # per call from the input's device and dtype (trainer.model.lstm.auto_stepwise)
+        # per call from the input's device and dtype and whether the layer is called in time chunks
+        # (trainer.model.lstm.auto_stepwise)
         self.kernel = kernel
+        self.time_chunked = time_chunked
         in_dim = emb_dim if index == 0 else hidden
         if bidirectional and hidden % 2:
             raise ValueError(f"model.hidden={hidden} must be even for a bidirectional bottom layer")
@@ -153,7 +155,8 @@ class EncoderDecoderLayer(nn.Module):
         return self.enc_dropout(out, masks), state
 
     def _stepwise(self, x: torch.Tensor) -> bool:
-        return self.kernel == "stepwise" or (self.kernel == "auto" and auto_stepwise(x, self.decoder.hidden_size))
+        return self.kernel == "stepwise" or (self.kernel == "auto" and auto_stepwise(x, self.decoder.hidden_size,
+                                                                                  self.time_chunked))
 
     def decoder_init(self, enc_state: State) -> State:
         """Encoder final state -> decoder initial state (1, batch, hidden) x 2."""
@@ -411,15 +414,16 @@ class Seq2Seq(nn.Module):
         return self.head(enc, src != PAD_ID, dec, tgt_out)
 
 
-def layer_builders(cfg, src_vocab: int, tgt_vocab: int):
-    """(class, kwargs) per global layer index, for the engine's LayerSpecs and for `build_model`."""
+def layer_builders(cfg, src_vocab: int, tgt_vocab: int, time_chunked: bool = False):
+    """(class, kwargs) per global layer index, for the engine's LayerSpecs and for `build_model`;
+    `time_chunked`: the layers will be called a time chunk at a time (for model.lstm_kernel=auto)."""
     specs = [(Embeddings, dict(src_vocab=src_vocab, tgt_vocab=tgt_vocab, emb_dim=cfg.emb_dim,
                                dropout=cfg.dropout))]
     for k in range(cfg.layers):
         specs.append((EncoderDecoderLayer, dict(index=k, emb_dim=cfg.emb_dim, hidden=cfg.hidden,
                                                 dropout=cfg.dropout,
                                                 bidirectional=bool(cfg.bidirectional_bottom and k == 0),
-                                                kernel=cfg.lstm_kernel)))
+                                                kernel=cfg.lstm_kernel, time_chunked=time_chunked)))
     return specs
 
 
