@@ -4,9 +4,10 @@ The fast tier (`python3 -m pytest -q -m "not slow" tests`) is for the minutes be
 schedule replay, every layout's parity through the lighter cases of each parametrized test, one device-sync
 count (hybrid_2) and the architecture rules. What is listed here still runs in the whole suite (CI, `.ci/run`).
 
-Chosen from `python3 -m pytest -q -m "not slow" --durations=80 tests` (AMD EPYC, 2 cores, quiet, 2026-12-02):
-every call of 1.4 s or more, then three more from a second pass over what remained. The seconds are that measurement; conftest refuses a name here that no longer
-names a collected test, so a rename cannot quietly put a heavy test back.
+Chosen from `python3 -m pytest -q -m "not slow" --durations=80 tests` (Intel Xeon family 6 model 207,
+2 cores, quiet, 2026-12-02): every call of 1.4 s or more, then three more from a second pass over what
+remained. The seconds are that measurement; conftest refuses a name here that no longer names a collected
+test, so a rename cannot quietly put a heavy test back.
 """
 
 HEAVY = {  # node id: seconds of its call in that measurement
