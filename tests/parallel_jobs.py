@@ -40,6 +40,16 @@ def layers_time_chunked(overrides: list[str], ds: dict, work: str) -> list[bool]
     return flags
 
 
+def early_reduce_points(overrides: list[str], ds: dict, work: str, steps: int) -> dict:
+    """Where this rank's boundary program starts summing a group of gradients early (op, kind, parameters
+    of the group), and the metrics rows of `steps` optimizer steps taken with them."""
+    trainer = _trainer(overrides, ds, work)
+    program = trainer.runner.programs[True]
+    points = [(program[i].op, program[i].kind, len(params)) for i, params in sorted(trainer.runner.early_reduce.items())]
+    rows = [trainer.train_step() for _ in range(steps)]
+    return {**_finish(trainer, rows), "points": points}
+
+
 def _finish(trainer, rows: list) -> dict:
     """Close the trainer's run (its run.dir lock too, so that the next job may resume from it) and return `rows`
     with, from replica 0, this rank's parameters by global name."""

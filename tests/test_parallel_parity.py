@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
-from tests.parallel_jobs import train_steps
+from tests.parallel_jobs import early_reduce_points, train_steps
 
 TOL = 2e-6
 MODEL = ["model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "train.seed=7",
@@ -110,6 +110,24 @@ def test_bf16_hybrid_matches_bf16_single(workers, tiny_data, tmp_path):
 
 
 FP16_LAYOUTS = ("hybrid_2", "hybrid_4", "pipeline_2", "data_2", "grid_2x2")
+
+
+def test_data_parallel_sums_start_during_the_backward_and_the_step_still_equals_singles(workers, tiny_data, tmp_path,
+                                                                                      single14):
+    """data_2 starts summing the head's gradients after the window's last head and each LSTM direction's after
+    its last backward (trainer.parallel.interpreter: early reduce points), so that reduce_grads only drains the
+    rest; the step still equals single's. parallel_layout.overlap_grad_sums=false starts none early."""
+    layout = {"mode": "data", "num_pp": 1, "num_dp": 2}
+    out = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL], _ds(7, layout),
+                      str(tmp_path / "early"), 2)
+    points = [o["points"] for o in out]
+    assert points[0] == points[1]
+    assert [(op, kind) for op, kind, _ in points[0]] == [("head", ""), ("backward", "dec"), ("backward", "enc")]
+    assert [n for _, _, n in points[0][1:]] == [16, 16]  # 4 layers x (w_ih, w_hh, b_ih, b_hh)
+    _compare(single14, (out[0]["rows"], {k: v for o in out for k, v in o["params"].items()}), "data_2 early sums")
+    late = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL],
+                       _ds(7, {**layout, "overlap_grad_sums": False}), str(tmp_path / "late"), 0)
+    assert [o["points"] for o in late] == [[], []]
 
 
 @pytest.fixture(scope="module")

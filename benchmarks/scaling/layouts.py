@@ -19,6 +19,7 @@ RUNS = [
     ("single 2 threads", "single", 1, 2, {}),
     ("data_2", "data_2", 2, 1, {}),
     ("data_2 zero1", "data_2", 2, 1, {}, {"zero_optimization": {"stage": 1}}),
+    ("data_2 sums after backward", "data_2", 2, 1, {"overlap_grad_sums": False}),
     ("pipeline_2 units=1", "pipeline_2", 2, 1, {"micro_batches": 1}),
     ("pipeline_2 units=4", "pipeline_2", 2, 1, {"micro_batches": 4}),
     ("hybrid_2 units=1", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 1}),

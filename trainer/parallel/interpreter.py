@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from trainer.data import Batch
 from trainer.model.dropout import DropoutKeys
@@ -152,6 +153,31 @@ class StepRunner:
         # the replicas' gradient sums (reduce_grads): what this rank's optimizer updates, embeddings by touched row
         self.replica_grads = (ReplicaGrads(runtime, module.optimizer_parameters(), self._row_tables())
                               if self.layout.num_dp > 1 else None)
+        # ... started early for the gradients the boundary program has finished (position -> parameters)
+        self.early_reduce = (self._early_reduce_points()
+                             if self.replica_grads is not None and self.layout.spec.overlap_grad_sums else {})
+
+    def _early_reduce_points(self) -> dict[int, list]:
+        """Where in the boundary program a group of the replicas' dense gradients is final, so that its sum can
+        start while the backward goes on (the drain of reduce_grads shrinks): each LSTM direction's weights
+        after the stage's last backward of that kind (not when the schedule defers weight gradients); the head's
+        after its last `head`, where the stage owns the whole head (num_pp == 1: elsewhere the pipeline's
+        replicas are summed into it later) and its projection gradient is not deferred. A parameter the
+        embeddings share (model.tie_embeddings) waits for reduce_grads."""
+        program = self.programs[True]
+        end = next((i for i, ins in enumerate(program) if ins.op == "reduce_grads"), len(program))
+        last = {}
+        for i, ins in enumerate(program[:end]):
+            if ins.op == "backward" and self.weight_grads is None:
+                last[ins.kind] = i
+            elif ins.op == "head" and self.layout.num_pp == 1 and self.head_weight_grads is None:
+                last["head"] = i
+        groups = {"enc": [p for layer in self.module.layers for p in _params_of(layer, "encoder")],
+                  "dec": [p for layer in self.module.layers for p in _params_of(layer, "decoder")],
+                  "head": [] if self.module.head is None else list(self.module.head.parameters())}
+        dense = {id(p) for p in self.replica_grads.dense}
+        points = {i: [p for p in groups[what] if id(p) in dense] for what, i in last.items()}
+        return {i: params for i, params in points.items() if params}
 
     def _row_tables(self) -> dict:
         """The embedding tables whose gradients the replicas sum by touched row (not one tied to the head's
@@ -199,8 +225,10 @@ class StepRunner:
             if ms.train and timed:
                 self._run_timed(program)
             else:
-                for ins in program:
+                for i, ins in enumerate(program):
                     self._execute(ins)
+                    if i in self.early_reduce and program is self.programs[True]:
+                        self.replica_grads.start_early(self.early_reduce[i])
 
     def _result(self, ms: MicroStep) -> dict:
         """The sums the last micro-step's reduce_metrics left (on the host)."""
@@ -258,9 +286,12 @@ class StepRunner:
         times, kinds, spans = self.op_seconds, self.kind_seconds, self.spans
         if sync is not None:
             sync()
-        for ins in program:
+        early = self.early_reduce if program is self.programs[True] else {}
+        for i, ins in enumerate(program):
             start = clock()
             self._execute(ins)
+            if i in early:
+                self.replica_grads.start_early(early[i])
             if sync is not None:
                 sync()
             end = clock()
@@ -543,6 +574,12 @@ class StepRunner:
 
     def op_flush_sends(self, ins: Instr) -> None:
         self.comm.flush()
+
+
+def _params_of(layer: nn.Module, part: str) -> list:
+    """The parameters of an encoder-decoder layer's `part` ("encoder" | "decoder"); none for other layers."""
+    sub = getattr(layer, part, None)
+    return list(sub.parameters()) if isinstance(sub, nn.Module) else []
 
 
 HANDLERS = {name: getattr(StepRunner, f"op_{name}", None) for name in OPS}

@@ -53,6 +53,8 @@ class LayoutSpec:
     head_split: str = "sentences"  # hybrid: the head's shards by sentences, or by time (blocks of time chunks)
     defer_head_weight_grads: bool = False  # the head projection's weight gradient where the rank would wait
     #                                        (pipeline, hybrid, grid; trainer.parallel.schedule)
+    overlap_grad_sums: bool = True  # the replicas' gradient sums start as groups become final in the backward
+    #                                 (data, grid; trainer.parallel.interpreter), not all at reduce_grads
 
     @property
     def world_size(self) -> int:
@@ -87,7 +89,7 @@ class LayoutSpec:
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
         section = check_section(ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"}))
         known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares",
-                 "head_schedule", "defer_weight_grads", "head_split", "defer_head_weight_grads"}
+                 "head_schedule", "defer_weight_grads", "head_split", "defer_head_weight_grads", "overlap_grad_sums"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -119,7 +121,9 @@ class LayoutSpec:
         if head_schedule not in ("after_forward", "per_unit"):
             raise LayoutError(f"{SECTION}.head_schedule={head_schedule!r}: one of after_forward, per_unit")
         defer, defer_head = section.get("defer_weight_grads", False), section.get("defer_head_weight_grads", False)
-        for key, value in (("defer_weight_grads", defer), ("defer_head_weight_grads", defer_head)):
+        overlap = section.get("overlap_grad_sums", True)
+        for key, value in (("defer_weight_grads", defer), ("defer_head_weight_grads", defer_head),
+                           ("overlap_grad_sums", overlap)):
             if not isinstance(value, bool):
                 raise LayoutError(f"{SECTION}.{key}={_short(value)}: must be true or false")
         if defer_head and num_pp < 2:
@@ -132,7 +136,7 @@ class LayoutSpec:
                    time_chunks=section.get("time_chunks", 1),
                    partition_method=section.get("partition_method", PARTITION_DEFAULT),
                    head_shares=tuple(shares), head_schedule=head_schedule, defer_weight_grads=defer,
-                   head_split=head_split, defer_head_weight_grads=defer_head)
+                   head_split=head_split, defer_head_weight_grads=defer_head, overlap_grad_sums=overlap)
         spec._check_head_options()
         spec.check_world(world_size)
         return spec

@@ -32,6 +32,8 @@ class ReplicaGrads:
         self.dense = [p for p in params if p.requires_grad and id(p) not in skip]
         self.rows = _no_rows()
         self.by_row = bool(self.tables)
+        self.early: list[AsyncCollective] = []  # sums started before the boundary (start_early), this window
+        self.started: set[int] = set()  # ... of these parameters (ids)
 
     def note(self, batch) -> None:
         """The rows of this micro-batch's tokens (call for every micro-batch of the window)."""
@@ -43,14 +45,28 @@ class ReplicaGrads:
         self.rows["src"] = np.union1d(self.rows["src"], batch.ids[0])
         self.rows["tgt"] = np.union1d(self.rows["tgt"], batch.ids[1])
 
+    def start_early(self, params: list) -> None:
+        """Start summing these dense gradients now, while the backward goes on: the schedule's last
+        instruction of the window that writes them has run (StepRunner's early reduce points), so they are
+        final. `start` then sums the rest and waits for these as well. Every replica runs the same program, so
+        every replica starts the same collectives in the same order."""
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.early.append(self.rt.all_reduce_async([p.grad for p in params], self.group))
+        self.started.update(id(p) for p in params)
+
     def start(self) -> "_Pending":
-        """Start summing every gradient over the replicas; `wait()` on the result finishes it. A gradient
-        that is None is made zero first (every replica must enter the same collectives)."""
+        """Start summing every gradient over the replicas (those start_early has not started); `wait()` on the
+        result finishes it. A gradient that is None is made zero first (every replica must enter the same
+        collectives)."""
         for p in [*self.dense, *self.tables.values()]:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        whole = list(self.dense) + ([] if self.by_row else list(self.tables.values()))
+        rest = [p for p in self.dense if id(p) not in self.started]
+        whole = rest + ([] if self.by_row else list(self.tables.values()))
         pending = _Pending(self.rt.all_reduce_async([p.grad for p in whole], self.group))
+        pending.parts[:0], self.early, self.started = self.early, [], set()
         if self.by_row:
             for side, table in self.tables.items():
                 ids = torch.from_numpy(self.rows[side].astype(np.int64))
