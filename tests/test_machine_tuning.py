@@ -3,6 +3,7 @@ head's loss chunk, timed once and cached (trainer.training.tuning)."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -40,7 +41,13 @@ def test_threads_that_ended_are_counted_apart():
     clock.start()
     worker = threading.Thread(target=_spin, args=(0.3,), name="short-lived")
     worker.start()
+    tid = worker.native_id
     worker.join()
+    # join() returns when Python is done with the thread; the kernel may list the task a moment longer (a loaded
+    # machine made that visible), and a task still listed is a live thread here, named by the kernel
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
     per_step = clock.per_step(1)
     # at least its 0.3 s (other threads of the test process that end meanwhile would add theirs)
     assert "short-lived" not in per_step and 240 <= per_step["(threads that ended)"] < 2000
@@ -78,3 +85,25 @@ def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
 def test_the_timed_loss_runs_every_candidate():
     times = tuning.time_loss_chunks(16, 50, torch.float32, candidates=(8, 32), tokens=64)
     assert set(times) == {8, 32} and all(0 < t < 5 for t in times.values())
+
+
+def test_a_bf16_run_is_told_once_measured_when_bf16_is_the_slower_on_this_cpu(tmp_path, monkeypatch):
+    """bf16 on a CPU without fast bf16 units (no AMX) is dearer than fp32: a bf16 run says so, from one GEMM at
+    the model's width timed in both precisions and cached; fp32, fp16 and accelerators measure nothing."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+    speed = {torch.bfloat16: 2.0, torch.float32: 1.25}
+    monkeypatch.setattr(tuning, "time_gemm", lambda width, dtype: calls.append(dtype) or speed[dtype])
+    notes = tuning.precision_notes(torch.device("cpu"), "bf16", 256)
+    assert len(notes) == 1 and "1.6x slower than fp32" in notes[0] and "measured now" in notes[0]
+    assert '"bf16": {"enabled": false}' in notes[0] and len(calls) == 2
+    assert "earlier" in tuning.precision_notes(torch.device("cpu"), "bf16", 256)[0] and len(calls) == 2
+    for device, precision in (("cpu", "fp32"), ("cpu", "fp16"), ("cuda", "bf16")):
+        assert tuning.precision_notes(torch.device(device), precision, 256) == []
+    assert len(calls) == 2
+    speed[torch.bfloat16] = 0.5  # a CPU with AMX: bf16 the faster, nothing to say (another width: measured)
+    assert tuning.precision_notes(torch.device("cpu"), "bf16", 512) == [] and len(calls) == 4
+
+
+def test_the_gemm_timing_is_positive_in_both_precisions():
+    assert tuning.time_gemm(32, torch.float32, rows=8) > 0 and tuning.time_gemm(32, torch.bfloat16, rows=8) > 0

@@ -140,7 +140,8 @@ class Build:
         train_data = ParallelData(cfg.data.dir, "train")
         dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
-        part_notes = [tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"])]
+        part_notes = [tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]),
+                      *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
         stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
                                         seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,

@@ -9,6 +9,12 @@ Intel Xeon with AMX disagree), the precision, the threads and the vocabulary. So
 loss itself at the model's width and vocabulary, for a few candidate sizes (well under a second each at
 enja-small), and the fastest is kept in a cache file keyed by what decides it. On an accelerator it is
 8192 (each chunk costs ~15 launches there: as few chunks as memory allows).
+
+bf16 against fp32 on a CPU: with AMX (Intel Xeon) or fast bf16 units a bf16 step is much cheaper; on a CPU
+without them (an Intel Xeon that exposes AVX-512-bf16 but no AMX measured a bf16 GEMM 1.5-2.2x slower than
+fp32, and a whole step 1.36x) it is dearer. A run in bf16 times one GEMM of the model's width in both
+precisions, once per machine (cached), and says so when bf16 is the slower: the precision changes the numbers,
+not only the speed, so it stays the user's choice.
 """
 from __future__ import annotations
 
@@ -57,7 +63,7 @@ def _read_cache() -> dict:
         return {}  # no cache yet, or a damaged or foreign one: measure again
 
 
-def _write_cache(key: str, value: int) -> None:
+def _write_cache(key: str, value: int | float) -> None:
     """Add `key` to the cache file (a temporary file renamed in place: a reader never sees half of it).
     A cache that cannot be written costs a measurement next time, nothing else."""
     path = cache_path()
@@ -110,3 +116,40 @@ def loss_chunk_rows(configured: int, device: torch.device, width: int, vocab: in
     _write_cache(key, best)
     spread = ", ".join(f"{rows}: {1000 * s:.1f} ms" for rows, s in times.items())
     return best, f"measured now ({spread}; cached in {cache_path()})"
+
+
+BF16_SLOWER = 1.15  # bf16 time over fp32 time above which a bf16 run is told
+
+
+def time_gemm(width: int, dtype: torch.dtype, rows: int = 512) -> float:
+    """Seconds of one (rows x width) @ (width x 4 width) product (an LSTM layer's input GEMM), best of REPEATS
+    after one warm-up, on this process's threads."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, width, generator=gen).to(dtype)
+    b = torch.randn(width, 4 * width, generator=gen).to(dtype)
+    best = float("inf")
+    for rep in range(REPEATS + 1):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        if rep:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def precision_notes(device: torch.device, precision: str, width: int) -> list[str]:
+    """One line for the run's log when it trains in bf16 (`precision`: bf16 | fp16 | fp32) on a CPU where bf16
+    was measured slower than fp32."""
+    if device.type != "cpu" or precision != "bf16":
+        return []
+    key = f"bf16_over_fp32|{_cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
+    cached = _read_cache().get(key)
+    if isinstance(cached, (int, float)) and not isinstance(cached, bool) and 0 < cached < 1000:
+        ratio, origin = float(cached), "measured on this machine earlier"
+    else:
+        ratio = time_gemm(width, torch.bfloat16) / time_gemm(width, torch.float32)
+        origin = "measured now"
+        _write_cache(key, round(ratio, 3))
+    if ratio < BF16_SLOWER:
+        return []
+    return [f"note: bf16 is {ratio:.1f}x slower than fp32 on this CPU (a GEMM at width {width}, {origin}; no AMX?): "
+            f"\"bf16\": {{\"enabled\": false}} in the DeepSpeed JSON may train faster"]
