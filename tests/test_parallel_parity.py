@@ -130,6 +130,19 @@ def test_data_parallel_sums_start_during_the_backward_and_the_step_still_equals_
     assert [o["points"] for o in late] == [[], []]
 
 
+def test_a_tied_projection_is_summed_after_the_lookups_backward(workers, tiny_data, tmp_path):
+    """model.tie_embeddings: the head's projection is the target table, which the embedding's backward writes
+    after the head's: its sum waits for reduce_grads, and data_2's step still equals single's."""
+    tied = [f"data.dir={tiny_data}", *MODEL, "model.tie_embeddings=true"]
+    ref = _run(workers, tiny_data, tmp_path, "single_tied", 1, 14, {"mode": "single"}, extra=("model.tie_embeddings=true",))
+    out = workers.run(2, early_reduce_points, tied, _ds(7, {"mode": "data", "num_pp": 1, "num_dp": 2}),
+                      str(tmp_path / "early_tied"), 2)
+    untied = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL],
+                         _ds(7, {"mode": "data", "num_pp": 1, "num_dp": 2}), str(tmp_path / "early_untied"), 0)
+    assert out[0]["points"][0][:2] == ("head", "") and out[0]["points"][0][2] == untied[0]["points"][0][2] - 1
+    _compare(ref, (out[0]["rows"], {k: v for o in out for k, v in o["params"].items()}), "data_2 tied early sums")
+
+
 @pytest.fixture(scope="module")
 def single14_fp16(workers, tiny_data, tmp_path_factory):
     return _run(workers, tiny_data, tmp_path_factory.mktemp("s14fp16"), "single", 1, 14, {"mode": "single"},

@@ -175,7 +175,9 @@ class StepRunner:
         groups = {"enc": [p for layer in self.module.layers for p in _params_of(layer, "encoder")],
                   "dec": [p for layer in self.module.layers for p in _params_of(layer, "decoder")],
                   "head": [] if self.module.head is None else list(self.module.head.parameters())}
-        dense = {id(p) for p in self.replica_grads.dense}
+        emb = self.embeddings
+        tables = set() if emb is None else {id(emb.src.weight), id(emb.tgt.weight)}  # a tied one: final after
+        dense = {id(p) for p in self.replica_grads.dense} - tables                    # the lookup's backward
         points = {i: [p for p in groups[what] if id(p) in dense] for what, i in last.items()}
         return {i: params for i, params in points.items() if params}
 

@@ -42,9 +42,10 @@ class RankModule(nn.Module):
 def build_rank_module(model_cfg, spec: LayoutSpec, stage: int, src_vocab: int, tgt_vocab: int,
                       seed: int) -> RankModule:
     try:
-        stages = dsa.build_stages(layer_builders(model_cfg, src_vocab, tgt_vocab, time_chunked=spec.time_chunks > 1), num_pp=spec.num_pp,
-                                  num_dp=spec.num_dp, partition_method=spec.partition_method, seed=seed,
-                                  seed_fn=_seed_layer, must_hold=EncoderDecoderLayer)
+        builders = layer_builders(model_cfg, src_vocab, tgt_vocab, time_chunked=spec.time_chunks > 1)
+        stages = dsa.build_stages(builders, num_pp=spec.num_pp, num_dp=spec.num_dp,
+                                  partition_method=spec.partition_method, seed=seed, seed_fn=_seed_layer,
+                                  must_hold=EncoderDecoderLayer)
     except dsa.StageError as e:
         raise LayoutError(str(e)) from None
     if dsa.stage_id(stages) != stage:
