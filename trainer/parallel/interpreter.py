@@ -227,10 +227,11 @@ class StepRunner:
             if ms.train and timed:
                 self._run_timed(program)
             else:
+                early = self.early_reduce if program is self.programs[True] else {}
                 for i, ins in enumerate(program):
                     self._execute(ins)
-                    if i in self.early_reduce and program is self.programs[True]:
-                        self.replica_grads.start_early(self.early_reduce[i])
+                    if i in early:
+                        self.replica_grads.start_early(early[i])
 
     def _result(self, ms: MicroStep) -> dict:
         """The sums the last micro-step's reduce_metrics left (on the host)."""

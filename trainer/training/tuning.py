@@ -11,8 +11,8 @@ enja-small), and the fastest is kept in a cache file keyed by what decides it. O
 8192 (each chunk costs ~15 launches there: as few chunks as memory allows).
 
 bf16 against fp32 on a CPU: with AMX (Intel Xeon) or fast bf16 units a bf16 step is much cheaper; on a CPU
-without them (an Intel Xeon that exposes AVX-512-bf16 but no AMX measured a bf16 GEMM 1.5-2.2x slower than
-fp32, and a whole step 1.36x) it is dearer. A run in bf16 times one GEMM of the model's width in both
+without them (an Intel Xeon that exposes AVX-512-bf16 but no AMX: a whole enja-small step 1.36x slower than
+fp32, docs/BENCHMARKS.md) it is dearer. A run in bf16 times one GEMM of the model's width in both
 precisions, once per machine (cached), and says so when bf16 is the slower: the precision changes the numbers,
 not only the speed, so it stays the user's choice.
 """
@@ -107,15 +107,27 @@ def loss_chunk_rows(configured: int, device: torch.device, width: int, vocab: in
         return configured, "train.loss_chunk_rows"
     if device.type != "cpu":
         return LOSS_CHUNK_ROWS["accelerator"], "the accelerator's default"
-    key = _key(width, vocab, dtype)
+    spread = {}
+
+    def measure() -> int:
+        spread.update(time_loss_chunks(width, vocab, dtype))
+        return min(spread, key=spread.get)
+
+    best, fresh = _cached(_key(width, vocab, dtype), lambda v: isinstance(v, int) and v in CANDIDATES, measure)
+    if not fresh:
+        return best, f"measured on this machine earlier ({cache_path()})"
+    shown = ", ".join(f"{rows}: {1000 * s:.1f} ms" for rows, s in spread.items())
+    return best, f"measured now ({shown}; cached in {cache_path()})"
+
+
+def _cached(key: str, valid, measure):
+    """(value, measured now?): the cache's value for `key` when `valid(value)`, else `measure()`, cached."""
     cached = _read_cache().get(key)
-    if isinstance(cached, int) and cached in CANDIDATES:
-        return cached, f"measured on this machine earlier ({cache_path()})"
-    times = time_loss_chunks(width, vocab, dtype)
-    best = min(times, key=times.get)
-    _write_cache(key, best)
-    spread = ", ".join(f"{rows}: {1000 * s:.1f} ms" for rows, s in times.items())
-    return best, f"measured now ({spread}; cached in {cache_path()})"
+    if valid(cached):
+        return cached, False
+    value = measure()
+    _write_cache(key, value)
+    return value, True
 
 
 BF16_SLOWER = 1.15  # bf16 time over fp32 time above which a bf16 run is told
@@ -142,13 +154,9 @@ def precision_notes(device: torch.device, precision: str, width: int) -> list[st
     if device.type != "cpu" or precision != "bf16":
         return []
     key = f"bf16_over_fp32|{_cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
-    cached = _read_cache().get(key)
-    if isinstance(cached, (int, float)) and not isinstance(cached, bool) and 0 < cached < 1000:
-        ratio, origin = float(cached), "measured on this machine earlier"
-    else:
-        ratio = time_gemm(width, torch.bfloat16) / time_gemm(width, torch.float32)
-        origin = "measured now"
-        _write_cache(key, round(ratio, 3))
+    ratio, fresh = _cached(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1000,
+                           lambda: round(time_gemm(width, torch.bfloat16) / time_gemm(width, torch.float32), 3))
+    origin = "measured now" if fresh else "measured on this machine earlier"
     if ratio < BF16_SLOWER:
         return []
     return [f"note: bf16 is {ratio:.1f}x slower than fp32 on this CPU (a GEMM at width {width}, {origin}; no AMX?): "
