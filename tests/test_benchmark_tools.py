@@ -86,6 +86,58 @@ def test_median_round_reports_the_median_run():
     assert opennmt_peer.median_round(rounds)["rounds_pairs_per_s"] == [300.0, 100.0, 200.0]
 
 
+def test_the_peers_profile_window_writes_ops_and_phases_per_step(tmp_path):
+    """The runner's torch.profiler window (steps 2-3 of 4) writes what our trainer's profile has, plus the
+    CPU ms of each marked phase, per step."""
+    import torch
+    from torch.profiler import record_function
+
+    out = tmp_path / "profile.json"
+    window = opennmt_runner._Window(2, 2, str(out))
+    x = torch.randn(64, 64, requires_grad=True)
+    for step in range(1, 5):
+        window.before(step)
+        with record_function("phase: forward"):
+            y = (x @ x).sum()
+        with record_function("phase: backward"):
+            y.backward()
+        window.after(step)
+        assert out.exists() == (step >= 3)
+    got = json.loads(out.read_text())
+    assert got["steps"] == [2, 3]
+    assert set(got["phases"]) == {"forward", "backward"} and all(v > 0 for v in got["phases"].values())
+    assert got["ops"]["aten::mm"]["calls"] >= 1 and not any(k.startswith("phase: ") for k in got["ops"])
+    assert got["wall_ms_per_step"] > 0 and got["self_cpu_ms_per_step"] > 0
+
+
+def test_operators_are_grouped_by_what_they_compute():
+    group = opennmt_peer.op_group
+    assert group("aten::mkldnn_rnn_layer_backward").startswith("LSTM")
+    assert group("aten::mm").startswith("GEMMs") and group("aten::addmm").startswith("GEMMs")
+    assert group("aten::_fused_adam_").startswith("optimizer") and group("aten::addcmul_").startswith("optimizer")
+    assert group("aten::addcmul").startswith("softmax")  # ours: the loss's gradient, not Adam's in-place update
+    assert group("aten::_log_softmax_backward_data").startswith("softmax")
+    assert group("aten::bernoulli_").startswith("dropout") and group("aten::copy_").startswith("copies")
+    assert group("aten::mul").startswith("everything else")
+
+
+def test_the_profile_report_says_how_many_milliseconds_stand_between_ours_and_the_goal(capsys):
+    def profile(ops, phases):
+        return {"steps": [6, 60], "wall_ms_per_step": sum(ops.values()) + 5, "self_cpu_ms_per_step": sum(ops.values()),
+                "phases": phases, "ops": {k: {"self_ms": v, "calls": 1} for k, v in ops.items()}}
+
+    peer = profile({"aten::mm": 30.0, "aten::sqrt": 9.0}, {"forward": 10.0})
+    ours = profile({"aten::mm": 40.0, "aten::_fused_adam_": 7.0}, {"head": 20.0})
+    results = {("OpenNMT-py, no input feeding", "fp32"): {"pairs_per_s": 320.0},
+               ("ours single", "fp32"): {"pairs_per_s": 320.0}}
+    got = opennmt_peer.report_profiles({"OpenNMT-py": peer, "ours": ours}, results)
+    assert got["goal_ms"]["ours"] == pytest.approx(200.0) and got["goal_ms"]["needed"] == pytest.approx(200.0 / 1.2)
+    assert "33.3 ms to remove" in capsys.readouterr().out
+    assert got["groups"]["GEMMs (mm, addmm, bmm)"] == {"peer": 30.0, "ours": 40.0}
+    assert got["groups"]["optimizer (Adam, clipping's norm)"] == {"peer": 9.0, "ours": 7.0}
+    assert got["operators"][0] == {"op": "aten::mm", "peer_ms": 30.0, "ours_ms": 40.0}
+
+
 def test_spacy_stand_in_fails_loudly_when_used(monkeypatch):
     if "spacy" in sys.modules or opennmt_runner.importlib.util.find_spec("spacy") is not None:
         pytest.skip("spacy is installed here")
@@ -150,6 +202,7 @@ def test_peer_report_gives_ratios_goal_and_flags_a_busy_machine(capsys):
     out = capsys.readouterr().out
     assert "| ours single | fp32 | 500 | 128 | 20.0 | 1.25x | 1.67x |" in out
     assert "1.25x (met)" in out and "2.03x (met)" in out and "busy" not in out
+    assert "by round: 1.25x; per src+tgt token" in out
     assert opennmt_peer.report(_peer_results(400, 300, 450, 500), [cores + 8.0], args)
     out = capsys.readouterr().out
     assert "1.12x (not met)" in out and "1.67x (not met)" in out and "not a measurement of record" in out

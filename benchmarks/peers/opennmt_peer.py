@@ -1,7 +1,7 @@
 """Single rank against OpenNMT-py 3.5.1: the same model and batches, sentence pairs/s side by side in one run.
 
     python -m benchmarks.peers.opennmt_peer [--work /tmp/hybrid-nmt-bench] [--steps 60] [--warmup 5] [--threads 2]
-                                      [--venv WORK/onmt-venv] [--rounds 1] [--ours KEY=VALUE ...]
+                                      [--venv WORK/onmt-venv] [--rounds 1] [--ours KEY=VALUE ...] [--profile]
 
 The peer lives in its own virtual environment (default WORK/onmt-venv, built on first use and reused):
 torch pinned to the CPU wheel of requirements.txt first, then `opennmt-py==3.5.1 --no-deps` and the few
@@ -29,6 +29,14 @@ repeated R times, interleaved, and the median round is reported.
 Prints a markdown table (pairs/s, src+tgt tokens per pair as a check that both sides do comparable work,
 and the ratio to OpenNMT-py without and with input feeding), the load average seen during the runs (the
 ratios mean little on a busy machine), and writes WORK/opennmt_peer.json.
+
+With --profile, after the rounds, the fp32 pair of the goal (OpenNMT-py without input feeding, ours single)
+runs once more each under torch.profiler over the steps after --warmup (ours: `train.profile_steps`,
+trainer/observe/profiling.py; the peer: the same profiler around its clocked steps, opennmt_runner.py). It
+prints where the step's CPU time goes on each side: each trainer's phases, the operators grouped by what they
+compute, and the operators whose self CPU ms per step differ most; and how many milliseconds of ours' step
+stand between the measured ratio and 1.2x. The profiler adds a little to every operator on both sides, so its
+steps are a little longer than the unprofiled rounds'.
 """
 from __future__ import annotations
 
@@ -187,7 +195,7 @@ def peer_data(python: Path, work: Path) -> Path:
 
 
 def train_peer(python: Path, root: Path, name: str, options: dict, threads: int, steps: int, warmup: int,
-               timeout: int = 7200) -> dict:
+               timeout: int = 7200, profile: tuple[int, int] | None = None) -> dict:
     run = root / "runs" / name
     if run.exists():
         shutil.rmtree(run)
@@ -198,8 +206,11 @@ def train_peer(python: Path, root: Path, name: str, options: dict, threads: int,
     (run / "config.json").write_text(json.dumps(config, indent=1))
     # num_workers 0: batches are made in the process between steps, as ours are; DataLoader workers would
     # compete with the 2 compute threads for the cores during steps.
-    _run_peer_tool(python, "train", run / "config.json", run / "train.log",
-                   ["--threads", str(threads), "--steps-file", str(run / "steps.jsonl")], timeout, threads)
+    extra = ["--threads", str(threads), "--steps-file", str(run / "steps.jsonl")]
+    if profile:  # (after step, steps): torch.profiler over that window, to RUN/profile.json
+        extra += ["--profile-from", str(profile[0]), "--profile-steps", str(profile[1]),
+                  "--profile-out", str(run / "profile.json")]
+    _run_peer_tool(python, "train", run / "config.json", run / "train.log", extra, timeout, threads)
     rows = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
     timed = [r for r in rows if r["step"] > warmup]
     if not timed:
@@ -210,6 +221,89 @@ def train_peer(python: Path, root: Path, name: str, options: dict, threads: int,
             "step_ms_mean": 1000 * seconds / len(timed), "pairs_per_s": pairs / seconds,
             "wall_pairs_per_s": pairs / sum(r["wall_s"] for r in timed),
             "tokens_per_pair": sum(r["src_tokens"] + r["tgt_tokens"] for r in timed) / pairs}
+
+
+# Operator groups for the side-by-side profile (first match wins; names are torch's aten operators).
+OP_GROUPS = (("LSTM kernels (oneDNN, forward and backward)", ("mkldnn_rnn", "lstm")),
+             ("GEMMs (mm, addmm, bmm)", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")),
+             ("optimizer (Adam, clipping's norm)", ("adam", "_foreach", "aten::sqrt", "aten::lerp", "aten::addcdiv",
+                                                   "aten::addcmul_", "linalg_vector_norm", "clip", "Optimizer.")),
+             ("softmax and loss", ("softmax", "nll_loss", "aten::amax", "aten::max", "aten::exp", "aten::gather",
+                                   "aten::addcmul", "aten::log", "CrossEntropy", "aten::scatter")),
+             ("dropout masks", ("bernoulli", "aten::random_", "aten::lt", "dropout")),
+             ("copies and layout", ("copy", "clone", "aten::cat", "contiguous", "pad", "aten::index",
+                                    "aten::empty", "aten::to", "aten::stack", "aten::slice", "aten::select")))
+
+
+def op_group(name: str) -> str:
+    low = name.lower()
+    for label, keys in OP_GROUPS:
+        if any(k.lower() in low for k in keys):
+            return label
+    return "everything else (elementwise, autograd bookkeeping)"
+
+
+def profiled_pair(python: Path, root: Path, options: dict, args, data: Path) -> dict:
+    """One profiled run of each side of goal 5 (fp32): their profile files' contents."""
+    window = args.steps - args.warmup
+    run = train_peer(python, root, "input_feed0_profiled", {**options, "input_feed": 0}, args.threads, args.steps,
+                     args.warmup, profile=(args.warmup, window))
+    peer = json.loads((root / "runs" / "input_feed0_profiled" / "profile.json").read_text())
+    peer["pairs_per_s"] = run["pairs_per_s"]
+    name = "peer_ours_fp32_profiled"
+    cfg = ds_variant(args.work, "single", name, bf16={"enabled": False})
+    train(args.work, name, cfg, 1, args.threads, args.steps, data, config=str(args.config),
+          extra=(*args.ours, f"train.profile_from={args.warmup}", f"train.profile_steps={window}"))
+    ours = json.loads((args.work / "runs" / name / "profile" / "rank0.json").read_text())
+    timing = json.loads((args.work / "runs" / name / "timing" / "rank0.json").read_text())["seconds_per_step"]
+    ours["phases"] = {k: 1000 * v for k, v in timing.items() if v >= 0.0005}
+    ours["pairs_per_s"] = summarise(args.work / "runs" / name, warmup=args.warmup)["pairs_per_s"]
+    return {"OpenNMT-py": peer, "ours": ours}
+
+
+def report_profiles(profiles: dict, results: dict, top: int = 12) -> dict:
+    """Print where each side's step goes and what stands between ours and 1.2x; returns the tables."""
+    peer, ours = profiles["OpenNMT-py"], profiles["ours"]
+    no_feed = results["OpenNMT-py, no input feeding", "fp32"]
+    mine = results["ours single", "fp32"]
+    # pairs per step are the same (the batch size); the goal in ms per step of ours at the rounds' speed:
+    need_ms = 1000 * 64 / (1.2 * no_feed["pairs_per_s"])
+    have_ms = 1000 * 64 / mine["pairs_per_s"]
+    print(f"\ngoal 5 in milliseconds (median round, fp32): ours {have_ms:.1f} ms per 64 pairs against "
+          f"{need_ms:.1f} for 1.2x OpenNMT-py ({1000 * 64 / no_feed['pairs_per_s']:.1f}): "
+          + (f"{have_ms - need_ms:.1f} ms to remove" if have_ms > need_ms else "met"))
+    print(f"\nunder torch.profiler (fp32, steps {ours['steps'][0]}-{ours['steps'][1]}): ms per step")
+    print("| | OpenNMT-py, no input feeding | ours single |")
+    print("|---|---:|---:|")
+    print(f"| step (wall) | {peer['wall_ms_per_step']:.1f} | {ours['wall_ms_per_step']:.1f} |")
+    print(f"| self CPU of all operators | {peer['self_cpu_ms_per_step']:.1f} | {ours['self_cpu_ms_per_step']:.1f} |")
+    print(f"| phases, as each trainer has them | "
+          + ", ".join(f"{k} {v:.1f}" for k, v in peer["phases"].items()) + " | "
+          + ", ".join(f"{k} {v:.1f}" for k, v in ours["phases"].items()) + " |")
+    groups = {}
+    for side, prof in (("peer", peer), ("ours", ours)):
+        for name, op in prof["ops"].items():
+            g = groups.setdefault(op_group(name), {"peer": 0.0, "ours": 0.0})
+            g[side] += op["self_ms"]
+    print("\n| operators, self CPU ms per step | OpenNMT-py | ours | ours - OpenNMT-py |")
+    print("|---|---:|---:|---:|")
+    for label, g in sorted(groups.items(), key=lambda kv: -abs(kv[1]["ours"] - kv[1]["peer"])):
+        print(f"| {label} | {g['peer']:.1f} | {g['ours']:.1f} | {g['ours'] - g['peer']:+.1f} |")
+    names = set(peer["ops"]) | set(ours["ops"])
+
+    def ms(prof, n):
+        return prof["ops"].get(n, {}).get("self_ms", 0.0)
+
+    rows = sorted(names, key=lambda n: -abs(ms(ours, n) - ms(peer, n)))[:top]
+    print(f"\n| operator (the {top} that differ most) | OpenNMT-py ms (calls) | ours ms (calls) | ours - OpenNMT-py |")
+    print("|---|---:|---:|---:|")
+    for n in rows:
+        pc, oc = peer["ops"].get(n, {}).get("calls", 0), ours["ops"].get(n, {}).get("calls", 0)
+        print(f"| {n[:60]} | {ms(peer, n):.2f} ({pc:.0f}) | {ms(ours, n):.2f} ({oc:.0f}) | {ms(ours, n) - ms(peer, n):+.2f} |")
+    return {"goal_ms": {"ours": have_ms, "needed": need_ms}, "groups": groups,
+            "wall_ms": {"peer": peer["wall_ms_per_step"], "ours": ours["wall_ms_per_step"]},
+            "phases": {"peer": peer["phases"], "ours": ours["phases"]},
+            "operators": [{"op": n, "peer_ms": ms(peer, n), "ours_ms": ms(ours, n)} for n in rows]}
 
 
 def median_round(rounds: list[dict]) -> dict:
@@ -228,6 +322,8 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=REPO / "trainer" / "configs" / "enja_small.yaml")
     p.add_argument("--ours", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides for our runs only (e.g. train.loss_chunk_rows=512)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the rounds, profile one fp32 run of each side of goal 5 and print where the steps differ")
     args = p.parse_args()
     if args.steps <= args.warmup:
         sys.exit(f"--steps {args.steps}: must be more than --warmup {args.warmup}")
@@ -264,10 +360,18 @@ def main() -> None:
             print(f"{label} ({precision}): {r['pairs_per_s']:.0f} pairs/s, median step {r['step_ms_median']:.0f} ms",
                   flush=True)
     results = {key: median_round(rs) for key, rs in rounds.items()}
+    profiled = None
+    if args.profile:
+        try:
+            profiled = profiled_pair(python, root, options, args, data)
+        except PeerError as e:
+            sys.exit(f"opennmt_peer: {e}")
     out = {"command": " ".join(sys.argv), "cpu": cpu_model(), "threads": args.threads, "steps": args.steps,
            "warmup": args.warmup, "load_average_1min": load, "busy": report(results, load, args),
            "peer_packages": [torch_pin(), *PEER_PACKAGES], "peer_options": options,
            "runs": {f"{label} {precision}": r for (label, precision), r in results.items()}}
+    if profiled:
+        out["profile"] = report_profiles(profiled, results)
     (args.work / "opennmt_peer.json").write_text(json.dumps(out, indent=1))
     print(f"wrote {args.work / 'opennmt_peer.json'}")
 
@@ -285,9 +389,15 @@ def report(results: dict, load: list[float], args) -> bool:
         print(f"| {label} | {precision} | {r['pairs_per_s']:.0f} | {r['step_ms_median']:.0f} | "
               f"{r['tokens_per_pair']:.1f} | {r['pairs_per_s'] / no_feed:.2f}x | {r['pairs_per_s'] / feed:.2f}x |")
     fp32, bf16 = results["ours single", "fp32"]["pairs_per_s"], results["ours single", "bf16"]["pairs_per_s"]
-    print(f"\nissue 14 goal 3: fp32 >= 1.2x OpenNMT-py without input feeding: {fp32 / no_feed:.2f}x "
+    print(f"\nissue 14 goal 3 and issue 28 goal 5: fp32 >= 1.2x OpenNMT-py without input feeding: {fp32 / no_feed:.2f}x "
           f"({'met' if fp32 >= 1.2 * no_feed else 'not met'}); bf16 >= 2x OpenNMT-py with input feeding: "
           f"{bf16 / feed:.2f}x ({'met' if bf16 >= 2 * feed else 'not met'})")
+    ours, peer = results["ours single", "fp32"], results["OpenNMT-py, no input feeding", "fp32"]
+    by_round = [o / p for o, p in zip(ours.get("rounds_pairs_per_s", [ours["pairs_per_s"]]),
+                                      peer.get("rounds_pairs_per_s", [peer["pairs_per_s"]]))]
+    print(f"fp32 / OpenNMT-py without input feeding by round: {', '.join(f'{r:.2f}x' for r in by_round)}; per "
+          f"src+tgt token (ours' BPE pieces against its words): "
+          f"{ours['pairs_per_s'] * ours['tokens_per_pair'] / (peer['pairs_per_s'] * peer['tokens_per_pair']):.2f}x")
     cores = len(os.sched_getaffinity(0))
     busy = max(load) > cores + 1  # the runs' own threads account for about `cores`
     if busy:

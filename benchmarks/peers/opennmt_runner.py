@@ -3,6 +3,7 @@
     VENV/bin/python benchmarks/peers/opennmt_runner.py check
     VENV/bin/python benchmarks/peers/opennmt_runner.py build_vocab -config CONFIG ...
     VENV/bin/python benchmarks/peers/opennmt_runner.py train -config CONFIG ... --threads N --steps-file FILE
+                                                        [--profile-from S --profile-steps N --profile-out FILE]
 
 Imports nothing from this repository: it runs under the venv's interpreter, next to OpenNMT-py 3.5.1.
 Two things it adds around `onmt.bin.train.main`, both outside the training arithmetic:
@@ -12,6 +13,12 @@ Two things it adds around `onmt.bin.train.main`, both outside the training arith
   training step: what our trainer's `step_time_s` covers), one JSON line per step to FILE, so both
   trainers are timed over the same part of a step. Each line also has the wall time since the end of the
   previous step, which adds OpenNMT-py's batch preparation and reporting.
+
+With --profile-steps N, torch.profiler runs over steps S+1 .. S+N and FILE gets what our trainer's
+`train.profile_steps` writes (trainer/observe/profiling.py: wall and self CPU ms per step, and each operator's
+self CPU ms and calls per step), plus `phases`: the CPU ms per step inside the model's forward, the loss (the
+generator's projection and softmax, forward), the backward and the optimizer step, each marked with
+torch.profiler.record_function.
 
 OpenNMT-py imports every transform at start-up, and `onmt/transforms/terminology.py` imports spacy at
 module level for a transform this benchmark never uses; spacy and its ~40 dependencies are not installed,
@@ -41,7 +48,63 @@ def _stand_in_for_spacy() -> None:
     sys.modules["spacy"] = module
 
 
-def _clock_steps(path: str) -> None:
+PHASES = (("onmt.models.model", "NMTModel", "forward", "forward"),
+          ("onmt.utils.loss", "LossCompute", "forward", "loss"),
+          ("onmt.utils.optimizers", "Optimizer", "backward", "backward"),
+          ("onmt.utils.optimizers", "Optimizer", "step", "optimizer_step"))
+
+
+def _mark_phases() -> None:
+    """Each phase of a step inside a record_function range named "phase: NAME"."""
+    import importlib
+
+    from torch.profiler import record_function
+
+    for module, cls, method, name in PHASES:
+        owner = getattr(importlib.import_module(module), cls)
+        inner = getattr(owner, method)
+
+        def marked(*args, _inner=inner, _name=f"phase: {name}", **kwargs):
+            with record_function(_name):
+                return _inner(*args, **kwargs)
+
+        setattr(owner, method, marked)
+
+
+class _Window:
+    """torch.profiler over steps first .. last (1-based); writes `out` after the last."""
+
+    def __init__(self, first: int, steps: int, out: str):
+        self.first, self.last, self.out = first, first + steps - 1, out
+        self.prof = None
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU])
+            self.prof.__enter__()
+            self.started = time.perf_counter()
+
+    def after(self, step: int) -> None:
+        if step != self.last or self.prof is None:
+            return
+        wall = time.perf_counter() - self.started
+        self.prof.__exit__(None, None, None)
+        steps = self.last - self.first + 1
+        events = self.prof.key_averages()
+        ops = {e.key: {"self_ms": e.self_cpu_time_total / 1000 / steps, "calls": e.count / steps}
+               for e in events if not e.key.startswith("phase: ")}
+        phases = {e.key[len("phase: "):]: e.cpu_time_total / 1000 / steps for e in events
+                  if e.key.startswith("phase: ")}
+        with open(self.out, "w") as f:
+            json.dump({"steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
+                       "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()), "phases": phases,
+                       "ops": dict(sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"]))}, f, indent=1)
+        self.prof = None
+
+
+def _clock_steps(path: str, window: _Window | None) -> None:
     import onmt.trainer
 
     inner = onmt.trainer.Trainer._gradient_accumulation
@@ -50,9 +113,14 @@ def _clock_steps(path: str) -> None:
 
     def timed(self, true_batches, normalization, total_stats, report_stats):
         src_before, tgt_before = total_stats.n_src_words, total_stats.n_words
+        step = self.optim.training_step
+        if window:
+            window.before(step)
         start = time.perf_counter()
         inner(self, true_batches, normalization, total_stats, report_stats)
         end = time.perf_counter()
+        if window:
+            window.after(step)
         wall = None if last_end[0] is None else end - last_end[0]
         last_end[0] = end
         out.write(json.dumps({"step": self.optim.training_step - 1,
@@ -81,6 +149,8 @@ def main() -> None:
         sys.exit("usage: opennmt_runner.py check | build_vocab ARGS | train ARGS [--threads N] [--steps-file FILE]")
     command, argv = sys.argv[1], sys.argv[2:]
     threads, steps_file = _take(argv, "--threads"), _take(argv, "--steps-file")
+    profile_from, profile_steps = _take(argv, "--profile-from"), _take(argv, "--profile-steps")
+    profile_out = _take(argv, "--profile-out")
     _stand_in_for_spacy()
     import torch
 
@@ -95,8 +165,14 @@ def main() -> None:
     if command == "build_vocab":
         from onmt.bin.build_vocab import main as entry
     else:
+        window = None
+        if profile_steps and int(profile_steps) > 0:
+            if not (steps_file and profile_out):
+                sys.exit("--profile-steps needs --steps-file and --profile-out")
+            _mark_phases()
+            window = _Window(int(profile_from or 0) + 1, int(profile_steps), profile_out)
         if steps_file:
-            _clock_steps(steps_file)
+            _clock_steps(steps_file, window)
         from onmt.bin.train import main as entry
     sys.argv = [f"onmt_{command}", *argv]
     entry()
