@@ -403,3 +403,44 @@ def lean_zero_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) 
     diff = max(max(float((x - y).abs().max()) for x, y in zip(a[k], b[k])) for k in ("weights", "masters", "exp_avg_sq"))
     return {"norm": (a["norm"], b["norm"]), "max_diff": diff, "layout": layout,
             "moved": max(float((x - y).abs().max()) for x, y in zip(a["masters"], saved[1]))}
+
+
+def shared_memory_collectives(slot_bytes: int) -> dict:
+    """A data-parallel runtime's shared-memory sum (slots of `slot_bytes`, so that larger sums go in pieces)
+    against gloo's, on tensors of two dtypes and uneven sizes; and what is left in
+    /dev/shm once the file is mapped."""
+    import glob
+
+    import torch
+    import torch.distributed as dist
+
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.parallel.shm_sum import SHM_DIR
+
+    world = int(os.environ["WORLD_SIZE"])
+    spec = LayoutSpec.from_ds_config({"parallel_layout": {"mode": "data", "num_dp": world}}, world)
+    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
+    members = list(range(world))
+    shm = rt.open_shared_memory("data", [p["host"] for p in rt.peers], slot_bytes=slot_bytes)
+    left = glob.glob(os.path.join(SHM_DIR, f"hybrid-nmt-{rt.peers[0]['pid']}-*"))
+    gen = torch.Generator().manual_seed(rt.rank)
+    shapes = [(37,), (5, 300), (1000,), (3,)]
+    tensors = [torch.randn(s, generator=gen) for s in shapes] + [torch.randn(700, generator=gen).bfloat16(),
+                                                                  torch.randn(4, 9, generator=gen).bfloat16()]
+    by_gloo = [t.clone() for t in tensors]
+    for t in by_gloo:
+        dist.all_reduce(t)
+    mine = [t.clone() for t in tensors]
+    for _ in range(3):  # the regions in turn: each round must not see the last one's slots
+        mine = [t.clone() for t in tensors]
+        shm.sum(mine)
+    same_sum = all(torch.equal(a, b) for a, b in zip(mine, by_gloo))
+    close_sum = all(torch.allclose(a.float(), b.float(), rtol=1e-2 if a.dtype == torch.bfloat16 else 1e-5,
+                                   atol=3e-2 if a.dtype == torch.bfloat16 else 1e-5)
+                    for a, b in zip(mine, by_gloo))
+    other_host = rt.open_shared_memory("data", [f"host{r}" for r in members])
+    via_runtime = rt.shared_memory("data") is not None
+    rt.close()
+    return {"sum_equals_gloo": same_sum, "sum_close_to_gloo": close_sum, "left_in_shm": left,
+            "other_host": other_host is None, "runtime_uses_it": via_runtime}

@@ -116,8 +116,10 @@ def test_data_parallel_sums_start_during_the_backward_and_the_step_still_equals_
                                                                                       single14):
     """data_2 starts summing the head's gradients after the window's last head and each LSTM direction's after
     its last backward (trainer.parallel.interpreter: early reduce points), so that reduce_grads only drains the
-    rest; the step still equals single's. parallel_layout.overlap_grad_sums=false starts none early."""
-    layout = {"mode": "data", "num_pp": 1, "num_dp": 2}
+    rest; the step still equals single's. parallel_layout.overlap_grad_sums=false starts none early, and neither
+    do sums through shared memory (the default on a CPU: done when started, trainer.parallel.shm_sum), whose step
+    equals single's too. The early points are those of gloo's sums (shared_memory_sums=false)."""
+    layout = {"mode": "data", "num_pp": 1, "num_dp": 2, "shared_memory_sums": False}
     out = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL], _ds(7, layout),
                       str(tmp_path / "early"), 2)
     points = [o["points"] for o in out]
@@ -128,17 +130,22 @@ def test_data_parallel_sums_start_during_the_backward_and_the_step_still_equals_
     late = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL],
                        _ds(7, {**layout, "overlap_grad_sums": False}), str(tmp_path / "late"), 0)
     assert [o["points"] for o in late] == [[], []]
+    shm = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL],
+                      _ds(7, {**layout, "shared_memory_sums": True}), str(tmp_path / "shm"), 2)
+    assert [o["points"] for o in shm] == [[], []]
+    _compare(single14, (shm[0]["rows"], {k: v for o in shm for k, v in o["params"].items()}), "data_2 shared memory")
 
 
 def test_a_tied_projection_is_summed_after_the_lookups_backward(workers, tiny_data, tmp_path):
     """model.tie_embeddings: the head's projection is the target table, which the embedding's backward writes
-    after the head's: its sum waits for reduce_grads, and data_2's step still equals single's."""
+    after the head's: its sum waits for reduce_grads, and data_2's step still equals single's (gloo's sums, which
+    start early; shared_memory_sums=false)."""
     tied = [f"data.dir={tiny_data}", *MODEL, "model.tie_embeddings=true"]
+    layout = {"mode": "data", "num_pp": 1, "num_dp": 2, "shared_memory_sums": False}
     ref = _run(workers, tiny_data, tmp_path, "single_tied", 1, 14, {"mode": "single"}, extra=("model.tie_embeddings=true",))
-    out = workers.run(2, early_reduce_points, tied, _ds(7, {"mode": "data", "num_pp": 1, "num_dp": 2}),
-                      str(tmp_path / "early_tied"), 2)
-    untied = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL],
-                         _ds(7, {"mode": "data", "num_pp": 1, "num_dp": 2}), str(tmp_path / "early_untied"), 0)
+    out = workers.run(2, early_reduce_points, tied, _ds(7, layout), str(tmp_path / "early_tied"), 2)
+    untied = workers.run(2, early_reduce_points, [f"data.dir={tiny_data}", *MODEL], _ds(7, layout),
+                         str(tmp_path / "early_untied"), 0)
     assert out[0]["points"][0][:2] == ("head", "") and out[0]["points"][0][2] == untied[0]["points"][0][2] - 1
     _compare(ref, (out[0]["rows"], {k: v for o in out for k, v in o["params"].items()}), "data_2 tied early sums")
 

@@ -110,7 +110,8 @@ def init_comm(timeout_s: int) -> None:
     build elsewhere made our starts wait past their timeouts, and the lock file of a build that was
     killed makes every later start wait forever, silently. Once built, the op also maps a 66 MB
     /dev/shm buffer per rank that it never unlinks. Only DeepSpeed's inference all-reduce uses the op;
-    training never does (every collective here goes through torch.distributed: gloo, or NCCL). So
+    training never does (every collective here goes through torch.distributed, gloo or NCCL, and the
+    replicas' gradient sums on one CPU host through our own shared memory, trainer.parallel.shm_sum). So
     `build_shm_op` answers None, DeepSpeed's own path for a platform without the op: nothing is
     compiled, loaded, locked or mapped."""
     import importlib

@@ -154,8 +154,10 @@ class StepRunner:
         self.replica_grads = (ReplicaGrads(runtime, module.optimizer_parameters(), self._row_tables())
                               if self.layout.num_dp > 1 else None)
         # ... started early for the gradients the boundary program has finished (position -> parameters)
+        # (not where the sums are done when started: shared memory, trainer.parallel.shm_sum)
         self.early_reduce = (self._early_reduce_points()
-                             if self.replica_grads is not None and self.layout.spec.overlap_grad_sums else {})
+                             if self.replica_grads is not None and self.layout.spec.overlap_grad_sums
+                             and runtime.sums_overlap else {})
 
     def _early_reduce_points(self) -> dict[int, list]:
         """Where in the boundary program a group of the replicas' dense gradients is final, so that its sum can

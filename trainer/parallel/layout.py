@@ -55,6 +55,8 @@ class LayoutSpec:
     #                                        (pipeline, hybrid, grid; trainer.parallel.schedule)
     overlap_grad_sums: bool = True  # the replicas' gradient sums start as groups become final in the backward
     #                                 (data, grid; trainer.parallel.interpreter), not all at reduce_grads
+    shared_memory_sums: bool = True  # CPU: the gradient sums and the head's broadcast among ranks of one host
+    #                                  through shared memory instead of gloo's TCP (trainer.parallel.shm_sum)
 
     @property
     def world_size(self) -> int:
@@ -89,7 +91,8 @@ class LayoutSpec:
     def from_ds_config(cls, ds_config: dict, world_size: int) -> "LayoutSpec":
         section = check_section(ds_config.get(SECTION, {"mode": "single" if world_size == 1 else "data"}))
         known = {"mode", "num_pp", "num_dp", "micro_batches", "time_chunks", "partition_method", "head_shares",
-                 "head_schedule", "defer_weight_grads", "head_split", "defer_head_weight_grads", "overlap_grad_sums"}
+                 "head_schedule", "defer_weight_grads", "head_split", "defer_head_weight_grads", "overlap_grad_sums",
+                 "shared_memory_sums"}
         for key in section:
             if key not in known:
                 raise LayoutError(f"{SECTION}.{key}: unknown key (known: {', '.join(sorted(known))})")
@@ -121,9 +124,9 @@ class LayoutSpec:
         if head_schedule not in ("after_forward", "per_unit"):
             raise LayoutError(f"{SECTION}.head_schedule={head_schedule!r}: one of after_forward, per_unit")
         defer, defer_head = section.get("defer_weight_grads", False), section.get("defer_head_weight_grads", False)
-        overlap = section.get("overlap_grad_sums", True)
+        overlap, shm = section.get("overlap_grad_sums", True), section.get("shared_memory_sums", True)
         for key, value in (("defer_weight_grads", defer), ("defer_head_weight_grads", defer_head),
-                           ("overlap_grad_sums", overlap)):
+                           ("overlap_grad_sums", overlap), ("shared_memory_sums", shm)):
             if not isinstance(value, bool):
                 raise LayoutError(f"{SECTION}.{key}={_short(value)}: must be true or false")
         if defer_head and num_pp < 2:
@@ -136,7 +139,8 @@ class LayoutSpec:
                    time_chunks=section.get("time_chunks", 1),
                    partition_method=section.get("partition_method", PARTITION_DEFAULT),
                    head_shares=tuple(shares), head_schedule=head_schedule, defer_weight_grads=defer,
-                   head_split=head_split, defer_head_weight_grads=defer_head, overlap_grad_sums=overlap)
+                   head_split=head_split, defer_head_weight_grads=defer_head, overlap_grad_sums=overlap,
+                   shared_memory_sums=shm)
         spec._check_head_options()
         spec.check_world(world_size)
         return spec

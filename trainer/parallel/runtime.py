@@ -6,7 +6,12 @@ over the spec's topology (checked against `layout.group_members`, the same map t
 uses) -> the eval group. Verbs:
 
     p2p              `stage_comm(dtype)`: activations, shards and their gradients between stages
-    collectives      `all_reduce`, `reduce_async`, `broadcast_async`, `gather` over a named group
+    collectives      `all_reduce`, `reduce_async`, `broadcast_async`, `gather` over a named group; on a CPU
+                     the replicas' gradient sums (`all_reduce_async`) of a group whose ranks share this
+                     host go through shared memory (trainer.parallel.shm_sum; parallel_layout.shared_memory_sums),
+                     finished when they return; the head's reduce and broadcast stay asynchronous on gloo (a
+                     pipeline's stages reach them at different times: waiting for each other there cost more
+                     than the transfer, docs/BENCHMARKS.md)
     objects          `broadcast_object`, `all_gather_object` (small Python values: errors, answers)
     lifetime         `barrier`, `close`
 
@@ -28,6 +33,7 @@ import torch.distributed as dist
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.comm import AsyncCollective, StageComm
 from trainer.parallel.layout import LayoutSpec, ParallelLayout, group_members
+from trainer.parallel import shm_sum
 
 EVAL_WAIT_S = 2 * 3600  # how long other ranks wait for rank 0's dev BLEU decode
 
@@ -123,6 +129,7 @@ class ParallelRuntime:
     groups: dict  # name -> process group handle (None = the world group)
     peers: list = field(default_factory=list)  # (host, pid) of every rank, for failure messages
     comm_timeout_s: int = 300
+    shared: dict = field(default_factory=dict)  # group name -> SharedMemorySum, or None: gloo (made at first use)
 
     @classmethod
     def start(cls, spec: LayoutSpec, comm_timeout_s: int = 300, verbose: bool = False) -> "ParallelRuntime":
@@ -204,6 +211,46 @@ class ParallelRuntime:
             return None
         return lambda tensor: self.all_reduce(tensor, group="world")
 
+    def shared_memory(self, group: str) -> shm_sum.SharedMemorySum | None:
+        """The group's shared-memory sums, where they serve: a CPU job with parallel_layout.shared_memory_sums,
+        every rank of the group on this host. Every rank of the group asks at the same point (its first
+        gradient sum): they map the shared file together."""
+        if group not in self.shared:
+            members = next(g for g in group_members(self.spec)[group] if self.rank in g)
+            usable = (self.spec.shared_memory_sums and len(members) > 1 and self.device().type == "cpu"
+                      and dist.is_initialized())
+            self.shared[group] = self.open_shared_memory(group, [p["host"] for p in self.peers]) if usable else None
+        return self.shared[group]
+
+    def open_shared_memory(self, group: str, hosts: list[str],
+                           slot_bytes: int = shm_sum.SLOT_BYTES) -> shm_sum.SharedMemorySum | None:
+        """Map a shared file for `group` (collective over it): its first rank creates it, the others map it, it
+        is unlinked once all have; None (stay on gloo) if the group's ranks are on more than one host (`hosts`:
+        each global rank's) or any rank could not map it."""
+        members = next(g for g in group_members(self.spec)[group] if self.rank in g)
+        if len({hosts[r] for r in members}) != 1:
+            return None
+        size, first = shm_sum.region_bytes(len(members), slot_bytes), self.rank == members[0]
+        path = self.broadcast_object(shm_sum.create(f"{group}{members[0]}", size) if first else None,
+                                     src=members[0], group=group)
+        if path is None:
+            return None
+        buffer = shm_sum.attach(path, size)
+        failed = self.all_reduce(torch.tensor([float(buffer is None)]), op="max", group=group)
+        if first:
+            shm_sum.unlink(path)
+        if failed.item() > 0:
+            return None
+        pg = self.groups[group]
+        return shm_sum.SharedMemorySum(buffer, len(members), members.index(self.rank), slot_bytes,
+                                       lambda: dist.barrier(group=pg))
+
+    @property
+    def sums_overlap(self) -> bool:
+        """Whether a started gradient sum runs while the caller goes on (gloo, NCCL); shared-memory sums are
+        done when they return, so starting them early only adds waits."""
+        return self.shared_memory("data") is None
+
     def reduce_async(self, tensors: list[torch.Tensor], dst: int, group: str) -> AsyncCollective:
         """Start the SUM of `tensors` over `group` into global rank `dst`; after `wait()` it is in `dst`'s
         tensors (the others' are scratch)."""
@@ -212,6 +259,9 @@ class ParallelRuntime:
 
     def all_reduce_async(self, tensors: list[torch.Tensor], group: str) -> AsyncCollective:
         """Start the in-place SUM of `tensors` over `group`; after `wait()` every rank of it has the sums."""
+        if (shm := self.shared_memory(group)) is not None:
+            shm.sum(tensors)
+            return AsyncCollective([], None)
         return AsyncCollective(tensors, lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.groups[group],
                                                                   async_op=True))
 

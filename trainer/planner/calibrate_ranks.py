@@ -217,7 +217,8 @@ def _transfer_rank(rank: int, port: int, sizes: list, reps: int, results) -> Non
                     rtt.append(end - start)
                     post.append(posted - start if rank == 0 else 0.0)
             out["p2p"].append([nbytes, 1000 * sorted(rtt)[len(rtt) // 2] / 2, 1000 * sorted(post)[len(post) // 2]])
-            for name, run in (("all_reduce", lambda: rt.all_reduce(t.clone(), group="world")),
+            # all_reduce: the verb of the replicas' gradient sums (shared memory on one CPU host, else gloo)
+            for name, run in (("all_reduce", lambda: rt.all_reduce_async([t.clone()], group="world").wait()),
                               ("reduce", lambda: rt.reduce_async([t.clone()], dst=1, group="pipe").wait()),
                               ("broadcast", lambda: rt.broadcast_async([t.clone()], src=1, group="pipe").wait())):
                 times = []
