@@ -225,7 +225,7 @@ class ParallelRuntime:
     def open_shared_memory(self, group: str, hosts: list[str],
                            slot_bytes: int = shm_sum.SLOT_BYTES) -> shm_sum.SharedMemorySum | None:
         """Map a shared file for `group` (collective over it): its first rank creates it, the others map it, it
-        is unlinked once all have; None (stay on gloo) if the group's ranks are on more than one host (`hosts`:
+        is unlinked once all have, before any returns; None (stay on gloo) if the group's ranks are on more than one host (`hosts`:
         each global rank's) or any rank could not map it."""
         members = next(g for g in group_members(self.spec)[group] if self.rank in g)
         if len({hosts[r] for r in members}) != 1:
@@ -239,9 +239,10 @@ class ParallelRuntime:
         failed = self.all_reduce(torch.tensor([float(buffer is None)]), op="max", group=group)
         if first:
             shm_sum.unlink(path)
+        pg = self.groups[group]
+        dist.barrier(group=pg)  # once any rank returns, the name is gone from /dev/shm
         if failed.item() > 0:
             return None
-        pg = self.groups[group]
         return shm_sum.SharedMemorySum(buffer, len(members), members.index(self.rank), slot_bytes,
                                        lambda: dist.barrier(group=pg))
 
