@@ -308,6 +308,7 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
     (tmp_path / "timeline" / "trace.json").write_text(json.dumps(_trace(HYBRID_STEP)))
     rows = {"single 1 thread fused": [run(100), run(100)], "single 1 thread stepwise": [run(90), run(110)],
             "ceiling": [run(190, cpu={0: {"main": 480.0}}), run(200, cpu={0: {"main": 470.0}})],
+            "ceiling half batch": [run(150, step=300.0), run(160, step=290.0)],
             "single 2 threads": [run(150), run(150)], "data_2": [run(170), run(160)],
             "pipeline_2 units=4": [run(100), run(100)],
             "hybrid_2 shipped": [run(180), run(176, cpu={0: {"main": 300.0, "gloo_tcp_loop x4": 20.0}})]}
@@ -320,6 +321,12 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
     assert not table["2"]["met"]  # 0.9 of the ceiling is reached in one round only
     assert table["3"]["min"] == pytest.approx(0.8) and not table["3"]["met"]  # 160/200
     assert table["4"]["min"] == pytest.approx(180 / 170) and not table["4"]["met"]  # the wide model's target: 1.2x
+    # what halving the batch costs by itself, and what data_2 loses beyond it: reported, no target
+    assert table["half batch"]["min"] == pytest.approx(0.789, abs=1e-3) and table["half batch"]["met"] is None
+    assert table["3 beyond"]["max"] == pytest.approx(170 / 150) and table["3 beyond"]["min"] == pytest.approx(1.0)
+    older = {k: v for k, v in rows.items() if k != "ceiling half batch"}  # a result from before that row
+    assert {g["goal"] for g in scaling_goals.goals_table({"wide": {"bf16": older}})} == set(table) - {"half batch",
+                                                                                                       "3 beyond"}
     g = scaling_goals.gap(rows, "2", 0.9, 0)  # round 1: 180 tok/s at 500 ms against 0.9 x 190
     assert g["needed_ms"] == pytest.approx(500 * 180 / (0.9 * 190)) and g["gap_ms"] == pytest.approx(500 - g["needed_ms"])
     out = scaling_goals.report(results, 2)
@@ -327,4 +334,6 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
     where = out["gaps"]["2_wide_bf16"]
     assert where["round"] == 2  # the median round (of equal steps, the later)
     assert set(where["ranks"]) == {0, 1} and where["cpu"]["ceiling run"] == {"main": 470.0}
-    assert "gloo_tcp_loop x4 20.0" in capsys.readouterr().out
+    assert where["half_batch_step_ms"] == 290.0  # the median round's half-batch run, printed beside the ranks
+    printed = capsys.readouterr().out
+    assert "gloo_tcp_loop x4 20.0" in printed and "| half-batch run |" in printed

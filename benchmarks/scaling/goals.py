@@ -5,6 +5,9 @@ Both model sizes, both precisions, every rank with 1 thread, side by side in eac
     single 1 thread        with each LSTM kernel; the faster one is "one alone"
     ceiling                two of the faster single started together, each on its own core: the most any
                            2-rank layout can reach on this machine (their summed throughput)
+    ceiling half batch     the same with half the global batch each (a data_2 rank's share of it): what
+                           splitting the batch by sentences costs by itself, before any message; data_2 over
+                           it is what its runtime (sums, waits) loses beyond that
     single 2 threads       what a CPU user would run (not a goal)         } with the faster single's kernel,
     data_2, pipeline_2     the strongest alternatives, same global batch  } the strongest baselines
     hybrid_2 shipped       ds_configs/hybrid_2.json (enja-small), hybrid_2_wide.json (wide), the model's kernel
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from benchmarks.common import REPO, breakdown, cpu_model, ds_variant, start_train, train, wait_train
 
+HALF_ROW = "ceiling half batch"
 SHIPPED = {"small": "hybrid_2", "wide": "hybrid_2_wide"}
 STEPS = {"small": 40, "wide": 20}  # a wide step costs 1-2.5 s on one core; 10 steps were too noisy
 CEILING_TAIL = 3  # the two ceiling runs go on this many steps past the counted ones: both are running throughout
@@ -33,6 +37,8 @@ TARGETS = {  # goal: (what, numerator row, denominator row, {model: target ratio
     "2": ("hybrid_2 / ceiling", "hybrid", "ceiling", {"wide": 0.9, "small": 0.9}),
     "3": ("data_2 / ceiling", "data_2", "ceiling", {"wide": 0.85, "small": 0.85}),
     "4": ("hybrid_2 / data_2", "hybrid", "data_2", {"wide": 1.2, "small": None}),
+    "half batch": ("two half-batch singles at once / ceiling", HALF_ROW, "ceiling", {"wide": None, "small": None}),
+    "3 beyond": ("data_2 / half-batch ceiling", "data_2", HALF_ROW, {"wide": None, "small": None}),
     "vs pipeline": ("hybrid_2 / pipeline_2 units=4", "hybrid", "pipeline_2 units=4", {"wide": None, "small": None}),
     "vs single": ("hybrid_2 / single 1 thread", "hybrid", "single", {"wide": None, "small": None}),
 }
@@ -68,6 +74,11 @@ def ceiling(work: Path, name: str, cfg: Path, steps: int, data: Path, config: st
             "timing": runs[0]["timing"], "cpu": runs[0].get("cpu", {})}
 
 
+def half_batch(base: str) -> int:
+    """Half the global micro-batch of ds_configs/BASE.json (a data_2 replica's rows of it)."""
+    return json.loads((REPO / "ds_configs" / f"{base}.json").read_text())["train_micro_batch_size_per_gpu"] // 2
+
+
 def measure(work: Path, data: Path, models: dict, rounds: int, pngs: Path, on_round=None) -> dict:
     """results[model][precision][label] = [summary per round] (common.summarise plus `run_dir`, `kernel`);
     `on_round(results, rounds_done)` after each round."""
@@ -78,9 +89,9 @@ def measure(work: Path, data: Path, models: dict, rounds: int, pngs: Path, on_ro
             for prec in ("bf16", "fp32"):
                 got = results.setdefault(model, {}).setdefault(prec, {})
 
-                def run(label, base, ranks, threads, layout, kernel, pair=False):
+                def run(label, base, ranks, threads, layout, kernel, pair=False, **ds):
                     name = f"goals_{model}_{prec}_{label.replace(' ', '_').replace('=', '')}"
-                    cfg = ds_variant(work, base, name, layout=layout, bf16={"enabled": prec == "bf16"})
+                    cfg = ds_variant(work, base, name, layout=layout, bf16={"enabled": prec == "bf16"}, **ds)
                     extra = (f"train.timeline_every={steps - 1}", f"model.lstm_kernel={kernel}")
                     if pair:
                         r = ceiling(work, name, cfg, steps, data, models[model], extra)
@@ -98,6 +109,8 @@ def measure(work: Path, data: Path, models: dict, rounds: int, pngs: Path, on_ro
                 singles = {k: run(f"single 1 thread {k}", "single", 1, 1, {}, k) for k in ("fused", "stepwise")}
                 best = max(singles, key=lambda k: singles[k]["tokens_per_s"])
                 run("ceiling", "single", 1, 1, {}, best, pair=True)
+                run(HALF_ROW, "single", 1, 1, {}, best, pair=True,
+                    train_micro_batch_size_per_gpu=half_batch("single"))
                 run("single 2 threads", "single", 1, 2, {}, best)
                 run("data_2", "data_2", 2, 1, {}, best)
                 run("pipeline_2 units=4", "pipeline_2", 2, 1, {"micro_batches": 4}, best)
@@ -116,10 +129,15 @@ def _row(rows: dict, key: str, rnd: int) -> dict:
     return _single(rows, rnd) if key == "single" else rows[HYBRID_ROW if key == "hybrid" else key][rnd]
 
 
+def _goals(rows: dict) -> dict:
+    """TARGETS whose rows this result has (a result from before the half-batch ceiling lacks its goals)."""
+    return {goal: t for goal, t in TARGETS.items() if all(k in ("single", "hybrid") or k in rows for k in t[1:3])}
+
+
 def round_ratios(rows: dict, rnd: int) -> dict:
     """Goal -> tokens/s ratio in round `rnd`."""
     return {goal: _row(rows, num, rnd)["tokens_per_s"] / _row(rows, den, rnd)["tokens_per_s"]
-            for goal, (_, num, den, _) in TARGETS.items()}
+            for goal, (_, num, den, _) in _goals(rows).items()}
 
 
 def goals_table(results: dict) -> list[dict]:
@@ -129,6 +147,8 @@ def goals_table(results: dict) -> list[dict]:
     for goal, (what, num, _, targets) in TARGETS.items():
         for model, precs in results.items():
             for prec, rows in precs.items():
+                if goal not in _goals(rows):
+                    continue
                 rounds = len(rows[HYBRID_ROW])
                 vals = sorted(round_ratios(rows, i)[goal] for i in range(rounds))
                 target = targets[model]
@@ -238,7 +258,8 @@ def _median_round(rs: list) -> int:
 def where(rows: dict, goal: dict) -> dict:
     """For a goal not met, in its row's median round: the step it would need, each rank's compute and waits on
     the sampled step's timeline against half of one alone (the ceiling's per-rank share, its two runs' mean
-    step), and each rank's CPU ms per step by thread against the step's wall time."""
+    step) and against one of the half-batch ceiling's runs where the result has them, and each rank's CPU ms
+    per step by thread against the step's wall time."""
     _, num, _, _ = TARGETS[goal["goal"]]
     label = HYBRID_ROW if num == "hybrid" else num
     rnd = _median_round(rows[label])
@@ -257,6 +278,12 @@ def where(rows: dict, goal: dict) -> dict:
     print("| share | " + " | ".join(f"{half.get('optimizer_step' if c == 'optimizer' else c, 0):.0f}"
                                    if c in cols[:4] else "-" for c in cols[:-1]) +
           f" | {ceil['step_ms_median'] / 2:.0f} |")
+    halved = rows[HALF_ROW][rnd] if HALF_ROW in rows else None
+    if halved is not None:  # one of the two half-batch runs: what half the batch costs one core beside another
+        own = breakdown(halved["timing"][min(halved["timing"])])
+        print("| half-batch run | " + " | ".join(f"{own.get('optimizer_step' if c == 'optimizer' else c, 0):.0f}"
+                                              if c in cols[:4] else "-" for c in cols[:-1]) +
+              f" | {halved['step_ms_median']:.0f} |")
     for rank, row in spans.items():
         print(f"| {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
     cpu = {"ceiling run": ceil.get("cpu", {}).get(0, {}), **{f"rank {k}": v for k, v in r.get("cpu", {}).items()}}
@@ -267,4 +294,5 @@ def where(rows: dict, goal: dict) -> dict:
             top = sorted(threads.items(), key=lambda kv: -kv[1])
             print(f"  {who}: total {sum(threads.values()):.0f}; " +
                   ", ".join(f"{name} {ms:.1f}" for name, ms in top[:6] if ms >= 0.1))
-    return {**g, "round": rnd + 1, "ranks": spans, "share": half, "cpu": cpu}
+    return {**g, "round": rnd + 1, "ranks": spans, "share": half, "cpu": cpu,
+            "half_batch_step_ms": None if halved is None else halved["step_ms_median"]}
