@@ -394,3 +394,23 @@ def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data
     assert one.step_s > 0 and {p.candidate.spec.mode for p in ranked} >= {"single", "data", "hybrid", "pipeline"}
     with pytest.raises(FileExistsError):
         calibrate(cfg, str(out), quick=True)
+
+
+def test_each_simulated_step_is_kept_and_the_per_step_error_is_a_median(tiny_data, tmp_path):
+    from benchmarks.planner.__main__ import WARMUP, step_error_median
+    from trainer.planner import plan
+
+    cfg = load_config(None, _tiny_cfg(tiny_data))
+    ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
+    work = plan.workload(cfg, ds, steps=3)
+    profile = load(str(_tiny_profile(tmp_path, tiny_data, threads=(1,))))
+    ranked, one, _ = plan.rank_layouts(work, profile, devices=2)
+    for p in [one, *ranked]:
+        assert len(p.steps_s) == len(work.windows)  # 3 steps: fewer than the 4 screening ones, all simulated
+        assert sum(p.steps_s) / len(p.steps_s) == pytest.approx(p.step_s)
+    # step by step, after the warm-up steps: one slow step (noise) moves the mean, not the median
+    rows = [{"step": i + 1, "step_time_s": 9.0} for i in range(WARMUP)] + \
+        [{"step": WARMUP + 1 + i, "step_time_s": t} for i, t in enumerate([1.0, 2.0, 10.0])]
+    assert step_error_median([1.1, 2.2, 1.0], rows) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="2 predicted steps against 3 measured"):
+        step_error_median([1.0, 2.0], rows)

@@ -1,7 +1,7 @@
 """Is the layout planner right? Two questions, one command each.
 
     python -m benchmarks.planner validate [--work /tmp/hybrid-nmt-bench] [--profile FILE] [--steps 30]
-                                          [--precision bf16 fp32] [--only LABEL ...]
+                                          [--precision bf16 fp32] [--only LABEL ...] [--rescore]
     python -m benchmarks.planner predict  [--work /tmp/hybrid-nmt-bench] [--profile h200]
                                           [--devices 1 2 4 8] [--links nvlink pcie] [--scenarios ...] [--steps 16]
 
@@ -15,8 +15,12 @@
    batches the run trained on (the steps after the 3 warm-up steps) and prints predicted vs
    measured mean step time and the error, then per rank the measured and predicted ms per step of
    each instruction type (RUN_DIR/timing/rank*.json vs the simulation) for rows off by more than 10%.
+   Beside it, the median over the steps of each step's error (the same batch predicted and measured): a
+   row whose mean is off but whose steps are not lost its mean to a few slow steps (this machine's noise),
+   not to the planner's prices.
 Writes everything to WORK/plan_validation.json. Numbers taken on a busy machine mean nothing: the
-load average is printed before and after.
+load average is printed before and after. `--rescore` trains nothing: it predicts the runs an earlier
+validate left in WORK/runs again, with WORK/cpu_profile.json (or --profile), after a change to the planner.
 
 `predict`: the planner's prediction for the paper-size model on GPUs (issue 10: RQ3, how to split the
 model). trainer/configs/paper_size.yaml (emb/hidden 1024, 4+4 LSTM layers, general attention) with batches
@@ -43,11 +47,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import ENJA, REPO, ds_variant, prepare_enja, train
+from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja, summarise, train
 
 VALIDATE_CONFIG = "trainer/configs/enja_small.yaml"
 PREDICT_CONFIG = "trainer/configs/paper_size.yaml"
@@ -73,10 +78,13 @@ def validation_rows() -> list[tuple[str, str, int, int, dict]]:
 
 def validate(args: argparse.Namespace) -> None:
     config = VALIDATE_CONFIG
-    print(f"load average at start: {os.getloadavg()}", flush=True)
+    if not args.rescore:
+        print(f"load average at start: {os.getloadavg()}", flush=True)
     data = prepare_enja(args.work)
     profile_path = args.profile or args.work / "cpu_profile.json"
-    if args.profile is None:
+    if args.rescore and not profile_path.exists():
+        sys.exit(f"--rescore: no {profile_path}: run validate without --rescore first (or name a --profile)")
+    if args.profile is None and not args.rescore:
         if profile_path.exists():
             profile_path.unlink()  # ours, from an earlier run of this script
         subprocess.run([sys.executable, "launch/plan.py", "--calibrate", "--config", config, "--out", str(profile_path),
@@ -97,37 +105,62 @@ def validate(args: argparse.Namespace) -> None:
             if args.only and not any(label.startswith(o) for o in args.only):
                 continue
             name = f"val_{precision}_{label}".replace(" ", "_")
-            ds_path = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": precision == "bf16"})
-            measured = train(args.work, name, ds_path, ranks, threads, args.steps, data, config=config)
-            ds = load_ds_config(str(ds_path), args.steps)
+            run_dir = args.work / "runs" / name
+            if args.rescore:
+                if not (run_dir / "metrics.jsonl").exists():
+                    sys.exit(f"--rescore: no run {run_dir} (run validate without --rescore first)")
+                ds_path = run_dir / "ds_config.json"  # what that run trained with
+                measured = summarise(run_dir)
+            else:
+                ds_path = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": precision == "bf16"})
+                measured = train(args.work, name, ds_path, ranks, threads, args.steps, data, config=config)
+            steps = max(r["step"] for r in metrics(run_dir))
+            ds = load_ds_config(str(ds_path), steps)
             spec = LayoutSpec.from_ds_config(ds, ranks)
-            work = plan.workload(cfg, ds, steps=args.steps - WARMUP, skip=WARMUP)
+            work = plan.workload(cfg, ds, steps=steps - WARMUP, skip=WARMUP)
             pred = plan.predict(Candidate(spec, ranks, threads), work, profile)
             row = {"precision": precision, "label": label, "measured_ms": measured["step_ms_mean"],
                    "measured_median_ms": measured["step_ms_median"], "predicted_ms": 1000 * pred.step_s,
                    "error": 1000 * pred.step_s / measured["step_ms_mean"] - 1,
+                   "step_error_median": step_error_median(pred.steps_s, metrics(run_dir)),
                    "measured_ops": measured["timing"], "predicted_ops": pred.op_seconds,
                    "predicted_fractions": pred.fractions}
             results.append(row)
             print(f"{precision} {label:28s} measured {row['measured_ms']:7.1f} ms  predicted {row['predicted_ms']:7.1f} ms  "
-                  f"error {100 * row['error']:+5.1f}%", flush=True)
-    load_end = os.getloadavg()
-    print(f"\nload average at end: {load_end}")
+                  f"error {100 * row['error']:+5.1f}%  per-step median {100 * row['step_error_median']:+5.1f}%",
+                  flush=True)
+    load_end = None if args.rescore else os.getloadavg()
+    if not args.rescore:
+        print(f"\nload average at end: {load_end}")
     validation_report(results)
-    (args.work / "plan_validation.json").write_text(json.dumps(
-        {"profile": str(profile_path), "load_end": load_end, "rows": results}, indent=1))
+    out = args.work / ("plan_rescore.json" if args.rescore else "plan_validation.json")
+    out.write_text(json.dumps({"profile": str(profile_path), "load_end": load_end, "rescored": args.rescore,
+                               "rows": results}, indent=1))
+
+
+def step_error_median(predicted_s: list, rows: list[dict]) -> float:
+    """The median over the steps after the warm-up of predicted / measured - 1, step by step (the same batch):
+    a few slow steps (noise) move a mean, not this."""
+    measured = [r["step_time_s"] for r in rows if r["step"] > WARMUP]
+    if len(measured) != len(predicted_s):
+        raise ValueError(f"{len(predicted_s)} predicted steps against {len(measured)} measured after the warm-up")
+    return statistics.median(p / m - 1 for p, m in zip(predicted_s, measured))
 
 
 def validation_report(results: list[dict]) -> None:
     """The table of predicted against measured, and the instruction types of the rows off by more than 10%."""
-    print("\n| precision | run | measured ms/step | predicted ms/step | error |")
-    print("|---|---|---:|---:|---:|")
+    print("\n| precision | run | measured ms/step | predicted ms/step | error | per-step median error |")
+    print("|---|---|---:|---:|---:|---:|")
     for r in results:
         flag = "" if abs(r["error"]) <= 0.10 else " **"
+        each = r.get("step_error_median")
         print(f"| {r['precision']} | {r['label']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | "
-              f"{100 * r['error']:+.1f}%{flag} |")
+              f"{100 * r['error']:+.1f}%{flag} | {'-' if each is None else f'{100 * each:+.1f}%'} |")
     within = sum(abs(r["error"]) <= 0.10 for r in results)
-    print(f"\n{within} of {len(results)} rows within 10%")
+    steps_within = sum(r.get("step_error_median") is not None and abs(r["step_error_median"]) <= 0.10
+                       for r in results)
+    print(f"\n{within} of {len(results)} rows within 10% (mean step); {steps_within} of {len(results)} by the "
+          f"per-step median")
     off = [r for r in results if abs(r["error"]) > 0.10]
     if off:
         print("\nrows off by more than 10%: ms per step by instruction type, measured / predicted, per rank")
@@ -224,6 +257,8 @@ def main() -> None:
     v.add_argument("--steps", type=int, default=30)
     v.add_argument("--precision", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
     v.add_argument("--only", nargs="*", default=None, help="run only rows whose label starts with one of these")
+    v.add_argument("--rescore", action="store_true", help="train nothing: predict WORK/runs' earlier validate runs "
+                   "again (after a change to the planner), to WORK/plan_rescore.json")
     g = sub.add_parser("predict", parents=[both], help="the paper-size model on 1-8 GPUs of a GPU profile")
     g.add_argument("--profile", default="h200", help="a GPU profile: a file, or a shipped one's name "
                    "(trainer/planner/profiles/NAME.json)")

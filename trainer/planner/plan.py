@@ -98,6 +98,7 @@ class Prediction:
     speedup: float = 0.0
     op_seconds: dict = field(default_factory=dict)  # rank -> {op: seconds per step}, like RUN_DIR/timing/rank*.json
     screened_only: bool = False  # simulated on the screening steps only (not among the best)
+    steps_s: list = field(default_factory=list)  # each simulated step's seconds, in the workload's order
 
 
 def predict(candidate: Candidate, work: Workload, profile: dict, link: str | None = None,
@@ -113,7 +114,7 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
     groups = group_members(spec)
     shared = device.kind == "measured" and candidate.ranks > 1  # ranks on one host's cores
     windows = work.windows[:steps] if steps else work.windows
-    total, tokens = 0.0, 0
+    total, tokens, steps_s = 0.0, 0, []
     sums = {r: {"busy": 0.0, "waiting": 0.0, "communicating": 0.0} for r in range(spec.world_size)}
     ops = {r: {} for r in range(spec.world_size)}
     for window in windows:
@@ -138,11 +139,12 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
             late = max((_late_broadcast(rt, end) for rt in result.values()), default=0.0)
             clock = {r: max(t, end + late) if late else t for r, t in clock.items()}
         total += max(clock.values())
+        steps_s.append(max(clock.values()))
         tokens += work.tokens(window)
     step = total / len(windows)
     fractions = {r: {k: v / total for k, v in s.items()} for r, s in sums.items()}
     per_step = {r: {op: s / len(windows) for op, s in o.items()} for r, o in ops.items()}
-    return Prediction(candidate, step, tokens / total, fractions, op_seconds=per_step)
+    return Prediction(candidate, step, tokens / total, fractions, op_seconds=per_step, steps_s=steps_s)
 
 
 def _late_broadcast(rt, end: float) -> float:
