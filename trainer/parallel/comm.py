@@ -65,7 +65,8 @@ class StageComm:
         return enc, dec
 
     def flush(self) -> None:
-        """Wait for every pending send (end of a micro-step)."""
+        """Wait for every pending send (end of a micro-step). Each handle is waited for once and dropped: with
+        torch 2.13's gloo a second `wait()` on a finished send blocks until the group's timeout."""
         for work, _ in self._pending:
             work.wait()
         self._pending.clear()
