@@ -275,15 +275,14 @@ def where(rows: dict, goal: dict) -> dict:
     cols = ("forward", "backward", "head", "optimizer", *PHASES, "step")
     print("| rank | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))
-    print("| share | " + " | ".join(f"{half.get('optimizer_step' if c == 'optimizer' else c, 0):.0f}"
-                                   if c in cols[:4] else "-" for c in cols[:-1]) +
-          f" | {ceil['step_ms_median'] / 2:.0f} |")
+    def reference(name: str, ms: dict, step_ms: float) -> None:  # compute by op; no timeline phases
+        print(f"| {name} | " + " | ".join(f"{ms.get('optimizer_step' if c == 'optimizer' else c, 0):.0f}"
+                                         if c in cols[:4] else "-" for c in cols[:-1]) + f" | {step_ms:.0f} |")
+
+    reference("share", half, ceil["step_ms_median"] / 2)
     halved = rows[HALF_ROW][rnd] if HALF_ROW in rows else None
     if halved is not None:  # one of the two half-batch runs: what half the batch costs one core beside another
-        own = breakdown(halved["timing"][min(halved["timing"])])
-        print("| half-batch run | " + " | ".join(f"{own.get('optimizer_step' if c == 'optimizer' else c, 0):.0f}"
-                                              if c in cols[:4] else "-" for c in cols[:-1]) +
-              f" | {halved['step_ms_median']:.0f} |")
+        reference("half-batch run", breakdown(halved["timing"][min(halved["timing"])]), halved["step_ms_median"])
     for rank, row in spans.items():
         print(f"| {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
     cpu = {"ceiling run": ceil.get("cpu", {}).get(0, {}), **{f"rank {k}": v for k, v in r.get("cpu", {}).items()}}

@@ -225,8 +225,8 @@ class ParallelRuntime:
     def open_shared_memory(self, group: str, hosts: list[str],
                            slot_bytes: int = shm_sum.SLOT_BYTES) -> shm_sum.SharedMemorySum | None:
         """Map a shared file for `group` (collective over it): its first rank creates it, the others map it, it
-        is unlinked once all have, before any returns; None (stay on gloo) if the group's ranks are on more than one host (`hosts`:
-        each global rank's) or any rank could not map it."""
+        is unlinked once all have, before any rank returns; None (stay on gloo) if the group's ranks are on more
+        than one host (`hosts`: each global rank's) or any rank could not map it."""
         members = next(g for g in group_members(self.spec)[group] if self.rank in g)
         if len({hosts[r] for r in members}) != 1:
             return None
