@@ -11,11 +11,12 @@ def lines(points, f):
 
 def measured_profile(model: dict, *, lstm_call=0.1, lstm_step=0.01, lstm_row=0.001, head_token=0.01, head_fixed=0.1,
                      optimizer_param=1e-5, p2p_latency=0.05, p2p_byte=1e-6, contention=None,
-                     instruction_ms=0.0, threads=(1, 2)) -> dict:
+                     instruction_ms=0.0, threads=(1, 2), bf16_sum_byte=None) -> dict:
     """A calibrated-machine profile for `model` (emb_dim, hidden, layers, attention, src_vocab,
     tgt_vocab): LSTM ms = lstm_call + steps * (lstm_step + lstm_row * rows) (packed: 1.5x per step), head ms
     = head_fixed + head_token * tokens, optimizer ms = 0.5 + optimizer_param * params; 2 threads run
-    everything twice as fast."""
+    everything twice as fast. bf16_sum_byte: the all-reduce of bf16 tensors its own ms per byte (none: no line,
+    a profile from before it)."""
     emb, hidden = model["emb_dim"], model["hidden"]
     dims = sorted({(emb, hidden), (hidden, hidden)})
     rows_steps = [(r, s) for r in (1, 4, 16, 64) for s in (2, 8, 32)]
@@ -40,6 +41,8 @@ def measured_profile(model: dict, *, lstm_call=0.1, lstm_step=0.01, lstm_row=0.0
     gloo = {"p2p": [[b, p2p_latency + p2p_byte * b, 0.0] for b in (1000, 1000000)],
             **{name: [[b, p2p_latency + p2p_byte * b] for b in (1000, 1000000)]
                for name in ("all_reduce", "reduce", "broadcast")}}
+    if bf16_sum_byte is not None:
+        gloo["all_reduce_bf16"] = [[b, p2p_latency + bf16_sum_byte * b] for b in (1000, 1000000)]
     return {"device": {"name": "synthetic", "type": "cpu", "cores": 2}, "datasheet": None,
             "layers": {"model": model, **{p: {str(t): table(float(t)) for t in threads} for p in ("bf16", "fp32")}},
             "contention": {p: contention or {} for p in ("bf16", "fp32")},

@@ -176,6 +176,19 @@ def test_contention_slows_two_ranks_on_one_host(tmp_path):
     assert whole.slowdown("lstm") == whole.slowdown("head") == whole.slowdown("copy") == 1.2
 
 
+def test_bf16_gradient_sums_are_priced_by_their_own_line_where_calibrated(tmp_path):
+    dims = _dims()
+    plain = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)  # a profile from before the bf16 line
+    slow = MeasuredDevice(_profile(tmp_path, dims, bf16_sum_byte=3e-6), "bf16", 1, dims)
+    n = 1_000_000
+    assert slow.collective("all_reduce", n, 2, itemsize=2) == pytest.approx((0.05 + 3e-6 * n) / 1000)
+    assert slow.collective("all_reduce", n, 2) == pytest.approx(plain.collective("all_reduce", n, 2, itemsize=2))
+    assert slow.collective("reduce", n, 2, itemsize=2) == pytest.approx((0.05 + 1e-6 * n) / 1000)  # sums only
+    batch = _batch(rows=32, src=(20,), tgt=(20,))
+    data = LayoutSpec("data", 1, 2)
+    assert _step(slow, dims, data, batch)[0] > _step(plain, dims, data, batch)[0]
+
+
 def test_messages_carry_the_interpreters_shapes(tmp_path):
     dims = _dims()
     dev = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)
@@ -387,7 +400,7 @@ def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data
             assert set(table["overhead"]["instruction_ms"]) >= {"forward", "backward", "head", "optimizer_step"}
         assert set(profile["contention"][precision]) == {"lstm", "head", "embedding", "mask", "copy", "optimizer",
                                                          "step"}
-    assert len(profile["transfers"]["gloo"]["p2p"]) == 2
+    assert len(profile["transfers"]["gloo"]["p2p"]) == len(profile["transfers"]["gloo"]["all_reduce_bf16"]) == 2
     ds = {**json.loads((REPO / "ds_configs" / "single.json").read_text()), "train_micro_batch_size_per_gpu": 16}
     work = plan.workload(cfg, ds, steps=1)
     ranked, one, _ = plan.rank_layouts(work, profile, devices=2)
@@ -414,3 +427,27 @@ def test_each_simulated_step_is_kept_and_the_per_step_error_is_a_median(tiny_dat
     assert step_error_median([1.1, 2.2, 1.0], rows) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="2 predicted steps against 3 measured"):
         step_error_median([1.0, 2.0], rows)
+
+
+def test_validate_rounds_take_the_median_round_and_each_steps_median(tmp_path):
+    from types import SimpleNamespace
+
+    from benchmarks.planner.__main__ import WARMUP, run_name, validation_row
+
+    assert run_name("bf16", "hybrid_2 u1 c1", 0, tmp_path) == tmp_path / "runs" / "val_bf16_hybrid_2_u1_c1"
+    assert run_name("bf16", "hybrid_2 u1 c1", 2, tmp_path).name == "val_bf16_hybrid_2_u1_c1_r3"
+    done = []
+    for rnd, times in enumerate(([1.0, 1.0, 1.0], [2.0, 2.0, 0.5], [1.5, 1.5, 1.5])):  # s per step after warm-up
+        run = run_name("fp32", "data_2", rnd, tmp_path)
+        run.mkdir(parents=True)
+        steps = [9.0] * WARMUP + times
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "step_time_s": t}) + "\n"
+                                                   for i, t in enumerate(steps)))
+        done.append((run, {"step_ms_mean": 1000 * sum(times) / 3, "step_ms_median": 0.0, "timing": {0: {"r": rnd}}}))
+    pred = SimpleNamespace(steps_s=[1.5, 1.5, 1.0], op_seconds={}, fractions={})
+    row = validation_row("fp32", "data_2", 1250.0, pred, done)
+    # means 1000 / 1500 / 1500 ms: the median round is a 1500 ms one (round 3 sorts after round 2 stably)
+    assert row["measured_ms"] == pytest.approx(1500.0) and row["error"] == pytest.approx(1250 / 1500 - 1)
+    assert row["errors_by_round"] == pytest.approx([0.25, 1250 / 1500 - 1, 1250 / 1500 - 1])
+    # each step's median over the rounds: 1.5, 1.5, 1.0 -> the prediction is exact step by step
+    assert row["step_error_median"] == pytest.approx(0.0)

@@ -1,7 +1,7 @@
 """Is the layout planner right? Two questions, one command each.
 
     python -m benchmarks.planner validate [--work /tmp/hybrid-nmt-bench] [--profile FILE] [--steps 30]
-                                          [--precision bf16 fp32] [--only LABEL ...] [--rescore]
+                                          [--precision bf16 fp32] [--only LABEL ...] [--rounds 1] [--rescore]
     python -m benchmarks.planner predict  [--work /tmp/hybrid-nmt-bench] [--profile h200]
                                           [--devices 1 2 4 8] [--links nvlink pcie] [--scenarios ...] [--steps 16]
 
@@ -17,7 +17,10 @@
    each instruction type (RUN_DIR/timing/rank*.json vs the simulation) for rows off by more than 10%.
    Beside it, the median over the steps of each step's error (the same batch predicted and measured): a
    row whose mean is off but whose steps are not lost its mean to a few slow steps (this machine's noise),
-   not to the planner's prices.
+   not to the planner's prices. With --rounds R every run is trained R times, interleaved (round 2 of a
+   row after round 1 of every row): the error is against the median round's mean step, each round's error
+   beside it (a row whose rounds straddle the prediction is this machine's noise), and the per-step error
+   against each step's median over the rounds.
 Writes everything to WORK/plan_validation.json. Numbers taken on a busy machine mean nothing: the
 load average is printed before and after. `--rescore` trains nothing: it predicts the runs an earlier
 validate left in WORK/runs again, with WORK/cpu_profile.json (or --profile), after a change to the planner.
@@ -99,43 +102,77 @@ def validate(args: argparse.Namespace) -> None:
 
     profile = load(str(profile_path))
     cfg = load_config(str(REPO / config), [f"data.dir={data}"])
-    results = []
-    for precision in args.precision:
-        for label, base, ranks, threads, layout in validation_rows():
-            if args.only and not any(label.startswith(o) for o in args.only):
-                continue
-            name = f"val_{precision}_{label}".replace(" ", "_")
-            run_dir = args.work / "runs" / name
+    rows = [(precision, *row) for precision in args.precision for row in validation_rows()
+            if not args.only or any(row[0].startswith(o) for o in args.only)]
+    runs: dict = {}  # (precision, label) -> [(run_dir, summary)] by round
+    rounds = args.rounds
+    if args.rescore:  # as many rounds as an earlier validate left
+        rounds = 1
+        while any(run_name(prec, row[0], rounds, args.work).exists() for prec, *row in rows):
+            rounds += 1
+    for rnd in range(rounds):  # interleaved: a row's round 2 runs after every row's round 1 (the machine's drift spreads)
+        for precision, label, base, ranks, threads, layout in rows:
+            run_dir = run_name(precision, label, rnd, args.work)
             if args.rescore:
                 if not (run_dir / "metrics.jsonl").exists():
-                    sys.exit(f"--rescore: no run {run_dir} (run validate without --rescore first)")
-                ds_path = run_dir / "ds_config.json"  # what that run trained with
+                    if rnd == 0:
+                        sys.exit(f"--rescore: no run {run_dir} (run validate without --rescore first)")
+                    continue
                 measured = summarise(run_dir)
             else:
-                ds_path = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": precision == "bf16"})
-                measured = train(args.work, name, ds_path, ranks, threads, args.steps, data, config=config)
-            steps = max(r["step"] for r in metrics(run_dir))
-            ds = load_ds_config(str(ds_path), steps)
-            spec = LayoutSpec.from_ds_config(ds, ranks)
-            work = plan.workload(cfg, ds, steps=steps - WARMUP, skip=WARMUP)
-            pred = plan.predict(Candidate(spec, ranks, threads), work, profile)
-            row = {"precision": precision, "label": label, "measured_ms": measured["step_ms_mean"],
-                   "measured_median_ms": measured["step_ms_median"], "predicted_ms": 1000 * pred.step_s,
-                   "error": 1000 * pred.step_s / measured["step_ms_mean"] - 1,
-                   "step_error_median": step_error_median(pred.steps_s, metrics(run_dir)),
-                   "measured_ops": measured["timing"], "predicted_ops": pred.op_seconds,
-                   "predicted_fractions": pred.fractions}
-            results.append(row)
-            print(f"{precision} {label:28s} measured {row['measured_ms']:7.1f} ms  predicted {row['predicted_ms']:7.1f} ms  "
-                  f"error {100 * row['error']:+5.1f}%  per-step median {100 * row['step_error_median']:+5.1f}%",
-                  flush=True)
+                ds_path = ds_variant(args.work, base, run_dir.name, layout=layout,
+                                     bf16={"enabled": precision == "bf16"})
+                measured = train(args.work, run_dir.name, ds_path, ranks, threads, args.steps, data, config=config)
+            runs.setdefault((precision, label), []).append((run_dir, measured))
+            print(f"round {rnd + 1}: {precision} {label:28s} measured {measured['step_ms_mean']:7.1f} ms", flush=True)
+    results = []
+    for precision, label, base, ranks, threads, layout in rows:
+        done = runs[(precision, label)]
+        run_dir = done[0][0]
+        steps = max(r["step"] for r in metrics(run_dir))
+        ds = load_ds_config(str(run_dir / "ds_config.json"), steps)  # what the runs trained with
+        spec = LayoutSpec.from_ds_config(ds, ranks)
+        work = plan.workload(cfg, ds, steps=steps - WARMUP, skip=WARMUP)
+        pred = plan.predict(Candidate(spec, ranks, threads), work, profile)
+        row = validation_row(precision, label, 1000 * pred.step_s, pred, done)
+        results.append(row)
+        print(f"{precision} {label:28s} measured {row['measured_ms']:7.1f} ms  predicted {row['predicted_ms']:7.1f} ms  "
+              f"error {100 * row['error']:+5.1f}%  per-step median {100 * row['step_error_median']:+5.1f}%"
+              + (f"  by round {', '.join(f'{100 * e:+.1f}%' for e in row['errors_by_round'])}" if len(done) > 1 else ""),
+              flush=True)
     load_end = None if args.rescore else os.getloadavg()
     if not args.rescore:
         print(f"\nload average at end: {load_end}")
     validation_report(results)
     out = args.work / ("plan_rescore.json" if args.rescore else "plan_validation.json")
     out.write_text(json.dumps({"profile": str(profile_path), "load_end": load_end, "rescored": args.rescore,
-                               "rows": results}, indent=1))
+                               "rounds": max(len(v) for v in runs.values()), "rows": results}, indent=1))
+
+
+def run_name(precision: str, label: str, rnd: int, work: Path) -> Path:
+    """A validate run's directory: round 1 keeps the name of runs from before --rounds (so --rescore reads them)."""
+    name = f"val_{precision}_{label}".replace(" ", "_")
+    return work / "runs" / (name if rnd == 0 else f"{name}_r{rnd + 1}")
+
+
+def validation_row(precision: str, label: str, predicted_ms: float, pred, done: list) -> dict:
+    """One row from the prediction and the row's runs (one per round, the same batches): the error against the
+    median round's mean step, each round's error beside it, and the per-step error against each step's median
+    over the rounds."""
+    means = [m["step_ms_mean"] for _, m in done]
+    mid = sorted(range(len(done)), key=lambda i: means[i])[len(done) // 2]
+    run_dir, measured = done[mid]
+    per_step = [metrics(d) for d, _ in done]
+    step_times = [statistics.median(col) for col in zip(*([r["step_time_s"] for r in rows if r["step"] > WARMUP]
+                                                          for rows in per_step))]
+    return {"precision": precision, "label": label, "measured_ms": measured["step_ms_mean"],
+            "measured_median_ms": measured["step_ms_median"], "predicted_ms": predicted_ms,
+            "error": predicted_ms / measured["step_ms_mean"] - 1,
+            "errors_by_round": [predicted_ms / m - 1 for m in means],
+            "step_error_median": step_error_median(pred.steps_s, [{"step": WARMUP + 1 + i, "step_time_s": t}
+                                                                 for i, t in enumerate(step_times)]),
+            "run_dir": str(run_dir), "measured_ops": measured["timing"], "predicted_ops": pred.op_seconds,
+            "predicted_fractions": pred.fractions}
 
 
 def step_error_median(predicted_s: list, rows: list[dict]) -> float:
@@ -149,13 +186,14 @@ def step_error_median(predicted_s: list, rows: list[dict]) -> float:
 
 def validation_report(results: list[dict]) -> None:
     """The table of predicted against measured, and the instruction types of the rows off by more than 10%."""
-    print("\n| precision | run | measured ms/step | predicted ms/step | error | per-step median error |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("\n| precision | run | measured ms/step | predicted ms/step | error | per-step median error | by round |")
+    print("|---|---|---:|---:|---:|---:|---|")
     for r in results:
         flag = "" if abs(r["error"]) <= 0.10 else " **"
         each = r.get("step_error_median")
+        by_round = " / ".join(f"{100 * e:+.1f}%" for e in r.get("errors_by_round", []))
         print(f"| {r['precision']} | {r['label']} | {r['measured_ms']:.1f} | {r['predicted_ms']:.1f} | "
-              f"{100 * r['error']:+.1f}%{flag} | {'-' if each is None else f'{100 * each:+.1f}%'} |")
+              f"{100 * r['error']:+.1f}%{flag} | {'-' if each is None else f'{100 * each:+.1f}%'} | {by_round or '-'} |")
     within = sum(abs(r["error"]) <= 0.10 for r in results)
     steps_within = sum(r.get("step_error_median") is not None and abs(r["step_error_median"]) <= 0.10
                        for r in results)
@@ -257,6 +295,8 @@ def main() -> None:
     v.add_argument("--steps", type=int, default=30)
     v.add_argument("--precision", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
     v.add_argument("--only", nargs="*", default=None, help="run only rows whose label starts with one of these")
+    v.add_argument("--rounds", type=int, default=1, help="train every row this many times, interleaved; the error "
+                   "is against the median round's step, each round's beside it")
     v.add_argument("--rescore", action="store_true", help="train nothing: predict WORK/runs' earlier validate runs "
                    "again (after a change to the planner), to WORK/plan_rescore.json")
     g = sub.add_parser("predict", parents=[both], help="the paper-size model on 1-8 GPUs of a GPU profile")

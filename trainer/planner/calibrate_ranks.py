@@ -197,9 +197,9 @@ def _transfer_rank(rank: int, port: int, sizes: list, reps: int, results) -> Non
         rt = ParallelRuntime.start(LayoutSpec("hybrid", 2, 1), comm_timeout_s=120)
         comm = rt.stage_comm(torch.float32)
         peer = 1 - rank
-        out = {"p2p": [], "all_reduce": [], "reduce": [], "broadcast": []}
+        out = {"p2p": [], "all_reduce": [], "all_reduce_bf16": [], "reduce": [], "broadcast": []}
         for nbytes in sizes:
-            t = torch.ones(nbytes // 4)
+            t, t16 = torch.ones(nbytes // 4), torch.ones(nbytes // 2, dtype=torch.bfloat16)
             post, rtt = [], []
             for i in range(reps + 2):
                 rt.barrier()
@@ -217,8 +217,10 @@ def _transfer_rank(rank: int, port: int, sizes: list, reps: int, results) -> Non
                     rtt.append(end - start)
                     post.append(posted - start if rank == 0 else 0.0)
             out["p2p"].append([nbytes, 1000 * sorted(rtt)[len(rtt) // 2] / 2, 1000 * sorted(post)[len(post) // 2]])
-            # all_reduce: the verb of the replicas' gradient sums (shared memory on one CPU host, else gloo)
+            # all_reduce: the verb of the replicas' gradient sums (shared memory on one CPU host, else gloo), in
+            # both precisions' gradient dtype (the same bytes: a bf16 sum adds twice the elements, each slower)
             for name, run in (("all_reduce", lambda: rt.all_reduce_async([t.clone()], group="world").wait()),
+                              ("all_reduce_bf16", lambda: rt.all_reduce_async([t16.clone()], group="world").wait()),
                               ("reduce", lambda: rt.reduce_async([t.clone()], dst=1, group="pipe").wait()),
                               ("broadcast", lambda: rt.broadcast_async([t.clone()], src=1, group="pipe").wait())):
                 times = []
@@ -237,7 +239,8 @@ def _transfer_rank(rank: int, port: int, sizes: list, reps: int, results) -> Non
 
 
 def transfers(quick: bool) -> dict:
-    """p2p [[bytes, one-way ms, sender's posting ms]], all_reduce / reduce / broadcast [[bytes, ms]]."""
+    """p2p [[bytes, one-way ms, sender's posting ms]], all_reduce (fp32) / all_reduce_bf16 / reduce / broadcast
+    [[bytes, ms]]."""
     sizes = [1 << 10, 1 << 16] if quick else [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -224,7 +224,7 @@ class MicroStepCosts:
                 own -= (dims.src_vocab + dims.tgt_vocab - rows) * dims.emb
                 parts["copy"] = dev.copy_bytes(4 * rows * dims.emb * self.bytes)
             # in place, one collective per tensor (trainer.parallel.replica_grads)
-            return {**parts, "comm": dev.collective("all_reduce", own * self.bytes, spec.num_dp)}
+            return {**parts, "comm": dev.collective("all_reduce", own * self.bytes, spec.num_dp, self.bytes)}
         # the runtime's async verbs: flatten, the collective, copy back (measured together on a CPU)
         name = "reduce" if ins.op == "reduce_head_grads" else "broadcast"
         return {"comm": dev.collective(name, head_bytes, spec.num_pp)}

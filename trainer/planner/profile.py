@@ -35,7 +35,8 @@ The planner reads two more sections, whichever the file has:
                              second rank computes on the other core (shared caches, memory bandwidth);
                              "step": a whole training step, which the planner applies to every component
                 transfers    {"gloo": {p2p [[bytes, one_way_ms, post_ms]], all_reduce / reduce /
-                             broadcast [[bytes, ms]] between two ranks}}
+                             broadcast [[bytes, ms]] between two ranks; all_reduce_bf16 the same
+                             sum of bf16 tensors (optional: without it bf16 sums take fp32's line)}}
     roofline    a GPU's rates, each with its source (datasheet figure, a measurement, or an estimate):
                 see trainer/planner/roofline.py; `planner_profile` adds it to a device profile
                 (trainer/planner/gpu_profile.py: the datasheets, estimates and `roofline`), and
@@ -243,6 +244,8 @@ class MeasuredDevice:
                 "p2p": _Line(profile, (*gloo, "p2p"), lambda r: [1.0, r[0]]),
                 "post": _Line({"_path": profile["_path"], "post": post}, ("post",), lambda r: [1.0, r[0]]),
                 **{name: _Line(profile, (*gloo, name), lambda r: [1.0, r[0]]) for name in ("all_reduce", "reduce", "broadcast")}}
+            if _get(profile, *gloo).get("all_reduce_bf16") is not None:  # profiles from before it: fp32's line
+                self._transfers["all_reduce_bf16"] = _Line(profile, (*gloo, "all_reduce_bf16"), lambda r: [1.0, r[0]])
         return self._transfers
 
     def _check_model(self, dims) -> None:
@@ -295,12 +298,15 @@ class MeasuredDevice:
         """(the sender's cost of posting it, when it arrives after that)."""
         return self.transfers["post"](nbytes), self.transfers["p2p"](nbytes)
 
-    def collective(self, name: str, nbytes: int, ranks: int) -> float:
+    def collective(self, name: str, nbytes: int, ranks: int, itemsize: int = 4) -> float:
         """gloo between `ranks` ranks, from the two-rank measurement: latency terms grow with the
-        ring's steps (ranks - 1), the bandwidth term by 2 (ranks - 1) / ranks for an all-reduce."""
+        ring's steps (ranks - 1), the bandwidth term by 2 (ranks - 1) / ranks for an all-reduce. An all-reduce
+        of 2-byte elements (bf16 gradients) takes the bf16 sum's line where the profile has one."""
         if ranks <= 1:
             return 0.0
         line = self.transfers[name]
+        if name == "all_reduce" and itemsize == 2:
+            line = self.transfers.get("all_reduce_bf16", line)
         latency, per_byte = line.coef[0] / 1000.0, line.coef[1] / 1000.0
         volume = 2 * (ranks - 1) / ranks if name == "all_reduce" else 1.0
         return (ranks - 1) * latency + per_byte * nbytes * volume

@@ -212,10 +212,10 @@ class RooflineDevice:
     def p2p(self, nbytes: int) -> tuple[float, float]:
         return self.op, self.link_latency + nbytes / self.link_bw
 
-    def collective(self, name: str, nbytes: int, ranks: int) -> float:
+    def collective(self, name: str, nbytes: int, ranks: int, itemsize: int = 4) -> float:
         """NCCL's ring: an all-reduce moves 2 (n - 1) / n of the bytes through each link in 2 (n - 1)
         steps; reduce and broadcast (n - 1) / n ... 1 of them, pipelined. The loss sums (16 bytes) go
-        over gloo between host processes."""
+        over gloo between host processes. `itemsize` changes nothing: NCCL's sums keep pace with the link."""
         if ranks <= 1:
             return 0.0
         if nbytes <= 16:
