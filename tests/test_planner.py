@@ -451,3 +451,18 @@ def test_validate_rounds_take_the_median_round_and_each_steps_median(tmp_path):
     assert row["errors_by_round"] == pytest.approx([0.25, 1250 / 1500 - 1, 1250 / 1500 - 1])
     # each step's median over the rounds: 1.5, 1.5, 1.0 -> the prediction is exact step by step
     assert row["step_error_median"] == pytest.approx(0.0)
+
+
+def test_validate_measures_how_far_apart_the_ranks_step_by_step():
+    from benchmarks.planner.__main__ import WARMUP, rank_skew
+
+    def row(step, busy0, busy1, comm0, comm1):  # fractions of a 100 ms step
+        return {"step": step, "step_time_s": 0.1, "rank0/busy": busy0, "rank1/busy": busy1, "rank0/communicating": comm0,
+                "rank1/communicating": comm1, "rank0/waiting": 0.0, "rank1/waiting": 0.0}
+
+    rows = [row(i + 1, 0.5, 0.5, 0.5, 0.5) for i in range(WARMUP)]  # warm-up steps: not counted
+    rows += [row(WARMUP + 1, 0.8, 0.6, 0.2, 0.4), row(WARMUP + 2, 0.6, 0.9, 0.4, 0.1)]
+    skew = rank_skew(rows)
+    assert skew["busy_diff_ms"] == pytest.approx(25.0)  # 20 and 30 ms apart
+    assert skew["comm_wait_ms"] == pytest.approx([30.0, 25.0]) and skew["comm_wait_least_ms"] == pytest.approx(15.0)
+    assert rank_skew([{"step": 9, "step_time_s": 0.1, "rank0/busy": 1.0}]) is None  # one rank

@@ -172,7 +172,23 @@ def validation_row(precision: str, label: str, predicted_ms: float, pred, done: 
             "step_error_median": step_error_median(pred.steps_s, [{"step": WARMUP + 1 + i, "step_time_s": t}
                                                                  for i, t in enumerate(step_times)]),
             "run_dir": str(run_dir), "measured_ops": measured["timing"], "predicted_ops": pred.op_seconds,
-            "predicted_fractions": pred.fractions}
+            "predicted_fractions": pred.fractions, "skew": rank_skew(metrics(run_dir))}
+
+
+def rank_skew(rows: list[dict]) -> dict | None:
+    """How far apart a run's ranks are step by step (its metrics rows after the warm-up; None for one rank): the
+    mean |busy ms of rank 0 - rank 1|, and each rank's communicating + waiting ms per step beside the step's
+    smaller of the two (the rank that arrived last waits least: about what the transfers themselves take; the
+    rest is one rank waiting for the other). A simulation of mean costs prices the batches' imbalance between
+    the ranks, not this machine's step-to-step noise."""
+    rows = [r for r in rows if r["step"] > WARMUP]
+    if not rows or "rank1/busy" not in rows[0]:
+        return None
+    ms = lambda r, k, what: 1000 * r["step_time_s"] * sum(r[f"rank{k}/{w}"] for w in what)  # noqa: E731
+    comm = [[ms(r, k, ("communicating", "waiting")) for k in (0, 1)] for r in rows]
+    return {"busy_diff_ms": statistics.mean(abs(ms(r, 0, ("busy",)) - ms(r, 1, ("busy",))) for r in rows),
+            "comm_wait_ms": [statistics.mean(c[k] for c in comm) for k in (0, 1)],
+            "comm_wait_least_ms": statistics.mean(min(c) for c in comm)}
 
 
 def step_error_median(predicted_s: list, rows: list[dict]) -> float:
@@ -209,6 +225,11 @@ def validation_report(results: list[dict]) -> None:
                                   for op in sorted(set(measured_ops) | set(predicted_ops))
                                   if max(measured_ops.get(op, 0), predicted_ops.get(op, 0)) > 5e-4)
                 print(f"  {r['precision']} {r['label']} rank {rank}: {cells}")
+            if r.get("skew"):
+                k = r["skew"]
+                print(f"  {r['precision']} {r['label']} step by step: busy differs by {k['busy_diff_ms']:.1f} ms between "
+                      f"the ranks; communicating + waiting {k['comm_wait_ms'][0]:.1f} / {k['comm_wait_ms'][1]:.1f} ms, "
+                      f"the step's least of the two {k['comm_wait_least_ms']:.1f}")
 
 
 # ---- predict: the paper-size model on GPUs ----
