@@ -306,6 +306,10 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
 
     (tmp_path / "timeline").mkdir()
     (tmp_path / "timeline" / "trace.json").write_text(json.dumps(_trace(HYBRID_STEP)))
+    fractions = lambda b0, b1: {"rank0/busy": b0, "rank1/busy": b1, "rank0/communicating": 1 - b0,  # noqa: E731
+                                "rank1/communicating": 1 - b1, "rank0/waiting": 0.0, "rank1/waiting": 0.0}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "step_time_s": 0.5, **fractions(*b)}) + "\n"
+                                                    for i, b in enumerate([(0.5, 0.5)] * 3 + [(0.9, 0.8), (0.7, 0.9)])))
     rows = {"single 1 thread fused": [run(100), run(100)], "single 1 thread stepwise": [run(90), run(110)],
             "ceiling": [run(190, cpu={0: {"main": 480.0}}), run(200, cpu={0: {"main": 470.0}})],
             "ceiling half batch": [run(150, step=300.0), run(160, step=290.0)],
@@ -337,3 +341,6 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
     assert where["half_batch_step_ms"] == 290.0  # the median round's half-batch run, printed beside the ranks
     printed = capsys.readouterr().out
     assert "gloo_tcp_loop x4 20.0" in printed and "| half-batch run |" in printed
+    # every step after the warm-up: 50 and 100 ms apart; the step's least communicating: 50 ms each time
+    assert where["skew"]["busy_diff_ms"] == pytest.approx(75) and where["skew"]["comm_wait_least_ms"] == pytest.approx(50)
+    assert "the ranks' busy ms differ by 75 on average" in printed

@@ -454,7 +454,8 @@ def test_validate_rounds_take_the_median_round_and_each_steps_median(tmp_path):
 
 
 def test_validate_measures_how_far_apart_the_ranks_step_by_step():
-    from benchmarks.planner.__main__ import WARMUP, rank_skew
+    from benchmarks.common import rank_skew
+    from benchmarks.planner.__main__ import WARMUP
 
     def row(step, busy0, busy1, comm0, comm1):  # fractions of a 100 ms step
         return {"step": step, "step_time_s": 0.1, "rank0/busy": busy0, "rank1/busy": busy1, "rank0/communicating": comm0,

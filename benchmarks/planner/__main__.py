@@ -55,7 +55,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja, summarise, train
+from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja, rank_skew, summarise, train
 
 VALIDATE_CONFIG = "trainer/configs/enja_small.yaml"
 PREDICT_CONFIG = "trainer/configs/paper_size.yaml"
@@ -172,23 +172,7 @@ def validation_row(precision: str, label: str, predicted_ms: float, pred, done: 
             "step_error_median": step_error_median(pred.steps_s, [{"step": WARMUP + 1 + i, "step_time_s": t}
                                                                  for i, t in enumerate(step_times)]),
             "run_dir": str(run_dir), "measured_ops": measured["timing"], "predicted_ops": pred.op_seconds,
-            "predicted_fractions": pred.fractions, "skew": rank_skew(metrics(run_dir))}
-
-
-def rank_skew(rows: list[dict]) -> dict | None:
-    """How far apart a run's ranks are step by step (its metrics rows after the warm-up; None for one rank): the
-    mean |busy ms of rank 0 - rank 1|, and each rank's communicating + waiting ms per step beside the step's
-    smaller of the two (the rank that arrived last waits least: about what the transfers themselves take; the
-    rest is one rank waiting for the other). A simulation of mean costs prices the batches' imbalance between
-    the ranks, not this machine's step-to-step noise."""
-    rows = [r for r in rows if r["step"] > WARMUP]
-    if not rows or "rank1/busy" not in rows[0]:
-        return None
-    ms = lambda r, k, what: 1000 * r["step_time_s"] * sum(r[f"rank{k}/{w}"] for w in what)  # noqa: E731
-    comm = [[ms(r, k, ("communicating", "waiting")) for k in (0, 1)] for r in rows]
-    return {"busy_diff_ms": statistics.mean(abs(ms(r, 0, ("busy",)) - ms(r, 1, ("busy",))) for r in rows),
-            "comm_wait_ms": [statistics.mean(c[k] for c in comm) for k in (0, 1)],
-            "comm_wait_least_ms": statistics.mean(min(c) for c in comm)}
+            "predicted_fractions": pred.fractions, "skew": rank_skew(metrics(run_dir), WARMUP)}
 
 
 def step_error_median(predicted_s: list, rows: list[dict]) -> float:

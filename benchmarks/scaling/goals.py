@@ -26,7 +26,8 @@ import shutil
 import statistics
 from pathlib import Path
 
-from benchmarks.common import REPO, breakdown, cpu_model, ds_variant, start_train, train, wait_train
+from benchmarks.common import (REPO, breakdown, cpu_model, ds_variant, metrics, rank_skew, start_train, train,
+                               wait_train)
 
 HALF_ROW = "ceiling half batch"
 SHIPPED = {"small": "hybrid_2", "wide": "hybrid_2_wide"}
@@ -285,6 +286,12 @@ def where(rows: dict, goal: dict) -> dict:
         reference("half-batch run", breakdown(halved["timing"][min(halved["timing"])]), halved["step_ms_median"])
     for rank, row in spans.items():
         print(f"| {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
+    skew = rank_skew(metrics(Path(r["run_dir"]))) if (Path(r["run_dir"]) / "metrics.jsonl").exists() else None
+    if skew:  # every step, not the sampled one: what the ranks lose to each other's step-to-step differences
+        print(f"Step by step ({label}'s steps after the warm-up): the ranks' busy ms differ by {skew['busy_diff_ms']:.0f} "
+              f"on average; communicating + waiting {skew['comm_wait_ms'][0]:.0f} / {skew['comm_wait_ms'][1]:.0f} ms "
+              f"(rank 0 / 1), the step's least of the two {skew['comm_wait_least_ms']:.0f} (what the transfers "
+              f"themselves take, about; the rest is one rank waiting for the other)")
     cpu = {"ceiling run": ceil.get("cpu", {}).get(0, {}), **{f"rank {k}": v for k, v in r.get("cpu", {}).items()}}
     if any(cpu.values()):
         print(f"CPU ms per step by thread (wall: {label} {g['step_ms']:.0f} ms, a ceiling run "
@@ -293,5 +300,5 @@ def where(rows: dict, goal: dict) -> dict:
             top = sorted(threads.items(), key=lambda kv: -kv[1])
             print(f"  {who}: total {sum(threads.values()):.0f}; " +
                   ", ".join(f"{name} {ms:.1f}" for name, ms in top[:6] if ms >= 0.1))
-    return {**g, "round": rnd + 1, "ranks": spans, "share": half, "cpu": cpu,
+    return {**g, "round": rnd + 1, "ranks": spans, "share": half, "cpu": cpu, "skew": skew,
             "half_batch_step_ms": None if halved is None else halved["step_ms_median"]}
