@@ -333,6 +333,7 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
                                                                                                        "3 beyond"}
     g = scaling_goals.gap(rows, "2", 0.9, 0)  # round 1: 180 tok/s at 500 ms against 0.9 x 190
     assert g["needed_ms"] == pytest.approx(500 * 180 / (0.9 * 190)) and g["gap_ms"] == pytest.approx(500 - g["needed_ms"])
+    assert scaling_goals.from_json(json.loads(json.dumps(results))) == results  # --report-only reads them back
     out = scaling_goals.report(results, 2)
     assert set(out["gaps"]) == {"2_wide_bf16", "3_wide_bf16", "4_wide_bf16"}
     where = out["gaps"]["2_wide_bf16"]

@@ -3,7 +3,7 @@
     python -m benchmarks.scaling [--work /tmp/hybrid-nmt-bench] [--steps 40] [--precision both|bf16|fp32]
                                  [--only NAME ...] [--rounds 1] [--model small|wide]
                                  [--lstm-kernel fused|stepwise|both]
-    python -m benchmarks.scaling --goals [--work ...] [--rounds 2]
+    python -m benchmarks.scaling --goals [--work ...] [--rounds 2] [--report-only]
     python -m benchmarks.scaling --throughput [--work ...] [--steps 60] [--threads 2]
 
 The layouts (the default; benchmarks/scaling/layouts.py): enja-small (emb 256, hidden 256, 2+2 layers,
@@ -26,7 +26,8 @@ ceiling (two single-rank runs at once, each on its own core: the most a 2-rank l
 every 2-rank layout as a fraction of it, which goals are met in each round, and for each one not met the
 milliseconds and CPU seconds per thread that stand between; goal 5 (against OpenNMT-py) from
 WORK/opennmt_peer.json when python -m benchmarks.peers.opennmt_peer wrote one; to WORK/scaling_goals.json
-(--model, --only, --precision, --lstm-kernel, --steps are not used).
+(--model, --only, --precision, --lstm-kernel, --steps are not used). With --report-only it measures nothing and
+reports the runs WORK/scaling_goals.json names again (they must still be in WORK/runs).
 
 `--throughput` (benchmarks/scaling/throughput.py): one process alone, the ceiling every layout is held
 against: enja-small through `python launch/train.py --deepspeed_config ds_configs/single.json` with
@@ -64,9 +65,16 @@ def main() -> None:
                       "fixed runs (--model, --only, --precision, --lstm-kernel, --steps are not used)")
     mode.add_argument("--throughput", action="store_true", help="one process alone, fp32 and bf16, with the "
                       "per-part split (--threads threads; --steps, --work only)")
+    p.add_argument("--report-only", action="store_true", help="with --goals: measure nothing, report the runs of "
+                   "WORK/scaling_goals.json again (after a change to the report)")
     p.add_argument("--threads", type=int, default=2, help="--throughput: the process's threads")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        if not args.goals:
+            p.error("--report-only goes with --goals")
+        report_again(args.work)
+        return
     data = prepare_enja(args.work)
     if args.throughput:
         throughput.run(args.work, data, args.steps or DEFAULT_STEPS["throughput"], args.threads)
@@ -82,6 +90,18 @@ def main() -> None:
         goals.measure(args.work, data, layouts.MODELS, args.rounds, pngs, on_round=write)
         return
     layouts.run(args, args.steps or DEFAULT_STEPS["layouts"], data, peak, pngs)
+
+
+def report_again(work: Path) -> None:
+    """--goals --report-only: the report of WORK/scaling_goals.json's runs (still in WORK/runs) again, rewritten."""
+    path = work / "scaling_goals.json"
+    if not path.exists():
+        raise SystemExit(f"--report-only: no {path}: run python -m benchmarks.scaling --goals --work {work} first")
+    saved = json.loads(path.read_text())
+    results = goals.from_json(saved["results"])
+    rounds = min(len(rs) for precs in results.values() for rows in precs.values() for rs in rows.values())
+    out = goals.report(results, rounds, work / "opennmt_peer.json")
+    path.write_text(json.dumps({"peak": saved["peak"], **out, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

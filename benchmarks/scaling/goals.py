@@ -121,6 +121,15 @@ def measure(work: Path, data: Path, models: dict, rounds: int, pngs: Path, on_ro
     return results
 
 
+def from_json(results: dict) -> dict:
+    """`measure`'s results as read back from WORK/scaling_goals.json: the ranks of each run's timing and CPU
+    tables are ints again (JSON wrote them as strings)."""
+    def run(r: dict) -> dict:
+        return {**r, **{k: {int(rank): v for rank, v in r[k].items()} for k in ("timing", "cpu") if k in r}}
+    return {model: {prec: {label: [run(r) for r in rs] for label, rs in rows.items()} for prec, rows in precs.items()}
+            for model, precs in results.items()}
+
+
 def _single(rows: dict, rnd: int) -> dict:
     """The faster single with 1 thread of round `rnd` ("one alone")."""
     return max((rows[f"single 1 thread {k}"][rnd] for k in ("fused", "stepwise")), key=lambda r: r["tokens_per_s"])
