@@ -345,3 +345,18 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
     # every step after the warm-up: 50 and 100 ms apart; the step's least communicating: 50 ms each time
     assert where["skew"]["busy_diff_ms"] == pytest.approx(75) and where["skew"]["comm_wait_least_ms"] == pytest.approx(50)
     assert "the ranks' busy ms differ by 75 on average" in printed
+
+def test_goal_5_prints_the_milliseconds_between_from_the_peers_profile(tmp_path, capsys):
+    from benchmarks.scaling.goals import peer_goal
+
+    assert peer_goal(tmp_path / "none.json") is None  # no peer run: said how to make one
+    runs = {"ours single fp32": {"pairs_per_s": 330.0}, "OpenNMT-py, no input feeding fp32": {"pairs_per_s": 300.0}}
+    profile = {"goal_ms": {"ours": 193.9, "needed": 177.8},
+               "groups": {"lstm": {"peer": 60.0, "ours": 70.0}, "optimizer": {"peer": 30.0, "ours": 12.0},
+                          "softmax": {"peer": 20.0, "ours": 24.0}}}
+    path = tmp_path / "opennmt_peer.json"
+    path.write_text(json.dumps({"runs": runs, "cpu": "a CPU", "threads": 2, "profile": profile}))
+    out = peer_goal(path)
+    assert out["ratio"] == pytest.approx(1.1) and not out["met"] and out["stand_between_ms"] == pytest.approx(16.1)
+    printed = capsys.readouterr().out
+    assert "16.1 ms stand between" in printed and "lstm 70.0 / 60.0, softmax 24.0 / 20.0" in printed

@@ -258,6 +258,15 @@ def peer_goal(path: Path | None) -> dict | None:
     print(f"\ngoal 5: ours single fp32 / OpenNMT-py without input feeding = {ratio:.2f}x (target >= {PEER_TARGET}x, "
           f"{'met' if out['met'] else '**not met**'}; {peer.get('threads')} threads, {peer.get('cpu')}, from {path}"
           f"{'; measured on a busy machine' if peer.get('busy') else ''})")
+    prof = peer.get("profile")
+    if prof and not out["met"]:  # that run's --profile: the milliseconds and the operators that stand between
+        ms = prof["goal_ms"]
+        more = sorted(prof["groups"].items(), key=lambda kv: kv[1]["peer"] - kv[1]["ours"])[:4]
+        print(f"  ours {ms['ours']:.1f} ms per step of 64 pairs, 1.2x needs {ms['needed']:.1f}: "
+              f"{ms['ours'] - ms['needed']:.1f} ms stand between; operator groups (self CPU ms per step, ours / "
+              f"OpenNMT-py) where ours spends most beyond it: "
+              + ", ".join(f"{k} {g['ours']:.1f} / {g['peer']:.1f}" for k, g in more))
+        out["stand_between_ms"] = ms["ours"] - ms["needed"]
     return out
 
 
