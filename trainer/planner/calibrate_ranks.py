@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import time
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from trainer.planner.timing import dtype_of, timed_ms
 
 COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer", "step")
+PHASES = 3  # contention: alone, then beside a second process, in turn this many times
 STEP_ROWS, STEP_LEN = 64, 12  # "step": a whole training step of the model on a batch of this many pairs and tokens
 _runtime = None  # this process's world of one, started once
 
@@ -151,7 +153,7 @@ def contention(cfg, dims, precision: str, quick: bool) -> dict:
     model_cfg = OmegaConf.to_container(cfg.model)
     ctx = mp.get_context("spawn")
     torch.set_num_threads(1)
-    reps = 3 if quick else 15
+    reps = 2 if quick else 5
     parent, child = ctx.Pipe()
     running = ctx.Event()
     proc = ctx.Process(target=_burner, args=(child, model_cfg, dims.src_vocab, dims.tgt_vocab, precision, running),
@@ -161,15 +163,19 @@ def contention(cfg, dims, precision: str, quick: bool) -> dict:
     try:
         for name in COMPONENTS:
             fn = component(name, model_cfg, dims.src_vocab, dims.tgt_vocab, precision)
-            alone = timed_ms(fn, reps, warmup=3)
-            running.set()
-            parent.send(name)
-            if not parent.poll(600) or parent.recv() != "ready":
-                raise RuntimeError(f"calibration: the background process did not start {name}")
-            shared = timed_ms(fn, reps, warmup=3)
-            running.clear()
-            parent.recv()
-            out[name] = round(max(1.0, shared / alone), 4)
+            # alone and shared in turn, PHASES times each, the median of each phase's medians: a machine
+            # whose speed drifts (a shared VM) moves both sides alike instead of one
+            alone, shared = [], []
+            for _ in range(PHASES):
+                alone.append(timed_ms(fn, reps, warmup=3))
+                running.set()
+                parent.send(name)
+                if not parent.poll(600) or parent.recv() != "ready":
+                    raise RuntimeError(f"calibration: the background process did not start {name}")
+                shared.append(timed_ms(fn, reps, warmup=3))
+                running.clear()
+                parent.recv()
+            out[name] = round(max(1.0, statistics.median(shared) / statistics.median(alone)), 4)
         parent.send(None)
     finally:
         running.clear()
