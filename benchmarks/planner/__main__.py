@@ -312,6 +312,8 @@ def main() -> None:
     g.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     g.add_argument("--steps", type=int, default=16)
     args = p.parse_args()
+    if getattr(args, "rounds", 1) < 1:
+        p.error(f"--rounds {args.rounds}: at least 1")
     args.work.mkdir(parents=True, exist_ok=True)
     {"validate": validate, "predict": predict}[args.question](args)
 
