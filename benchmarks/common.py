@@ -154,17 +154,19 @@ def summarise(run_dir: Path, warmup: int = 3, last_step: int | None = None) -> d
 
 def rank_skew(rows: list[dict], warmup: int = 3) -> dict | None:
     """How far apart a run's ranks are step by step (its metrics rows after `warmup`; None for one rank): the
-    mean |busy ms of rank 0 - rank 1|, and each rank's communicating + waiting ms per step beside the step's
-    smaller of the two (the rank that arrived last waits least: about what the transfers themselves take; the
-    rest is one rank waiting for the other). A simulation of mean costs prices the batches' imbalance between
-    the ranks, not this machine's step-to-step noise."""
+    mean spread of the ranks' busy ms (most - least busy; for two ranks |rank 0 - rank 1|), and each rank's
+    communicating + waiting ms per step beside the step's least of them (the rank that arrived last waits least:
+    about what the transfers themselves take; the rest is ranks waiting for each other). A simulation of mean
+    costs prices the batches' imbalance between the ranks, not this machine's step-to-step noise."""
     rows = [r for r in rows if r["step"] > warmup]
-    if not rows or "rank1/busy" not in rows[0]:
+    ranks = sum(1 for k in rows[0] if k.startswith("rank") and k.endswith("/busy")) if rows else 0
+    if ranks < 2:
         return None
     ms = lambda r, k, what: 1000 * r["step_time_s"] * sum(r[f"rank{k}/{w}"] for w in what)  # noqa: E731
-    comm = [[ms(r, k, ("communicating", "waiting")) for k in (0, 1)] for r in rows]
-    return {"busy_diff_ms": statistics.mean(abs(ms(r, 0, ("busy",)) - ms(r, 1, ("busy",))) for r in rows),
-            "comm_wait_ms": [statistics.mean(c[k] for c in comm) for k in (0, 1)],
+    busy = [[ms(r, k, ("busy",)) for k in range(ranks)] for r in rows]
+    comm = [[ms(r, k, ("communicating", "waiting")) for k in range(ranks)] for r in rows]
+    return {"busy_diff_ms": statistics.mean(max(b) - min(b) for b in busy),
+            "comm_wait_ms": [statistics.mean(c[k] for c in comm) for k in range(ranks)],
             "comm_wait_least_ms": statistics.mean(min(c) for c in comm)}
 
 
