@@ -213,7 +213,7 @@ def validation_report(results: list[dict]) -> None:
                 k = r["skew"]
                 print(f"  {r['precision']} {r['label']} step by step: busy differs by {k['busy_diff_ms']:.1f} ms between "
                       f"the ranks; communicating + waiting {' / '.join(f'{v:.1f}' for v in k['comm_wait_ms'])} ms, "
-                      f"the step's least of the two {k['comm_wait_least_ms']:.1f}")
+                      f"the step's least of them {k['comm_wait_least_ms']:.1f}")
 
 
 # ---- predict: the paper-size model on GPUs ----

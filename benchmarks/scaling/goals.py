@@ -308,7 +308,7 @@ def where(rows: dict, goal: dict) -> dict:
     if skew:  # every step, not the sampled one: what the ranks lose to each other's step-to-step differences
         print(f"Step by step ({label}'s steps after the warm-up): the ranks' busy ms differ by {skew['busy_diff_ms']:.0f} "
               f"on average; communicating + waiting {' / '.join(f'{v:.0f}' for v in skew['comm_wait_ms'])} ms "
-              f"(rank 0 / 1 / ...), the step's least of the two {skew['comm_wait_least_ms']:.0f} (what the transfers "
+              f"(rank 0 / 1 / ...), the step's least of them {skew['comm_wait_least_ms']:.0f} (what the transfers "
               f"themselves take, about; the rest is one rank waiting for the other)")
     cpu = {"ceiling run": ceil.get("cpu", {}).get(0, {}), **{f"rank {k}": v for k, v in r.get("cpu", {}).items()}}
     if any(cpu.values()):
