@@ -74,6 +74,34 @@ def test_a_stated_chunk_or_an_accelerator_measures_nothing(tmp_path, monkeypatch
     assert tuning.loss_chunk_rows(0, torch.device("cuda"), 16, 100, torch.float32)[0] == 8192
 
 
+def test_the_loss_projection_is_measured_at_the_chunk_once_then_cached(tmp_path, monkeypatch):
+    """train.loss_projection=auto: chunked against whole at the chunk chosen, timed once per machine and chunk."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def timed(width, vocab, dtype, candidates, projections):
+        calls.append(candidates)
+        return {(candidates[0], "chunked"): 2.0, (candidates[0], "whole"): 1.0}
+
+    monkeypatch.setattr(tuning, "time_loss_chunks", timed)
+    proj, origin = tuning.loss_projection("auto", torch.device("cpu"), 16, 100, torch.float32, 256)
+    assert proj == "whole" and origin.startswith("measured now") and "chunked: 2000.0 ms" in origin
+    assert tuning.loss_projection("auto", torch.device("cpu"), 16, 100, torch.float32, 256)[0] == "whole"
+    assert calls == [(256,)]
+    tuning.loss_projection("auto", torch.device("cpu"), 16, 100, torch.float32, 512)  # another chunk: measured
+    assert calls == [(256,), (512,)]
+    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: pytest.fail("measured"))
+    assert tuning.loss_projection("chunked", torch.device("cpu"), 16, 100, torch.float32, 256) == \
+        ("chunked", "train.loss_projection")
+    assert tuning.loss_projection("auto", torch.device("cuda"), 16, 100, torch.float32, 8192)[0] == "whole"
+
+
+def test_the_timed_loss_runs_both_projections():
+    times = tuning.time_loss_chunks(16, 50, torch.float32, candidates=(32,), tokens=64,
+                                    projections=tuning.PROJECTIONS)
+    assert set(times) == {(32, "chunked"), (32, "whole")} and all(0 < t < 5 for t in times.values())
+
+
 def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     (tmp_path / "hybrid-nmt").mkdir()

@@ -169,8 +169,9 @@ def test_host_token_positions_equal_the_device_ones():
         assert torch.equal(torch.from_numpy(piece.token_positions()), token_positions(piece.tgt_out))
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["chunked", "whole"])  # train.loss_projection
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_projected_cross_entropy_ignores_pad_rows_in_loss_and_gradients(eps):
+def test_projected_cross_entropy_ignores_pad_rows_in_loss_and_gradients(eps, whole):
     gen = torch.Generator().manual_seed(2)
     tokens, dim, vocab = 300, 6, 17  # more than one 128-row chunk
     hidden = torch.randn(tokens, dim, generator=gen, requires_grad=True)
@@ -180,7 +181,7 @@ def test_projected_cross_entropy_ignores_pad_rows_in_loss_and_gradients(eps):
     target[torch.randperm(tokens, generator=gen)[:40]] = PAD_ID  # rows added by the rounding
     real = target != PAD_ID
 
-    loss, nll = projected_cross_entropy(hidden, weight, bias, target, eps)
+    loss, nll = projected_cross_entropy(hidden, weight, bias, target, eps, 128, whole)
     (loss * 0.5).backward()
     logits = hidden[real] @ weight.t() + bias
     want_nll = torch.nn.functional.cross_entropy(logits, target[real], reduction="sum")

@@ -95,6 +95,10 @@ class TrainConfig:
     loss_chunk_rows: int = _key(0, "rows of logits the loss computes at a time; 0 = on a CPU the fastest of 128-1024 "
                                    "measured on this machine at the start (cached: trainer/training/tuning.py), 8192 "
                                    "on an accelerator")
+    loss_projection: str = _key("auto", "how the loss's output projection is cut: chunked = one GEMM per chunk of "
+                                        "train.loss_chunk_rows rows | whole = one GEMM over all rows, then the chunks' "
+                                        "passes in place | auto = on a CPU the faster of the two, measured on this machine "
+                                        "at the start (cached), whole on an accelerator")
     compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")
     count_ops: bool = _key(False, "the train.profile_steps window counts operator launches and would-be device "
                                   "syncs per step (by place) instead of running torch.profiler")
@@ -150,6 +154,7 @@ _CHOICES = {
     "model.lstm_kernel": ("fused", "stepwise", "auto"),
     "logging.wandb_mode": ("online", "offline", "disabled", "off"),
     "train.step_timing": ("auto", "every"),
+    "train.loss_projection": ("auto", "chunked", "whole"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
     "data.verify": ("ids", "checksums", "full", "none"),
     "train.resume_schedule": ("keep", "stretch"),

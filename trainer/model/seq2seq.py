@@ -206,6 +206,7 @@ class AttentionSoftmaxHead(nn.Module):
         # rows of logits the loss works on at a time (_chunked_loss): a few, in cache, on a CPU; on an
         # accelerator as many as possible (each chunk is ~15 launches); the caller sets it for its device
         self.loss_chunk_rows = LOSS_CHUNK_ROWS["cpu"]
+        self.loss_projection = "chunked"  # or "whole" (_chunked_loss); the caller sets it (train.loss_projection)
         for p in self.parameters():
             nn.init.uniform_(p, -0.1, 0.1)
 
@@ -265,7 +266,7 @@ class AttentionSoftmaxHead(nn.Module):
         hidden = self.attentional(context, dec.flatten(0, 1).index_select(0, positions), positions, width, masks)
         return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias,
                                        target.flatten().index_select(0, positions), self.label_smoothing,
-                                       self.loss_chunk_rows)
+                                       self.loss_chunk_rows, self.loss_projection == "whole")
 
 
 def token_positions(target: torch.Tensor, bits: int = 4) -> torch.Tensor:
@@ -282,35 +283,47 @@ def token_positions(target: torch.Tensor, bits: int = 4) -> torch.Tensor:
 
 
 def projected_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, target: torch.Tensor,
-                            eps: float, chunk: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+                            eps: float, chunk: int = 128, whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(label-smoothed CE, NLL) of softmax(hidden @ weight^T + bias) against `target`, summed over tokens.
 
     hidden (tokens, out_dim), weight (vocab, out_dim), bias (vocab,), target (tokens,). Label smoothing
-    as F.cross_entropy(label_smoothing=eps): (1 - eps) * nll + eps * (lse - mean(logits)).
+    as F.cross_entropy(label_smoothing=eps): (1 - eps) * nll + eps * (lse - mean(logits)). `chunk`, `whole`:
+    how the work is cut (_chunked_loss), not what it computes.
     """
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or bias.requires_grad):
-        return _ProjectedCrossEntropy.apply(hidden, weight, bias, target, eps, chunk)
+        return _ProjectedCrossEntropy.apply(hidden, weight, bias, target, eps, chunk, whole)
     loss, nll, _ = _chunked_loss(hidden, weight, bias, target, eps, grads=False, chunk=chunk)
     return loss, nll
 
 
-def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: int = 128):
+def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: int = 128, whole: bool = False):
     """The output projection and softmax over the vocabulary are most of the model's work, and with
     autograd most of that is elementwise passes over the (tokens, vocab) logits: the fp32 cast,
     log_softmax, its backward, the smoothing mean and its backward, the gather and its backward. Here
     each chunk of logits (on a CPU 128 x vocab: 4 MB of fp32 at 8k, in cache) takes five passes: max,
     shift (which also casts to fp32), exp, sum, and the gradient written in the parameters' dtype;
     the smoothing term's mean over the vocabulary is a matrix-vector product instead of a pass.
+    `whole` (with `grads`): the logits of all rows come from one GEMM, written into the buffer that then holds
+    their gradient, and each chunk's passes work in place on it. A GEMM per chunk packs the projection's weight
+    again at each call: in fp32 on an AMD EPYC (2 threads, 864 x 256 rows into 8k logits) four GEMMs of 256 rows
+    took 39 ms where one took 24, while in bf16 the chunked GEMMs are as fast and their logits are still in
+    cache for the passes. Which is faster is measured
+    on the machine (train.loss_projection, trainer/training/tuning.py). Without `grads` (evaluation) every chunk
+    has its own GEMM and no full-size buffer is held.
     Returns (loss, nll, d loss / d logits or None)."""
     vocab = weight.shape[0]
     real = (target != PAD_ID).to(torch.float32)  # 0 on rows added only to round the row count
     mean_logit = hidden.float() @ weight.float().mean(0) + bias.float().mean()  # (tokens,)
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     nll_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    dlogits = torch.empty(hidden.shape[0], vocab, dtype=hidden.dtype, device=hidden.device) if grads else None
+    whole = whole and grads
+    if whole:
+        dlogits = torch.addmm(bias, hidden, weight.t())  # the logits, then (chunk by chunk, in place) their gradient
+    else:
+        dlogits = torch.empty(hidden.shape[0], vocab, dtype=hidden.dtype, device=hidden.device) if grads else None
     for a in range(0, hidden.shape[0], chunk):
         b = min(a + chunk, hidden.shape[0])
-        logits = torch.addmm(bias, hidden[a:b], weight.t())  # parameters' dtype
+        logits = dlogits[a:b] if whole else torch.addmm(bias, hidden[a:b], weight.t())  # parameters' dtype
         t = target[a:b]
         top = logits.amax(dim=-1).float()
         # bf16 - fp32 promotes to fp32: the shift is also the cast
@@ -336,41 +349,46 @@ class _ProjectedCrossEntropy(torch.autograd.Function):
     left to the queue: the forward keeps the logits' gradient and the hidden rows for it."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, target, eps: float, chunk: int):
-        loss, nll_sum, dlogits = _chunked_loss(hidden, weight, bias, target, eps, grads=True, chunk=chunk)
+    def forward(ctx, hidden, weight, bias, target, eps: float, chunk: int, whole: bool):
+        loss, nll_sum, dlogits = _chunked_loss(hidden, weight, bias, target, eps, grads=True, chunk=chunk, whole=whole)
         ctx.mark_non_differentiable(nll_sum)
         ctx.deferred = deferring()
         if ctx.deferred is not None:
             ctx.save_for_backward(dlogits @ weight)
-            ctx.later = (weight, bias, dlogits, hidden.detach())
+            ctx.later = (weight, bias, dlogits, hidden.detach(), whole)
             return loss, nll_sum
-        d_weight_bias = _projection_grads(dlogits, hidden)
-        ctx.save_for_backward(dlogits @ weight, d_weight_bias[:, :-1], d_weight_bias[:, -1])
+        ctx.save_for_backward(dlogits @ weight, *_projection_grads(dlogits, hidden, whole))
         return loss, nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss, grad_nll):
         if ctx.deferred is not None:
             (d_hidden,) = ctx.saved_tensors
-            weight, bias, dlogits, hidden = ctx.later
+            weight, bias, dlogits, hidden, whole = ctx.later
             g = grad_loss.to(d_hidden.dtype)
-            ctx.deferred.add((weight, bias), functools.partial(_scaled_projection_grads, dlogits, hidden, g))
+            ctx.deferred.add((weight, bias), functools.partial(_scaled_projection_grads, dlogits, hidden, g, whole))
             ctx.later = None
-            return d_hidden * g, None, None, None, None, None
+            return d_hidden * g, None, None, None, None, None, None
         d_hidden, d_weight, d_bias = ctx.saved_tensors
         g = grad_loss.to(d_hidden.dtype)
-        return d_hidden * g, d_weight * g, d_bias * g, None, None, None
+        return d_hidden * g, d_weight * g, d_bias * g, None, None, None, None
 
 
-def _projection_grads(dlogits: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """(vocab, out_dim + 1): the projection's weight gradient with its bias gradient as a last column, one GEMM."""
+def _projection_grads(dlogits: torch.Tensor, hidden: torch.Tensor, whole: bool = False) -> tuple:
+    """The projection's weight gradient (vocab, out_dim) and bias gradient (vocab,). Chunked: one GEMM against
+    the hidden rows with a column of ones appended, the bias's gradient its last column. Whole: the GEMM and
+    the column sums apart, because in fp32 an inner size of out_dim + 1 falls off the GEMM's blocking (256 + 1,
+    1 thread, AMD EPYC: 58 ms against 44 for the GEMM and the sums), while in bf16 the one GEMM is the faster."""
+    if whole:
+        return dlogits.t() @ hidden, dlogits.sum(0)
     ones = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
-    return dlogits.t() @ torch.cat([hidden, ones], 1)
+    d = dlogits.t() @ torch.cat([hidden, ones], 1)
+    return d[:, :-1], d[:, -1]
 
 
-def _scaled_projection_grads(dlogits: torch.Tensor, hidden: torch.Tensor, g: torch.Tensor) -> tuple:
-    d = _projection_grads(dlogits, hidden)
-    return d[:, :-1] * g, d[:, -1] * g
+def _scaled_projection_grads(dlogits: torch.Tensor, hidden: torch.Tensor, g: torch.Tensor, whole: bool) -> tuple:
+    d_weight, d_bias = _projection_grads(dlogits, hidden, whole)
+    return d_weight * g, d_bias * g
 
 
 class Seq2Seq(nn.Module):

@@ -65,23 +65,27 @@ def identity(cfg, manifest: dict, global_micro: int) -> RunIdentity:
 
 def tune_head(module: RankModule, train_cfg, runtime: ParallelRuntime, vocab: int) -> str:
     """The head's loss chunk (train.loss_chunk_rows; 0: measured on this machine by the last rank, which always
-    holds a head, and the same on every rank: trainer.training.tuning) and, with train.compile_head, its forward
+    holds a head, and the same on every rank: trainer.training.tuning) and its projection's cut
+    (train.loss_projection, likewise) and, with train.compile_head, its forward
     compiled by torch.compile with dynamic shapes (batches change every shape but the hidden width; the token
     count is already rounded to a few dozen values). Call on every rank, once the engine has cast the weights.
     Returns where the chunk came from, for the log."""
     head = module.head
     rows, origin = train_cfg.loss_chunk_rows, "train.loss_chunk_rows"
+    proj, proj_origin = train_cfg.loss_projection, "train.loss_projection"
     if runtime.rank == runtime.world_size - 1:
-        rows, origin = tuning.loss_chunk_rows(train_cfg.loss_chunk_rows, runtime.device(), head.proj.in_features,
-                                              vocab, head.proj.weight.dtype)
-    rows, origin = runtime.broadcast_object((rows, origin), src=runtime.world_size - 1)
+        shape = (runtime.device(), head.proj.in_features, vocab, head.proj.weight.dtype)
+        rows, origin = tuning.loss_chunk_rows(train_cfg.loss_chunk_rows, *shape)
+        proj, proj_origin = tuning.loss_projection(train_cfg.loss_projection, *shape, rows)
+    rows, origin, proj, proj_origin = runtime.broadcast_object((rows, origin, proj, proj_origin),
+                                                               src=runtime.world_size - 1)
     if head is not None:
-        head.loss_chunk_rows = rows
+        head.loss_chunk_rows, head.loss_projection = rows, proj
         if train_cfg.compile_head:
             import torch
 
             head.forward = torch.compile(head.forward, dynamic=True)
-    return f"loss chunk: {rows} rows of logits ({origin})"
+    return f"loss chunk: {rows} rows of logits ({origin}); projection: {proj} ({proj_origin})"
 
 
 class ModelParts(NamedTuple):

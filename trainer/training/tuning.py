@@ -10,6 +10,11 @@ loss itself at the model's width and vocabulary, for a few candidate sizes (well
 enja-small), and the fastest is kept in a cache file keyed by what decides it. On an accelerator it is
 8192 (each chunk costs ~15 launches there: as few chunks as memory allows).
 
+`train.loss_projection=auto` (the default) on a CPU: whether the loss's output projection runs as one GEMM
+per chunk or one GEMM over all rows (then the chunks' passes in place). A GEMM per call packs the weight
+again, which in fp32 on an AMD EPYC costs more than the chunks' cache gains, and in bf16 does not; so both
+are timed at the chosen chunk, as above, and the faster is cached. On an accelerator: whole.
+
 bf16 against fp32 on a CPU: with AMX (Intel Xeon) or fast bf16 units a bf16 step is much cheaper; on a CPU
 without them (an Intel Xeon that exposes AVX-512-bf16 but no AMX: a whole enja-small step 1.36x slower than
 fp32, docs/BENCHMARKS.md) it is dearer. A run in bf16 times one GEMM of the model's width in both
@@ -29,6 +34,7 @@ from data_prep.dataformat import files, userfiles
 from trainer.model.seq2seq import LOSS_CHUNK_ROWS, projected_cross_entropy
 
 CANDIDATES = (128, 256, 512, 1024)
+PROJECTIONS = ("chunked", "whole")
 TOKENS = 1024  # target tokens of the timed loss: about half a 64-pair batch of enja-small
 REPEATS = 3
 MAX_CACHE_BYTES = 1 << 20
@@ -78,24 +84,30 @@ def _write_cache(key: str, value: int | float) -> None:
 
 
 def time_loss_chunks(width: int, vocab: int, dtype: torch.dtype, candidates=CANDIDATES,
-                     tokens: int = TOKENS) -> dict[int, float]:
+                     tokens: int = TOKENS, projections=("chunked",)) -> dict:
     """Seconds of the chunked loss (forward with its gradients, as the head runs it) per candidate chunk,
     the best of REPEATS after one warm-up, on this process's threads; the candidates take turns, so that a
-    machine that slows down or speeds up meanwhile favours none of them."""
+    machine that slows down or speeds up meanwhile favours none of them. With more than one of
+    `projections` (train.loss_projection's chunked, whole) the keys are (chunk, projection)."""
+    if len(projections) > 1:
+        cases = [(rows, proj) for rows in candidates for proj in projections]
+    else:
+        cases = list(candidates)
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(tokens, width, generator=gen).to(dtype)
     weight = (torch.randn(vocab, width, generator=gen) * width ** -0.5).to(dtype).requires_grad_(True)
     bias = torch.zeros(vocab, dtype=dtype, requires_grad=True)
     hidden.requires_grad_(True)
     target = torch.randint(4, vocab, (tokens,), generator=gen)
-    out = {rows: float("inf") for rows in candidates}
+    out = {case: float("inf") for case in cases}
     for rep in range(REPEATS + 1):
-        for rows in candidates:
+        for case in cases:
+            rows, proj = case if isinstance(case, tuple) else (case, projections[0])
             start = time.perf_counter()
-            loss, _ = projected_cross_entropy(hidden, weight, bias, target, 0.1, rows)
+            loss, _ = projected_cross_entropy(hidden, weight, bias, target, 0.1, rows, proj == "whole")
             loss.backward()
             if rep:  # the first turn warms up
-                out[rows] = min(out[rows], time.perf_counter() - start)
+                out[case] = min(out[case], time.perf_counter() - start)
             hidden.grad = weight.grad = bias.grad = None
     return out
 
@@ -117,6 +129,28 @@ def loss_chunk_rows(configured: int, device: torch.device, width: int, vocab: in
     if not fresh:
         return best, f"measured on this machine earlier ({cache_path()})"
     shown = ", ".join(f"{rows}: {1000 * s:.1f} ms" for rows, s in spread.items())
+    return best, f"measured now ({shown}; cached in {cache_path()})"
+
+
+def loss_projection(configured: str, device: torch.device, width: int, vocab: int, dtype: torch.dtype, rows: int
+                    ) -> tuple[str, str]:
+    """train.loss_projection to run with ('chunked' or 'whole') at a chunk of `rows`, and where it came from."""
+    if configured != "auto":
+        return configured, "train.loss_projection"
+    if device.type != "cpu":
+        return "whole", "the accelerator's default"
+    spread = {}
+
+    def measure() -> str:
+        times = time_loss_chunks(width, vocab, dtype, candidates=(rows,), projections=PROJECTIONS)
+        spread.update({proj: s for (_, proj), s in times.items()})
+        return min(spread, key=spread.get)
+
+    key = f"loss_projection|{_key(width, vocab, dtype).split('|', 1)[1]}|rows {rows}"
+    best, fresh = _cached(key, lambda v: v in PROJECTIONS, measure)
+    if not fresh:
+        return best, f"measured on this machine earlier ({cache_path()})"
+    shown = ", ".join(f"{proj}: {1000 * s:.1f} ms" for proj, s in spread.items())
     return best, f"measured now ({shown}; cached in {cache_path()})"
 
 
