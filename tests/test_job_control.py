@@ -220,6 +220,26 @@ def test_a_stop_signal_before_training_leaves_at_once_and_once_training_is_a_req
         job_control.STOP = job_control.StopRequests()
 
 
+def test_a_signal_names_the_stop_even_after_the_launcher_watch_recorded_the_launchers_exit():
+    """A signal to the whole job ends the launcher too; the watch thread may see that first (the signal's handler
+    waits for the main thread). The stop line names the signal, deterministically; a second signal changes
+    nothing, and neither does a launcher exit after a signal."""
+    from trainer.training import job_control
+
+    said = []
+    stop = job_control.StopRequests()
+    stop.begin_training(said.append)
+    stop.request("the exit of its launcher (deepspeed.launcher.runner, pid 1)")
+    stop.request("SIGTERM", by_signal=True)
+    stop.request("SIGINT", by_signal=True)
+    assert stop.reason == "SIGTERM" and said == ["the exit of its launcher (deepspeed.launcher.runner, pid 1)"]
+    later = job_control.StopRequests()
+    later.begin_training(said.append)
+    later.request("SIGINT", by_signal=True)
+    later.request("the exit of its launcher (deepspeed.launcher.launch, pid 2)")
+    assert later.reason == "SIGINT"
+
+
 WATCHED = """import sys, time
 from trainer.training import job_control
 job_control.STOP.begin_training(lambda reason: print(reason, flush=True))

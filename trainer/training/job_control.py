@@ -44,11 +44,15 @@ class Interrupted(BaseException):
 
 
 class StopRequests:
-    """Why this process was asked to stop; the first request counts. Until the training loop begins
-    (`begin_training`), a stop signal raises `Interrupted` instead."""
+    """Why this process was asked to stop; the first request counts, except that a signal replaces the
+    launcher watch's request: a signal to the whole job (Ctrl-C, `kill -- -PGID`) also ends the launcher, and
+    the watch thread may record that exit while the signal's handler still waits for the main thread (which
+    runs it at its next bytecode, before the training loop reads `reason`). The signal is the cause. Until the
+    training loop begins (`begin_training`), a stop signal raises `Interrupted` instead."""
 
     def __init__(self):
         self.reason: str | None = None
+        self.by_signal = False
         self.training = False
         self.announce = lambda reason: None
 
@@ -58,10 +62,13 @@ class StopRequests:
         self.announce, self.training = announce, True
         return self.reason
 
-    def request(self, reason: str) -> None:
-        if self.reason is None:  # no lock: a signal handler may interrupt another one in the same thread
-            self.reason = reason
+    def request(self, reason: str, *, by_signal: bool = False) -> None:
+        # no lock: a signal handler may interrupt another one in the same thread
+        if self.reason is None:
+            self.reason, self.by_signal = reason, by_signal
             self.announce(reason)
+        elif by_signal and not self.by_signal:  # announced once; the stop line names the signal
+            self.reason, self.by_signal = reason, True
 
 
 STOP = StopRequests()  # process-wide, as the signal dispositions that feed it
@@ -78,7 +85,7 @@ def _on_stop_signal(signum, frame) -> None:
     name = signal.Signals(signum).name
     if not STOP.training:
         raise Interrupted(name)
-    STOP.request(name)
+    STOP.request(name, by_signal=True)
 
 
 def start(environ=os.environ) -> None:
