@@ -208,6 +208,20 @@ def test_peer_report_gives_ratios_goal_and_flags_a_busy_machine(capsys):
     assert "1.12x (not met)" in out and "1.67x (not met)" in out and "not a measurement of record" in out
 
 
+def test_peer_report_puts_an_a_b_setting_beside_ours_round_by_round(capsys):
+    """--ours-b: one more fp32 run of ours with a setting, in the table and against ours round by round."""
+    args = argparse.Namespace(threads=2, steps=60, warmup=5)
+    results = _peer_results(400, 300, 500, 610)
+    results["ours single", "fp32"]["rounds_pairs_per_s"] = [500, 480]
+    results["ours single, train.loss_projection=chunked", "fp32"] = {
+        "pairs_per_s": 450, "step_ms_median": 142.2, "tokens_per_pair": 20.0, "rounds_pairs_per_s": [450, 432]}
+    opennmt_peer.report(results, [1.0], args)
+    out = capsys.readouterr().out
+    assert "| ours single, train.loss_projection=chunked | fp32 | 450 | 142 | 20.0 | 1.12x | 1.50x |" in out
+    assert "train.loss_projection=chunked against ours single (fp32) by round: 0.90x, 0.90x" in out
+    assert "1.25x (met)" in out  # the goal is the defaults' row
+
+
 def test_head_rows_times_the_reference_head_forward_and_backward():
     import torch
 

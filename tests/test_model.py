@@ -194,6 +194,31 @@ def test_projected_cross_entropy_ignores_pad_rows_in_loss_and_gradients(eps, who
     assert torch.all(hidden.grad[~real] == 0)
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["chunked", "whole"])
+def test_projection_weight_gradients_deferred_equal_the_immediate_ones(whole):
+    """parallel_layout.defer_head_weight_grads queues the projection's weight and bias gradients: run later, they
+    are the ones the immediate backward gives, in either train.loss_projection."""
+    from trainer.model.weight_grads import WeightGradQueue, deferred_weight_grads
+
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(200, 6, generator=gen, requires_grad=True)
+    weight = torch.randn(17, 6, generator=gen, requires_grad=True)
+    bias = torch.randn(17, generator=gen, requires_grad=True)
+    target = torch.randint(4, 17, (200,), generator=gen)
+    grads = []
+    for queue in (None, WeightGradQueue()):
+        with deferred_weight_grads(queue):
+            loss, _ = projected_cross_entropy(hidden, weight, bias, target, 0.1, 64, whole)
+            (loss * 0.5).backward()
+        if queue is not None:
+            assert len(queue) == 1 and weight.grad is None
+            queue.run()
+        grads.append([t.grad for t in (hidden, weight, bias)])
+        hidden.grad = weight.grad = bias.grad = None
+    for now, later in zip(*grads):
+        torch.testing.assert_close(later, now, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_encoder_final_state_is_taken_at_each_rows_true_end(bidirectional):
     cfg = replace(BASE, bidirectional_bottom=bidirectional)

@@ -1,7 +1,8 @@
 """Single rank against OpenNMT-py 3.5.1: the same model and batches, sentence pairs/s side by side in one run.
 
     python -m benchmarks.peers.opennmt_peer [--work /tmp/hybrid-nmt-bench] [--steps 60] [--warmup 5] [--threads 2]
-                                      [--venv WORK/onmt-venv] [--rounds 1] [--ours KEY=VALUE ...] [--profile]
+                                      [--venv WORK/onmt-venv] [--rounds 1] [--ours KEY=VALUE ...]
+                                      [--ours-b KEY=VALUE ...] [--profile]
 
 The peer lives in its own virtual environment (default WORK/onmt-venv, built on first use and reused):
 torch pinned to the CPU wheel of requirements.txt first, then `opennmt-py==3.5.1 --no-deps` and the few
@@ -17,7 +18,8 @@ peer's source vocabulary is that), on ../shared/data/small_parallel_enja. Runs, 
 --threads threads:
 
 * OpenNMT-py without and with input feeding (`input_feed 0|1`), fp32 (its CPU path has no bf16);
-* ours single rank through the real CLI (benchmarks/common.py::train), fp32 and bf16.
+* ours single rank through the real CLI (benchmarks/common.py::train), fp32 and bf16;
+* with --ours-b, ours single in fp32 once more with those overrides: a setting's A/B in the same rounds.
 
 How each is timed: the same part of a step on both sides, forward + loss + backward + optimizer step of
 the step's batches, not fetching them. Ours: `step_time_s` of metrics.jsonl. OpenNMT-py: a clock around
@@ -322,6 +324,9 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=REPO / "trainer" / "configs" / "enja_small.yaml")
     p.add_argument("--ours", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides for our runs only (e.g. train.loss_chunk_rows=512)")
+    p.add_argument("--ours-b", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="one more fp32 run of ours single in every round, with these overrides on top of --ours: an "
+                        "A/B of a setting, side by side with the rest (e.g. train.loss_projection=chunked)")
     p.add_argument("--profile", action="store_true",
                    help="after the rounds, profile one fp32 run of each side of goal 5 and print where the steps differ")
     args = p.parse_args()
@@ -339,20 +344,22 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     runs = [("OpenNMT-py, no input feeding", "fp32", 0), ("OpenNMT-py, input feeding", "fp32", 1),
             ("ours single", "fp32", None), ("ours single", "bf16", None)]
+    if args.ours_b:
+        runs.append((f"ours single, {' '.join(args.ours_b)}", "fp32", "b"))
     rounds = {(label, precision): [] for label, precision, _ in runs}
     for _ in range(args.rounds):
         for label, precision, feed in runs:
-            if feed is not None:
+            if feed in (0, 1):
                 try:
                     r = train_peer(python, root, f"input_feed{feed}", {**options, "input_feed": feed}, args.threads,
                                    args.steps, args.warmup)
                 except PeerError as e:
                     sys.exit(f"opennmt_peer: {e}")
             else:
-                name = f"peer_ours_{precision}"
+                name = f"peer_ours_{precision}" + ("_b" if feed == "b" else "")
                 cfg = ds_variant(args.work, "single", name, bf16={"enabled": precision == "bf16"})
                 train(args.work, name, cfg, 1, args.threads, args.steps, data, config=str(args.config),
-                      extra=tuple(args.ours))
+                      extra=tuple(args.ours) + (tuple(args.ours_b) if feed == "b" else ()))
                 r = {k: v for k, v in summarise(args.work / "runs" / name, warmup=args.warmup).items() if k != "timing"}
                 r["tokens_per_pair"] = r["tokens_per_s"] / r["pairs_per_s"]
             rounds[label, precision].append(r)
@@ -398,6 +405,12 @@ def report(results: dict, load: list[float], args) -> bool:
     print(f"fp32 / OpenNMT-py without input feeding by round: {', '.join(f'{r:.2f}x' for r in by_round)}; per "
           f"src+tgt token (ours' BPE pieces against its words): "
           f"{ours['pairs_per_s'] * ours['tokens_per_pair'] / (peer['pairs_per_s'] * peer['tokens_per_pair']):.2f}x")
+    for (label, precision), b in results.items():
+        if label.startswith("ours single, "):  # --ours-b: the setting against the defaults, round by round
+            pairs = zip(b.get("rounds_pairs_per_s", [b["pairs_per_s"]]),
+                        ours.get("rounds_pairs_per_s", [ours["pairs_per_s"]]))
+            print(f"{label[len('ours single, '):]} against ours single ({precision}) by round: "
+                  + ", ".join(f"{x / y:.2f}x" for x, y in pairs))
     cores = len(os.sched_getaffinity(0))
     busy = max(load) > cores + 1  # the runs' own threads account for about `cores`
     if busy:
