@@ -7,7 +7,8 @@ its --help says what it measures:
     planner      the layout planner against measured runs, and its predictions for GPUs (python -m benchmarks.planner)
     gpu          the GPU check for a lent device, its wheels and data, the device profile
     data         preparing data at scale, the TMX reader, batching of patent-length sentences
-    micro        kernel and operator studies: the LSTM kernels, the head, a step's ops, CPU time, the GEMM peak
+    micro        kernel and operator studies: the LSTM kernels, the head, the loss's projection, a step's ops,
+                 CPU time, the GEMM peak
     quality      BLEU in a time budget, optimizer recipes, the demo corpus's recipes, numbers copied
     reliability  resume across layouts, failing nodes, hostile inputs, memory over a long run
 

@@ -222,6 +222,17 @@ def test_peer_report_puts_an_a_b_setting_beside_ours_round_by_round(capsys):
     assert "1.25x (met)" in out  # the goal is the defaults' row
 
 
+def test_loss_projection_times_both_cuts_and_their_gemms():
+    import torch
+
+    from benchmarks.micro.loss_projection import rows
+
+    got = rows(40, 8, 30, 16, torch.float32, reps=2)
+    assert set(got) == {"logits, chunk GEMMs", "logits, one GEMM", "weight grad, ones column",
+                        "weight grad + column sums", "loss, chunked", "loss, whole"}
+    assert all(0 < ms < 5000 for ms in got.values())
+
+
 def test_head_rows_times_the_reference_head_forward_and_backward():
     import torch
 

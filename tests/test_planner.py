@@ -382,6 +382,26 @@ def test_a_device_profile_puts_each_measured_number_beside_the_datasheet_with_it
 
 
 # ---- calibration ----
+def test_the_calibration_times_the_head_with_the_loss_settings_training_runs(tiny_data, monkeypatch):
+    """The head's table is timed with the loss chunk and projection a training run takes on this machine
+    (trainer.training.tuning), not the head's construction defaults."""
+    import torch
+
+    from trainer.data import read_manifest
+    from trainer.planner import calibrate
+    from trainer.planner.shapes import ModelDims
+
+    cfg = load_config(None, _tiny_cfg(tiny_data) + ["train.loss_chunk_rows=64", "train.loss_projection=whole"])
+    vocab = read_manifest(str(tiny_data))["vocab"]
+    dims = ModelDims.build(cfg.model, vocab["src_size"], vocab["tgt_size"])
+    heads, build = [], calibrate.build_head
+    monkeypatch.setattr(calibrate, "build_head", lambda *a, **k: heads.append(build(*a, **k)) or heads[-1])
+    sizes = calibrate.Sizes(True, 16)
+    points = calibrate.head_points(cfg, dims, torch.float32, calibrate.head_pieces(cfg, 16, sizes)[:1], sizes)
+    assert len(points) == 1 and points[0][-1] > 0
+    assert heads[0].loss_chunk_rows == 64 and heads[0].loss_projection == "whole"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data, tmp_path):

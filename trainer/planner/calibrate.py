@@ -21,6 +21,7 @@ from data_prep.dataformat import files
 from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.model.dropout import DropoutKeys, keep_mask
 from trainer.model.seq2seq import _run_packed, build_head
+from trainer.training import tuning
 from trainer.planner import calibrate_ranks
 from trainer.planner.shapes import ModelDims
 from trainer.planner.timing import dtype_of, timed_ms
@@ -112,6 +113,7 @@ def head_pieces(cfg, global_batch: int, sizes: Sizes) -> list:
 def head_points(cfg, dims: ModelDims, dtype, pieces: list, sizes: Sizes) -> list:
     torch.manual_seed(0)
     head = build_head(cfg.model, dims.tgt_vocab).to(dtype)
+    tuning.configure_head(head, cfg.train, torch.device("cpu"))  # the chunk and projection training would run
     out = []
     for piece in pieces:
         enc = torch.randn(piece.size, piece.src.shape[1], dims.hidden, dtype=dtype, requires_grad=True)

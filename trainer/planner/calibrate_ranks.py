@@ -284,6 +284,10 @@ def interpreter_runs(cfg, dims, precision: str, threads: int, batches: list, set
     torch.set_num_threads(threads)
     module = build_rank_module(cfg.model, rt.spec, 0, dims.src_vocab, dims.tgt_vocab, cfg.train.seed)
     engine = dsa.initialize(module, module.optimizer_parameters(), _ds_config(precision), rt.grid, rt.stage_sum())
+    if module.head is not None:  # as the layer tables' head (calibrate.head_points), in the engine's dtype
+        from trainer.training import tuning
+
+        tuning.configure_head(module.head, cfg.train, torch.device("cpu"))
     out = []
     for units, chunks in settings:
         spec = LayoutSpec("single", 1, 1, micro_batches=units, time_chunks=chunks)

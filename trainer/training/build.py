@@ -74,9 +74,8 @@ def tune_head(module: RankModule, train_cfg, runtime: ParallelRuntime, vocab: in
     rows, origin = train_cfg.loss_chunk_rows, "train.loss_chunk_rows"
     proj, proj_origin = train_cfg.loss_projection, "train.loss_projection"
     if runtime.rank == runtime.world_size - 1:
-        shape = (runtime.device(), head.proj.in_features, vocab, head.proj.weight.dtype)
-        rows, origin = tuning.loss_chunk_rows(train_cfg.loss_chunk_rows, *shape)
-        proj, proj_origin = tuning.loss_projection(train_cfg.loss_projection, *shape, rows)
+        rows, origin, proj, proj_origin = tuning.head_settings(train_cfg, runtime.device(), head.proj.in_features,
+                                                               vocab, head.proj.weight.dtype)
     rows, origin, proj, proj_origin = runtime.broadcast_object((rows, origin, proj, proj_origin),
                                                                src=runtime.world_size - 1)
     if head is not None:

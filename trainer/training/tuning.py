@@ -154,6 +154,23 @@ def loss_projection(configured: str, device: torch.device, width: int, vocab: in
     return best, f"measured now ({shown}; cached in {cache_path()})"
 
 
+def head_settings(train_cfg, device: torch.device, width: int, vocab: int, dtype: torch.dtype
+                  ) -> tuple[int, str, str, str]:
+    """(loss chunk rows, where from, loss projection, where from) for a head of this shape on `device`: what a
+    training run takes (train.loss_chunk_rows, train.loss_projection; measured where they are 0 / auto)."""
+    rows, origin = loss_chunk_rows(train_cfg.loss_chunk_rows, device, width, vocab, dtype)
+    projection, projection_origin = loss_projection(train_cfg.loss_projection, device, width, vocab, dtype, rows)
+    return rows, origin, projection, projection_origin
+
+
+def configure_head(head, train_cfg, device: torch.device) -> None:
+    """Give `head` (an AttentionSoftmaxHead, in its final dtype) the loss settings a training run on `device`
+    would: for a measurement that should time what training runs (the planner's calibration)."""
+    rows, _, projection, _ = head_settings(train_cfg, device, head.proj.in_features, head.proj.out_features,
+                                           head.proj.weight.dtype)
+    head.loss_chunk_rows, head.loss_projection = rows, projection
+
+
 def _cached(key: str, valid, measure):
     """(value, measured now?): the cache's value for `key` when `valid(value)`, else `measure()`, cached."""
     cached = _read_cache().get(key)
