@@ -305,8 +305,9 @@ def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: 
     the smoothing term's mean over the vocabulary is a matrix-vector product instead of a pass.
     `whole` (with `grads`): the logits of all rows come from one GEMM, written into the buffer that then holds
     their gradient, and each chunk's passes work in place on it. A GEMM per chunk packs the projection's weight
-    again at each call: in fp32 on an AMD EPYC (2 threads, 864 x 256 rows into 8k logits) four GEMMs of 256 rows
-    took 39 ms where one took 24, while in bf16 the chunked GEMMs are as fast and their logits are still in
+    again at each call: in fp32 on an AMD EPYC (864 rows of width 256 into 8k logits) four GEMMs of 256 rows took
+    54.0 ms where one took 39.4 (1 thread; 27.8 against 20.8 with 2), while in bf16 they are about as fast
+    (`python -m benchmarks.micro.loss_projection`, docs/BENCHMARKS.md), and the chunk's logits are still in
     cache for the passes. Which is faster is measured
     on the machine (train.loss_projection, trainer/training/tuning.py). Without `grads` (evaluation) every chunk
     has its own GEMM and no full-size buffer is held.
@@ -378,7 +379,8 @@ def _projection_grads(dlogits: torch.Tensor, hidden: torch.Tensor, whole: bool =
     """The projection's weight gradient (vocab, out_dim) and bias gradient (vocab,). Chunked: one GEMM against
     the hidden rows with a column of ones appended, the bias's gradient its last column. Whole: the GEMM and
     the column sums apart, because in fp32 an inner size of out_dim + 1 falls off the GEMM's blocking (256 + 1,
-    1 thread, AMD EPYC: 58 ms against 44 for the GEMM and the sums), while in bf16 the one GEMM is the faster."""
+    1 thread, AMD EPYC: 60.1 ms against 40.3 for the GEMM and the sums), while in bf16 the one GEMM is about as
+    fast (18.9 against 19.9; `python -m benchmarks.micro.loss_projection`)."""
     if whole:
         return dlogits.t() @ hidden, dlogits.sum(0)
     ones = torch.ones(hidden.shape[0], 1, dtype=hidden.dtype, device=hidden.device)
