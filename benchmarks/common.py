@@ -170,6 +170,53 @@ def rank_skew(rows: list[dict], warmup: int = 3) -> dict | None:
             "comm_wait_least_ms": statistics.mean(min(c) for c in comm)}
 
 
+def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
+    """What each replica of a data-parallel run (mode data) was handed, step by step: the trainer's batching and
+    cutter replayed from the run's own config.yaml, ds_config.json and data (trainer.planner.plan.workload,
+    trainer.parallel.cut.cut_replica). Per replica, the mean over the steps after `warmup` of its padded target
+    and source positions (the longest row of its slice: the decoder's and the encoder's time steps) and of its
+    rows. With two replicas, beside each rank's busy ms (metrics.jsonl): the correlation of rank 1's busy ms minus
+    rank 0's with its padded target positions minus rank 0's, and the least-squares ms per position (with an
+    intercept). None for a run that is not data-parallel, or whose files or data are gone."""
+    import numpy as np
+
+    from trainer.config import load_config
+    from trainer.ds_config import layout_world
+    from trainer.parallel.cut import cut_replica
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.planner.plan import workload
+
+    if not all((run_dir / name).is_file() for name in ("ds_config.json", "config.yaml", "metrics.jsonl")):
+        return None
+    ds = json.loads((run_dir / "ds_config.json").read_text())
+    spec = LayoutSpec.from_ds_config(ds, layout_world(ds)) if "parallel_layout" in ds else None
+    if spec is None or spec.mode != "data" or spec.num_dp < 2:
+        return None
+    rows = [r for r in metrics(run_dir) if r["step"] > warmup and "rank0/busy" in r]
+    if not rows:
+        return None
+    try:
+        work = workload(load_config(str(run_dir / "config.yaml")), ds, steps=max(r["step"] for r in rows))
+    except (FileNotFoundError, ValueError):
+        return None
+    shapes = []  # per step: per replica (target positions, source positions, rows), summed over the step's micro-batches
+    for r in rows:
+        cuts = [[cut_replica(spec, b, k).replica for b in work.windows[r["step"] - 1]] for k in range(spec.num_dp)]
+        shapes.append([(sum(c.tgt_in.shape[1] for c in cs), sum(c.src.shape[1] for c in cs), sum(c.size for c in cs))
+                       for cs in cuts])
+    a = np.asarray(shapes, dtype=float)  # (steps, replicas, 3)
+    out = {"tgt_positions": a[:, :, 0].mean(0).tolist(), "src_positions": a[:, :, 1].mean(0).tolist(),
+           "rows": a[:, :, 2].mean(0).tolist(), "steps": len(rows)}
+    if spec.num_dp == 2 and len(rows) > 2:
+        busy = np.asarray([[1000 * r["step_time_s"] * r[f"rank{k}/busy"] for k in range(2)] for r in rows])
+        d_busy, d_tgt = busy[:, 1] - busy[:, 0], a[:, 1, 0] - a[:, 0, 0]
+        if d_tgt.std() > 0 and d_busy.std() > 0:
+            slope, intercept = np.polyfit(d_tgt, d_busy, 1)
+            out.update(busy_diff_mean_ms=float(d_busy.mean()), corr=float(np.corrcoef(d_tgt, d_busy)[0, 1]),
+                       ms_per_position=float(slope), intercept_ms=float(intercept))
+    return out
+
+
 RANK_CATEGORIES = ("busy", "waiting", "communicating", "idle")
 
 

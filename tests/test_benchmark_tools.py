@@ -371,6 +371,43 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
     assert where["skew"]["busy_diff_ms"] == pytest.approx(75) and where["skew"]["comm_wait_least_ms"] == pytest.approx(50)
     assert "the ranks' busy ms differ by 75 on average" in printed
 
+def test_replica_lengths_replays_a_data_parallel_runs_slices_beside_its_ranks_busy_time(tiny_data, tmp_path):
+    """What each data_2 replica was handed, from the run's own files: the trainer's batches cut by its cutter; rank 1's
+    extra busy ms regressed on its extra padded target positions."""
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from benchmarks.common import replica_lengths
+    from trainer.config import load_config
+    from trainer.parallel.cut import cut_replica
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.planner.plan import workload
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_config(None, [f"data.dir={tiny_data}", "data.min_batch_sentences=2", "train.seed=3"])
+    OmegaConf.save(cfg, run / "config.yaml")
+    ds = {**json.loads((REPO / "ds_configs" / "data_2.json").read_text()), "train_micro_batch_size_per_gpu": 4}
+    (run / "ds_config.json").write_text(json.dumps(ds))
+    spec = LayoutSpec.from_ds_config(ds, 2)
+    windows = workload(cfg, ds, steps=12).windows
+    tgt = np.asarray([[cut_replica(spec, w[0], k).replica.tgt_in.shape[1] for k in range(2)] for w in windows], float)
+    busy0 = 100.0 + np.arange(12)  # rank 1 busier by 7 ms per extra target position, plus 5
+    busy1 = busy0 + 7 * (tgt[:, 1] - tgt[:, 0]) + 5
+    rows = [{"step": i + 1, "step_time_s": 1.0, "rank0/busy": b0 / 1000, "rank1/busy": b1 / 1000}
+            for i, (b0, b1) in enumerate(zip(busy0, busy1))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = replica_lengths(run, warmup=3)
+    assert got["steps"] == 9 and got["rows"] == [4.0, 4.0]
+    assert got["tgt_positions"] == pytest.approx(tgt[3:].mean(0).tolist())
+    assert (tgt[3:, 1] - tgt[3:, 0]).std() > 0  # the tiny corpus's replicas differ step by step
+    assert got["ms_per_position"] == pytest.approx(7.0) and got["corr"] == pytest.approx(1.0)
+    assert got["intercept_ms"] == pytest.approx(5.0)
+    single = run / "ds_config.json"
+    single.write_text((REPO / "ds_configs" / "single.json").read_text())
+    assert replica_lengths(run) is None  # not data-parallel
+
+
 def test_goal_5_prints_the_milliseconds_between_from_the_peers_profile(tmp_path, capsys):
     from benchmarks.scaling.goals import peer_goal
 

@@ -26,8 +26,8 @@ import shutil
 import statistics
 from pathlib import Path
 
-from benchmarks.common import (REPO, breakdown, cpu_model, ds_variant, metrics, rank_skew, start_train, train,
-                               wait_train)
+from benchmarks.common import (REPO, breakdown, cpu_model, ds_variant, metrics, rank_skew, replica_lengths,
+                               start_train, train, wait_train)
 
 HALF_ROW = "ceiling half batch"
 SHIPPED = {"small": "hybrid_2", "wide": "hybrid_2_wide"}
@@ -310,6 +310,15 @@ def where(rows: dict, goal: dict) -> dict:
               f"on average; communicating + waiting {' / '.join(f'{v:.0f}' for v in skew['comm_wait_ms'])} ms "
               f"(rank 0 / 1 / ...), the step's least of them {skew['comm_wait_least_ms']:.0f} (what the transfers "
               f"themselves take, about; the rest is one rank waiting for the other)")
+    shapes = replica_lengths(Path(r["run_dir"])) if skew else None
+    if shapes:  # data_2: what each replica was handed, replayed from the run's own batches
+        print(f"The replicas' slices, step by step: padded target positions "
+              f"{' / '.join(f'{v:.1f}' for v in shapes['tgt_positions'])}, source positions "
+              f"{' / '.join(f'{v:.1f}' for v in shapes['src_positions'])}, rows "
+              f"{' / '.join(f'{v:.0f}' for v in shapes['rows'])} (replica 0 / 1 / ...)"
+              + (f"; rank 1's busy ms minus rank 0's, {shapes['busy_diff_mean_ms']:.0f} on average, follows rank 1's "
+                 f"extra target positions (correlation {shapes['corr']:.2f}, {shapes['ms_per_position']:.1f} ms per "
+                 f"position)" if "corr" in shapes else ""))
     cpu = {"ceiling run": ceil.get("cpu", {}).get(0, {}), **{f"rank {k}": v for k, v in r.get("cpu", {}).items()}}
     if any(cpu.values()):
         print(f"CPU ms per step by thread (wall: {label} {g['step_ms']:.0f} ms, a ceiling run "
