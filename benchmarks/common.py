@@ -174,8 +174,8 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
     """What each replica of a data-parallel run (mode data) was handed, step by step: the trainer's batching and
     cutter replayed from the run's own config.yaml, ds_config.json and data (trainer.planner.plan.workload,
     trainer.parallel.cut.cut_replica). Per replica, the mean over the steps after `warmup` of its padded target
-    and source positions (the longest row of its slice: the decoder's and the encoder's time steps) and of its
-    rows. With two replicas, beside each rank's busy ms (metrics.jsonl): the correlation of rank 1's busy ms minus
+    and source positions (the longest row of its slice: the decoder's and the encoder's time steps), of its
+    rows and of its real source + target tokens. With two replicas, beside each rank's busy ms (metrics.jsonl): the correlation of rank 1's busy ms minus
     rank 0's with its padded target positions minus rank 0's, and the least-squares ms per position (with an
     intercept). None for a run that is not data-parallel, or whose files or data are gone."""
     import numpy as np
@@ -202,11 +202,11 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
     shapes = []  # per step: per replica (target positions, source positions, rows), summed over the step's micro-batches
     for r in rows:
         cuts = [[cut_replica(spec, b, k).replica for b in work.windows[r["step"] - 1]] for k in range(spec.num_dp)]
-        shapes.append([(sum(c.tgt_in.shape[1] for c in cs), sum(c.src.shape[1] for c in cs), sum(c.size for c in cs))
-                       for cs in cuts])
-    a = np.asarray(shapes, dtype=float)  # (steps, replicas, 3)
+        shapes.append([(sum(c.tgt_in.shape[1] for c in cs), sum(c.src.shape[1] for c in cs), sum(c.size for c in cs),
+                        sum(c.src_tokens + c.tgt_tokens for c in cs)) for cs in cuts])
+    a = np.asarray(shapes, dtype=float)  # (steps, replicas, 4)
     out = {"tgt_positions": a[:, :, 0].mean(0).tolist(), "src_positions": a[:, :, 1].mean(0).tolist(),
-           "rows": a[:, :, 2].mean(0).tolist(), "steps": len(rows)}
+           "rows": a[:, :, 2].mean(0).tolist(), "tokens": a[:, :, 3].mean(0).tolist(), "steps": len(rows)}
     if spec.num_dp == 2 and len(rows) > 2:
         busy = np.asarray([[1000 * r["step_time_s"] * r[f"rank{k}/busy"] for k in range(2)] for r in rows])
         d_busy, d_tgt = busy[:, 1] - busy[:, 0], a[:, 1, 0] - a[:, 0, 0]

@@ -315,7 +315,8 @@ def where(rows: dict, goal: dict) -> dict:
         print(f"The replicas' slices, step by step: padded target positions "
               f"{' / '.join(f'{v:.1f}' for v in shapes['tgt_positions'])}, source positions "
               f"{' / '.join(f'{v:.1f}' for v in shapes['src_positions'])}, rows "
-              f"{' / '.join(f'{v:.0f}' for v in shapes['rows'])} (replica 0 / 1 / ...)"
+              f"{' / '.join(f'{v:.0f}' for v in shapes['rows'])}, real tokens "
+              f"{' / '.join(f'{v:.0f}' for v in shapes['tokens'])} (replica 0 / 1 / ...)"
               + (f"; rank 1's busy ms minus rank 0's, {shapes['busy_diff_mean_ms']:.0f} on average, follows rank 1's "
                  f"extra target positions (correlation {shapes['corr']:.2f}, {shapes['ms_per_position']:.1f} ms per "
                  f"position)" if "corr" in shapes else ""))
