@@ -20,8 +20,6 @@ import argparse
 import statistics
 import time
 
-import torch
-
 
 def median_ms(fn, reps: int) -> float:
     for _ in range(3):
@@ -34,7 +32,9 @@ def median_ms(fn, reps: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def rows(tokens: int, width: int, vocab: int, chunk: int, dtype: torch.dtype, reps: int) -> dict[str, float]:
+def rows(tokens: int, width: int, vocab: int, chunk: int, dtype, reps: int) -> dict[str, float]:
+    import torch
+
     from trainer.model.seq2seq import projected_cross_entropy
 
     gen = torch.Generator().manual_seed(0)
@@ -71,6 +71,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args()
+    import torch
+
     from benchmarks.common import cpu_model
 
     cases = [(t, d) for t in args.threads for d in (torch.float32, torch.bfloat16)]

@@ -308,9 +308,9 @@ def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: 
     again at each call: in fp32 on an AMD EPYC (864 rows of width 256 into 8k logits) four GEMMs of 256 rows took
     54.0 ms where one took 39.4 (1 thread; 27.8 against 20.8 with 2), while in bf16 they are about as fast
     (`python -m benchmarks.micro.loss_projection`, docs/BENCHMARKS.md), and the chunk's logits are still in
-    cache for the passes. Which is faster is measured
-    on the machine (train.loss_projection, trainer/training/tuning.py). Without `grads` (evaluation) every chunk
-    has its own GEMM and no full-size buffer is held.
+    cache for the passes. Which is faster is measured on the machine (train.loss_projection,
+    trainer/training/tuning.py). Without `grads` (evaluation) every chunk has its own GEMM and no full-size
+    buffer is held.
     Returns (loss, nll, d loss / d logits or None)."""
     vocab = weight.shape[0]
     real = (target != PAD_ID).to(torch.float32)  # 0 on rows added only to round the row count
