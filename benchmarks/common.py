@@ -174,10 +174,10 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
     """What each replica of a data-parallel run (mode data) was handed, step by step: the trainer's batching and
     cutter replayed from the run's own config.yaml, ds_config.json and data (trainer.planner.plan.workload,
     trainer.parallel.cut.cut_replica). Per replica, the mean over the steps after `warmup` of its padded target
-    and source positions (the longest row of its slice: the decoder's and the encoder's time steps), of its
-    rows and of its real source + target tokens. With two replicas, beside each rank's busy ms (metrics.jsonl): the correlation of rank 1's busy ms minus
-    rank 0's with its padded target positions minus rank 0's, and the least-squares ms per position (with an
-    intercept). None for a run that is not data-parallel, or whose files or data are gone."""
+    and source positions (the longest row of its slice: the decoder's and the encoder's time steps), of its rows
+    and of its real source + target tokens. With two replicas, beside each rank's busy ms (metrics.jsonl): the
+    correlation of rank 1's busy ms minus rank 0's with its padded target positions minus rank 0's, and the
+    least-squares ms per position (with an intercept). None for a run that is not data-parallel, or whose files or data are gone."""
     import numpy as np
 
     from trainer.config import load_config
@@ -199,7 +199,7 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
         work = workload(load_config(str(run_dir / "config.yaml")), ds, steps=max(r["step"] for r in rows))
     except (FileNotFoundError, ValueError):
         return None
-    shapes = []  # per step: per replica (target positions, source positions, rows), summed over the step's micro-batches
+    shapes = []  # per step and replica: target positions, source positions, rows, tokens (over its micro-batches)
     for r in rows:
         cuts = [[cut_replica(spec, b, k).replica for b in work.windows[r["step"] - 1]] for k in range(spec.num_dp)]
         shapes.append([(sum(c.tgt_in.shape[1] for c in cs), sum(c.src.shape[1] for c in cs), sum(c.size for c in cs),
