@@ -56,7 +56,8 @@ def test_threads_that_ended_are_counted_apart():
 def test_the_loss_chunk_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []
-    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: calls.append(a) or {128: 3.0, 256: 1.0, 512: 2.0})
+    timed = {(128, "chunked"): 3.0, (256, "chunked"): 1.0, (512, "chunked"): 2.0}
+    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: calls.append(a) or timed)
     rows, origin = tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.float32)
     assert rows == 256 and origin.startswith("measured now") and len(calls) == 1
     assert rows == tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.float32)[0] and len(calls) == 1
@@ -106,13 +107,13 @@ def test_a_damaged_cache_is_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     (tmp_path / "hybrid-nmt").mkdir()
     (tmp_path / "hybrid-nmt" / "tuning.json").write_text("[not an object")
-    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: {128: 1.0, 256: 2.0})
+    monkeypatch.setattr(tuning, "time_loss_chunks", lambda *a, **k: {(128, "chunked"): 1.0, (256, "chunked"): 2.0})
     assert tuning.loss_chunk_rows(0, torch.device("cpu"), 16, 100, torch.float32)[0] == 128
 
 
 def test_the_timed_loss_runs_every_candidate():
     times = tuning.time_loss_chunks(16, 50, torch.float32, candidates=(8, 32), tokens=64)
-    assert set(times) == {8, 32} and all(0 < t < 5 for t in times.values())
+    assert set(times) == {(8, "chunked"), (32, "chunked")} and all(0 < t < 5 for t in times.values())
 
 
 def test_a_bf16_run_is_told_once_measured_when_bf16_is_the_slower_on_this_cpu(tmp_path, monkeypatch):

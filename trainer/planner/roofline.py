@@ -82,6 +82,7 @@ def op_counts(attention: str) -> dict:
     e = emb.embed_src(ids)
     out["embedding_bwd"] = _count(lambda: e.sum().backward())
     head = AttentionSoftmaxHead(hidden=4, tgt_vocab=10, attention=attention, dropout=0.0, label_smoothing=0.1)
+    head.loss_projection = "whole"  # what an accelerator runs (trainer.training.tuning.loss_projection)
 
     def head_call(tokens: int) -> int:
         enc, dec = torch.randn(1, 3, 4, requires_grad=True), torch.randn(1, tokens, 4, requires_grad=True)

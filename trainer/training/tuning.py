@@ -85,14 +85,11 @@ def _write_cache(key: str, value: int | float) -> None:
 
 def time_loss_chunks(width: int, vocab: int, dtype: torch.dtype, candidates=CANDIDATES,
                      tokens: int = TOKENS, projections=("chunked",)) -> dict:
-    """Seconds of the chunked loss (forward with its gradients, as the head runs it) per candidate chunk,
-    the best of REPEATS after one warm-up, on this process's threads; the candidates take turns, so that a
-    machine that slows down or speeds up meanwhile favours none of them. With more than one of
-    `projections` (train.loss_projection's chunked, whole) the keys are (chunk, projection)."""
-    if len(projections) > 1:
-        cases = [(rows, proj) for rows in candidates for proj in projections]
-    else:
-        cases = list(candidates)
+    """{(chunk rows, projection): seconds} of the chunked loss (forward with its gradients, as the head runs it)
+    per candidate chunk and each of `projections` (train.loss_projection's chunked, whole), the best of REPEATS
+    after one warm-up, on this process's threads; the cases take turns, so that a machine that slows down or
+    speeds up meanwhile favours none of them."""
+    cases = [(rows, proj) for rows in candidates for proj in projections]
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(tokens, width, generator=gen).to(dtype)
     weight = (torch.randn(vocab, width, generator=gen) * width ** -0.5).to(dtype).requires_grad_(True)
@@ -101,13 +98,12 @@ def time_loss_chunks(width: int, vocab: int, dtype: torch.dtype, candidates=CAND
     target = torch.randint(4, vocab, (tokens,), generator=gen)
     out = {case: float("inf") for case in cases}
     for rep in range(REPEATS + 1):
-        for case in cases:
-            rows, proj = case if isinstance(case, tuple) else (case, projections[0])
+        for rows, proj in cases:
             start = time.perf_counter()
             loss, _ = projected_cross_entropy(hidden, weight, bias, target, 0.1, rows, proj == "whole")
             loss.backward()
             if rep:  # the first turn warms up
-                out[case] = min(out[case], time.perf_counter() - start)
+                out[rows, proj] = min(out[rows, proj], time.perf_counter() - start)
             hidden.grad = weight.grad = bias.grad = None
     return out
 
@@ -119,17 +115,8 @@ def loss_chunk_rows(configured: int, device: torch.device, width: int, vocab: in
         return configured, "train.loss_chunk_rows"
     if device.type != "cpu":
         return LOSS_CHUNK_ROWS["accelerator"], "the accelerator's default"
-    spread = {}
-
-    def measure() -> int:
-        spread.update(time_loss_chunks(width, vocab, dtype))
-        return min(spread, key=spread.get)
-
-    best, fresh = _cached(_key(width, vocab, dtype), lambda v: isinstance(v, int) and v in CANDIDATES, measure)
-    if not fresh:
-        return best, f"measured on this machine earlier ({cache_path()})"
-    shown = ", ".join(f"{rows}: {1000 * s:.1f} ms" for rows, s in spread.items())
-    return best, f"measured now ({shown}; cached in {cache_path()})"
+    return _fastest(_key(width, vocab, dtype), lambda v: isinstance(v, int) and v in CANDIDATES,
+                    lambda: {rows: s for (rows, _), s in time_loss_chunks(width, vocab, dtype).items()})
 
 
 def loss_projection(configured: str, device: torch.device, width: int, vocab: int, dtype: torch.dtype, rows: int
@@ -139,18 +126,25 @@ def loss_projection(configured: str, device: torch.device, width: int, vocab: in
         return configured, "train.loss_projection"
     if device.type != "cpu":
         return "whole", "the accelerator's default"
+    key = f"loss_projection|{_key(width, vocab, dtype).split('|', 1)[1]}|rows {rows}"
+    return _fastest(key, lambda v: v in PROJECTIONS, lambda: {
+        proj: s for (_, proj), s in time_loss_chunks(width, vocab, dtype, candidates=(rows,),
+                                                      projections=PROJECTIONS).items()})
+
+
+def _fastest(key: str, valid, time_options) -> tuple:
+    """(the fastest option of `time_options()` ({option: seconds}), where it came from), cached under `key`; the
+    cache's value when `valid(value)`, without measuring."""
     spread = {}
 
-    def measure() -> str:
-        times = time_loss_chunks(width, vocab, dtype, candidates=(rows,), projections=PROJECTIONS)
-        spread.update({proj: s for (_, proj), s in times.items()})
+    def measure():
+        spread.update(time_options())
         return min(spread, key=spread.get)
 
-    key = f"loss_projection|{_key(width, vocab, dtype).split('|', 1)[1]}|rows {rows}"
-    best, fresh = _cached(key, lambda v: v in PROJECTIONS, measure)
+    best, fresh = _cached(key, valid, measure)
     if not fresh:
         return best, f"measured on this machine earlier ({cache_path()})"
-    shown = ", ".join(f"{proj}: {1000 * s:.1f} ms" for proj, s in spread.items())
+    shown = ", ".join(f"{option}: {1000 * s:.1f} ms" for option, s in spread.items())
     return best, f"measured now ({shown}; cached in {cache_path()})"
 
 
