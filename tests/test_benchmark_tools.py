@@ -422,3 +422,20 @@ def test_goal_5_prints_the_milliseconds_between_from_the_peers_profile(tmp_path,
     assert out["ratio"] == pytest.approx(1.1) and not out["met"] and out["stand_between_ms"] == pytest.approx(16.1)
     printed = capsys.readouterr().out
     assert "16.1 ms stand between" in printed and "lstm 70.0 / 60.0, softmax 24.0 / 20.0" in printed
+
+
+def test_batching_reports_each_sides_padding_at_each_length_sort_window():
+    """benchmarks.data.batching: the padding of both sides and of each, for each window of --bucket-batches; a
+    window as long as the corpus sorts it all at once and pads no more than a shorter one."""
+    import numpy as np
+
+    from benchmarks.data import batching
+
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(1, 30, 4000), rng.integers(1, 30, 4000)
+    short, whole = (batching.measure(src, tgt, 16, 0, window) for window in (4, 1000))
+    for m in (short, whole):
+        assert 0 <= m["src_padding_share"] < 1 and 0 <= m["tgt_padding_share"] < 1
+        assert min(m["src_padding_share"], m["tgt_padding_share"]) <= m["padding_share"] \
+            <= max(m["src_padding_share"], m["tgt_padding_share"])
+    assert whole["padding_share"] < short["padding_share"] and whole["src_padding_share"] < 0.01
