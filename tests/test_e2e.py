@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 
 import pytest
@@ -26,6 +27,8 @@ def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
                           "train.profile_from=30", "train.profile_steps=3"),
             timeout=400)
     rows = read_metrics(run_dir)
+    if len(os.sched_getaffinity(0)) >= 2:  # train.pin_cores=auto: each CPU rank on a core of its own
+        assert "cores: this rank's threads on " in train.stdout, train.stdout[-3000:]
     for rank in (0, 1):  # what the steps 31-33 of each rank were made of
         prof = json.loads((run_dir / "profile" / f"rank{rank}.json").read_text())
         assert prof["steps"] == [31, 33] and prof["ops"]["aten::mkldnn_rnn_layer"]["calls"] > 0

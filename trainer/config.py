@@ -79,6 +79,9 @@ class TrainConfig:
     early_stop_patience: int = _key(0, "validations without dev BLEU improvement before stopping; 0 = off")
     log_every: int = _key(10, "a metrics.jsonl row every N steps")
     threads: int = _key(0, "torch threads per rank; 0 = cores on this host / local ranks")
+    pin_cores: str = _key("auto", "keep each local rank's threads on cores of its own (its slice of the cores this "
+                                  "process may use, by local rank): auto = on a CPU with several local ranks whose "
+                                  "threads fit those cores | on | off (the OS places the threads)")
     resume: str = _key("", "'' = a new run (refused if run.dir has checkpoints) | auto = newest good one | a path")
     resume_force: bool = _key(False, "resume even if the model config, data or batching differ (says what)")
     resume_schedule: str = _key("keep", "a resume whose LR schedule spanned other steps than this run's (train."
@@ -155,6 +158,7 @@ _CHOICES = {
     "logging.wandb_mode": ("online", "offline", "disabled", "off"),
     "train.step_timing": ("auto", "every"),
     "train.loss_projection": ("auto", "chunked", "whole"),
+    "train.pin_cores": ("auto", "on", "off"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
     "data.verify": ("ids", "checksums", "full", "none"),
     "train.resume_schedule": ("keep", "stretch"),

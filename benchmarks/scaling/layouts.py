@@ -13,7 +13,8 @@ from benchmarks.scaling import goals
 
 MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
 
-# (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes[, top-level JSON changes])
+# (name, DeepSpeed JSON base, ranks, threads per rank, parallel_layout changes[, top-level JSON changes, where
+# "yaml": (KEY=VALUE, ...) are overrides of the trainer's config instead])
 RUNS = [
     ("single 1 thread", "single", 1, 1, {}),
     ("single 2 threads", "single", 1, 2, {}),
@@ -22,9 +23,13 @@ RUNS = [
     # gloo's loopback TCP for the replicas' sums instead of shared memory (started early / all after the backward)
     ("data_2 gloo sums", "data_2", 2, 1, {"shared_memory_sums": False}),
     ("data_2 sums after backward", "data_2", 2, 1, {"overlap_grad_sums": False, "shared_memory_sums": False}),
+    # the OS places every thread (train.pin_cores=auto pins a CPU rank's threads to a core of its own)
+    ("data_2 unpinned", "data_2", 2, 1, {}, {"yaml": ("train.pin_cores=off",)}),
     ("pipeline_2 units=1", "pipeline_2", 2, 1, {"micro_batches": 1}),
     ("pipeline_2 units=4", "pipeline_2", 2, 1, {"micro_batches": 4}),
     ("hybrid_2 units=1", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 1}),
+    ("hybrid_2 units=1 unpinned", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 1},
+     {"yaml": ("train.pin_cores=off",)}),
     ("hybrid_2 units=2", "hybrid_2", 2, 1, {"micro_batches": 2, "time_chunks": 1}),
     ("hybrid_2 units=4", "hybrid_2", 2, 1, {"micro_batches": 4, "time_chunks": 1}),
     ("hybrid_2 chunks=2", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2}),
@@ -69,9 +74,11 @@ def run(args: argparse.Namespace, steps: int, data: Path, peak: dict, pngs: Path
         for prec in precisions:
             for label, base, ranks, threads, layout, top, kernel in runs:
                 name = f"{args.model}_{prec}_{label.replace(' ', '_').replace('=', '')}"
+                top = dict(top)
+                overrides = top.pop("yaml", ())
                 cfg = ds_variant(args.work, base, name, layout=layout, bf16={"enabled": prec == "bf16"}, **top)
                 r = train(args.work, name, cfg, ranks, threads, steps, data, config=MODELS[args.model],
-                          extra=(f"train.timeline_every={steps - 1}", f"model.lstm_kernel={kernel}"))
+                          extra=(f"train.timeline_every={steps - 1}", f"model.lstm_kernel={kernel}", *overrides))
                 run_dir = args.work / "runs" / name
                 r.update(rank_fractions(run_dir), run_dir=str(run_dir))
                 png = run_dir / "timeline" / f"step_{steps - 1:08d}.png"

@@ -352,7 +352,40 @@ def current_rank() -> int | str:
 def set_threads(threads: int) -> int:
     """torch threads per rank: `threads`, or the host's cores divided among its local ranks."""
     if threads <= 0:
-        local = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        threads = max(1, (os.cpu_count() or 1) // max(1, local))
+        threads = max(1, (os.cpu_count() or 1) // _local_ranks())
     torch.set_num_threads(threads)
     return threads
+
+
+def _local_ranks() -> int:
+    return max(1, int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
+def rank_cores(allowed: list[int], local_rank: int, local_ranks: int, threads: int) -> list[int] | None:
+    """The cores of `allowed` (sorted) local rank `local_rank` of `local_ranks` keeps its `threads` threads on:
+    the rank's own slice, `threads` wide; None when the ranks' threads do not fit `allowed` (they would share)."""
+    if local_ranks * threads > len(allowed) or not 0 <= local_rank < local_ranks:
+        return None
+    return allowed[local_rank * threads:(local_rank + 1) * threads]
+
+
+def pin_cores(mode: str, threads: int, on_cpu: bool) -> str:
+    """train.pin_cores: keep this rank's threads (those running now and, since a thread starts on its creator's
+    cores, every later one: torch's, gloo's, the batch prefetcher's) on cores of its own, so that the OS does
+    not move a rank's main thread onto its neighbour's core, away from its caches, each time a waiting thread
+    wakes. `auto` pins on a CPU with several local ranks whose threads fit the cores (one process alone is
+    left to the OS). Returns what was done, for the run's log."""
+    local_ranks = _local_ranks()
+    if mode == "off" or (mode == "auto" and (not on_cpu or local_ranks < 2)):
+        return "cores: not pinned (train.pin_cores=" + mode + ")"
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = rank_cores(allowed, int(os.environ.get("LOCAL_RANK", "0")), local_ranks, threads)
+    if cores is None:
+        return (f"cores: not pinned ({local_ranks} local ranks x {threads} threads do not fit the {len(allowed)} "
+                f"cores this process may use)")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return f"cores: this rank's threads on {','.join(map(str, cores))} (train.pin_cores={mode})"

@@ -30,7 +30,7 @@ from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.rank_module import RankModule, build_rank_module
-from trainer.parallel.runtime import ParallelRuntime, launched_world, set_threads
+from trainer.parallel.runtime import ParallelRuntime, launched_world, pin_cores, set_threads
 from trainer.training import faults, start, tuning
 from trainer.training.loop import Trainer
 from trainer.training.stopping import StopCheck
@@ -138,12 +138,13 @@ class Build:
         if rt.is_rank0:
             print(rt.describe_device(), flush=True)
         threads = set_threads(cfg.train.threads)
+        pinned = pin_cores(cfg.train.pin_cores, threads, rt.device().type == "cpu")
         manifest = read_manifest(cfg.data.dir)
         bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
         train_data = ParallelData(cfg.data.dir, "train")
         dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
-        part_notes = [tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]),
+        part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
         stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
