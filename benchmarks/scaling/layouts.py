@@ -45,6 +45,8 @@ RUNS = [
     # the head cut along time: rank 0 the first 2 chunks' positions, the last stage the last 2
     ("hybrid_2 chunks=2 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 2, "head_split": "time"}),
     ("hybrid_2 chunks=4 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4, "head_split": "time"}),
+    ("hybrid_2 chunks=4 time unpinned", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
+                                                           "head_split": "time"}, {"yaml": ("train.pin_cores=off",)}),
     ("hybrid_2 chunks=4 time deferred", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 4,
                                                            "head_split": "time", "defer_weight_grads": True}),
     ("hybrid_2 chunks=8 time", "hybrid_2", 2, 1, {"micro_batches": 1, "time_chunks": 8, "head_split": "time"}),

@@ -378,6 +378,8 @@ def pin_cores(mode: str, threads: int, on_cpu: bool) -> str:
     local_ranks = _local_ranks()
     if mode == "off" or (mode == "auto" and (not on_cpu or local_ranks < 2)):
         return "cores: not pinned (train.pin_cores=" + mode + ")"
+    if not hasattr(os, "sched_setaffinity"):
+        return "cores: not pinned (this OS sets no thread's CPU affinity)"
     allowed = sorted(os.sched_getaffinity(0))
     cores = rank_cores(allowed, int(os.environ.get("LOCAL_RANK", "0")), local_ranks, threads)
     if cores is None:
