@@ -45,6 +45,7 @@ def _serve(inbox, outbox, index: int, preload: bool) -> None:
         import trainer.parallel.runtime  # noqa: F401  (torch.distributed + DeepSpeed, once)
 
     outbox.put((index, True, "ready"))
+    allowed = os.sched_getaffinity(0)  # a job's rank may pin its threads (train.pin_cores): not the next job's
     while True:
         job = inbox.get()
         if job is None:
@@ -57,6 +58,11 @@ def _serve(inbox, outbox, index: int, preload: bool) -> None:
         except BaseException:  # noqa: BLE001  (reported to the test, which fails with it)
             outbox.put((rank, False, traceback.format_exc()))
         finally:
+            for tid in os.listdir("/proc/self/task"):
+                try:
+                    os.sched_setaffinity(int(tid), allowed)
+                except OSError:  # a thread that ended meanwhile
+                    pass
             if preload:
                 import torch.distributed as dist
 
