@@ -371,10 +371,10 @@ def rank_cores(allowed: list[int], local_rank: int, local_ranks: int, threads: i
 
 def pin_cores(mode: str, threads: int, on_cpu: bool) -> str:
     """train.pin_cores: keep this rank's threads (those running now and, since a thread starts on its creator's
-    cores, every later one: torch's, gloo's, the batch prefetcher's) on cores of its own, so that the OS does
-    not move a rank's main thread onto its neighbour's core, away from its caches, each time a waiting thread
-    wakes. `auto` pins on a CPU with several local ranks whose threads fit the cores (one process alone is
-    left to the OS). Returns what was done, for the run's log."""
+    cores, every later one: torch's, gloo's, the batch prefetcher's) on cores of its own. On two CPU cores
+    data_2 trained 7-13% faster pinned, the pipelined layouts level (docs/BENCHMARKS.md; why is not measured).
+    `auto` pins on a CPU with several local ranks whose threads fit the cores (one process alone is left to the
+    OS). Returns what was done, for the run's log."""
     local_ranks = _local_ranks()
     if mode == "off" or (mode == "auto" and (not on_cpu or local_ranks < 2)):
         return "cores: not pinned (train.pin_cores=" + mode + ")"
