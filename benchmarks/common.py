@@ -177,7 +177,8 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
     and source positions (the longest row of its slice: the decoder's and the encoder's time steps), of its rows
     and of its real source + target tokens. With two replicas, beside each rank's busy ms (metrics.jsonl): the
     correlation of rank 1's busy ms minus rank 0's with its padded target positions minus rank 0's, and the
-    least-squares ms per position (with an intercept). None for a run that is not data-parallel, or whose files or data are gone."""
+    least-squares ms per position (with an intercept). None for a run that is not data-parallel, or whose files
+    or data are gone."""
     import numpy as np
 
     from trainer.config import load_config

@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 
@@ -58,11 +59,8 @@ def _serve(inbox, outbox, index: int, preload: bool) -> None:
         except BaseException:  # noqa: BLE001  (reported to the test, which fails with it)
             outbox.put((rank, False, traceback.format_exc()))
         finally:
-            for tid in os.listdir("/proc/self/task"):
-                try:
-                    os.sched_setaffinity(int(tid), allowed)
-                except OSError:  # a thread that ended meanwhile
-                    pass
+            if "trainer.parallel.runtime" in sys.modules:  # only what imported it can have pinned its threads
+                sys.modules["trainer.parallel.runtime"].keep_threads_on(allowed)
             if preload:
                 import torch.distributed as dist
 

@@ -23,7 +23,7 @@ def test_each_local_rank_gets_its_own_slice_of_the_allowed_cores():
 
 PIN = """
 import json, os, threading, sys
-from trainer.parallel.runtime import pin_cores
+from trainer.parallel.runtime import keep_threads_on, pin_cores
 allowed = os.sched_getaffinity(0)
 out = []
 for mode, device, rank, size in json.loads(sys.argv[1]):
@@ -33,8 +33,7 @@ for mode, device, rank, size in json.loads(sys.argv[1]):
     t = threading.Thread(target=lambda: seen.update(later=sorted(os.sched_getaffinity(0))))
     t.start(); t.join()
     out.append({"said": said, "main": sorted(os.sched_getaffinity(0)), **seen})
-    for tid in os.listdir("/proc/self/task"):  # as it was, for the next case
-        os.sched_setaffinity(int(tid), allowed)
+    keep_threads_on(allowed)  # as it was, for the next case
 print(json.dumps(out))
 """
 

@@ -69,6 +69,7 @@ HEAVY = {  # node id: seconds of its call in that measurement
     "tests/test_parallel_parity.py::test_the_shipped_modes_agree_with_single_step_by_step_over_adam_steps": 4.11,
     "tests/test_parallel_parity.py::test_three_accumulation_steps_match_single[data_2]": 2.31,
     "tests/test_parallel_parity.py::test_three_accumulation_steps_match_single[hybrid_4]": 1.71,
+    "tests/test_pin_cores.py::test_auto_pins_a_cpu_rank_among_several_and_later_threads_follow": 1.98,  # AMD EPYC
     "tests/test_planner.py::test_gpu_profile_states_a_source_for_every_number_and_plans": 6.23,
     "tests/test_planner.py::test_launch_plan_bad_input_is_one_line": 3.99,
     "tests/test_planner.py::test_plan_prefers_no_communication_when_links_are_slow": 2.38,
@@ -80,7 +81,6 @@ HEAVY = {  # node id: seconds of its call in that measurement
     "tests/test_search.py::test_beam_search_finds_the_best_sequence_and_beam_1_is_greedy": 2.49,
     "tests/test_timeline.py::test_hybrid_timeline_has_every_instruction_of_every_rank": 4.32,
     "tests/test_zero.py::test_a_run_moves_between_zero_and_layouts_through_its_checkpoints": 2.68,
-    "tests/test_pin_cores.py::test_auto_pins_a_cpu_rank_among_several_and_later_threads_follow": 1.98,  # AMD EPYC
     "tests/test_zero.py::test_zero1_fp16_overflow_skips_the_step_and_holds_the_lr": 6.56,
     "tests/test_zero.py::test_zero1_in_fp16_equals_fp16_single": 3.73,
     "tests/test_zero.py::test_zero1_step_equals_singles_step[grid_2x2]": 4.32,  # a second pass, after the first 70 moved

@@ -8,9 +8,9 @@ batching, bucketed by length as in training) is cut and measured: batches per ep
 per batch (what a step computes on: min / median / 95th percentile / max, and their coefficient of
 variation) and the share of padding, of both sides and of each (`src_padding_share`, `tgt_padding_share`).
 `--bucket-batches` (default 100, as `data.bucket_batches`): the length-sort window, in batches; with more
-than one, each cap is measured at each window (keys `max_tokens=CAP bucket_batches=N`). No training. Prints one JSON object. `--join K` also measures patent-
-length pairs made from the corpus: each "pair" is 1..K consecutive pairs joined (K seeded-uniform), as a
-claim of several clauses is (lengths only).
+than one, each cap is measured at each window (keys `max_tokens=CAP bucket_batches=N`). No training. Prints
+one JSON object. `--join K` also measures patent-length pairs made from the corpus: each "pair" is 1..K
+consecutive pairs joined (K seeded-uniform), as a claim of several clauses is (lengths only).
 """
 from __future__ import annotations
 

@@ -385,9 +385,14 @@ def pin_cores(mode: str, threads: int, on_cpu: bool) -> str:
     if cores is None:
         return (f"cores: not pinned ({local_ranks} local ranks x {threads} threads do not fit the {len(allowed)} "
                 f"cores this process may use)")
+    keep_threads_on(cores)
+    return f"cores: this rank's threads on {','.join(map(str, cores))} (train.pin_cores={mode})"
+
+
+def keep_threads_on(cores) -> None:
+    """Every thread of this process, those running now and (started by them) later ones, on `cores`."""
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cores)
         except OSError:  # a thread that ended meanwhile
             pass
-    return f"cores: this rank's threads on {','.join(map(str, cores))} (train.pin_cores={mode})"
