@@ -108,7 +108,9 @@ def test_a_run_killed_by_its_timeout_leaves_the_report_and_its_files(tmp_path, p
     out = tmp_path / "out"
     proc = run_cli([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--device", "cpu", "--out", str(out), "--work",
                     str(tmp_path / "work"), "--data-root", str(prepared), "--stages", "environment,data,runs",
-                    "--runs", "enja-small_bf16", "--run-timeout-s", "3"], timeout=300, check=False)
+                    "--runs", "enja-small_bf16", "--run-timeout-s", "3",
+                    # a run that outlasts 3 s on any CPU: a million steps, not the CPU size's 6
+                    "--steps", "1000000"], timeout=300, check=False)
     assert proc.returncode == 1 and "KILLED after its 3s timeout" in proc.stdout, proc.stdout[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
     assert report["environment"]["torch"] and report["data"]
