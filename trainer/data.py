@@ -28,6 +28,8 @@ class Batch:
     these, so nothing waits for the device to hand a length back (trainer.observe.op_counter).
     ids: the distinct ids of src and of tgt_in as host numpy arrays (the embedding rows the batch touches),
     when it was collated from host data; None otherwise.
+    multiple: src and tgt widths are padded up to a multiple of it (data.length_multiple), here and in every
+    slice `rows` trims: on an accelerator each distinct shape loads or tunes kernels once.
     """
 
     src: torch.Tensor
@@ -37,6 +39,7 @@ class Batch:
     src_len: np.ndarray | None = None
     tgt_len: np.ndarray | None = None
     ids: tuple | None = None
+    multiple: int = 1
 
     def __post_init__(self):
         if self.src_len is None:  # built from tensors alone (tests, tools): read the lengths once
@@ -70,17 +73,17 @@ class Batch:
         src, tgt_in, tgt_out = self.src[start:stop], self.tgt_in[start:stop], self.tgt_out[start:stop]
         src_len, tgt_len = self.src_len[start:stop], self.tgt_len[start:stop]
         if trim and stop > start:
-            s, t = int(src_len.max()), int(tgt_len.max())
+            s, t = padded_width(int(src_len.max()), self.multiple), padded_width(int(tgt_len.max()), self.multiple)
             src, tgt_in, tgt_out = src[:, :s], tgt_in[:, :t], tgt_out[:, :t]
         return Batch(src.contiguous(), self.src_lengths[start:stop].contiguous(), tgt_in.contiguous(),
-                     tgt_out.contiguous(), src_len, tgt_len)
+                     tgt_out.contiguous(), src_len, tgt_len, multiple=self.multiple)
 
     def target_cols(self, start: int, stop: int) -> "Batch":
         """Target positions [start, stop) of every row, the source whole (a head piece cut along time);
         tgt_len counts each row's real tokens inside the slice."""
         tgt_len = np.clip(self.tgt_len - start, 0, max(0, stop - start))
         return Batch(self.src, self.src_lengths, self.tgt_in[:, start:stop].contiguous(),
-                     self.tgt_out[:, start:stop].contiguous(), self.src_len, tgt_len)
+                     self.tgt_out[:, start:stop].contiguous(), self.src_len, tgt_len, multiple=self.multiple)
 
     def to(self, device) -> "Batch":
         """On `device`; from the host to an accelerator through pinned memory, without blocking the host
@@ -91,7 +94,7 @@ class Batch:
             tensors = tuple(to_device(t, device) for t in tensors)
         else:
             tensors = tuple(t.to(device) for t in tensors)
-        return Batch(*tensors, self.src_len, self.tgt_len, self.ids)
+        return Batch(*tensors, self.src_len, self.tgt_len, self.ids, self.multiple)
 
     def token_positions(self, width: int | None = None, round_bits: int = 4) -> np.ndarray:
         """Flat positions (row * width + t) of the real target tokens in a (batch, width) layout
@@ -109,17 +112,22 @@ class Batch:
         return np.flatnonzero(flat)
 
 
-def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
+def padded_width(width: int, multiple: int) -> int:
+    """`width` rounded up to a multiple of `multiple` (1: as it is)."""
+    return width if multiple <= 1 else -(-width // multiple) * multiple
+
+
+def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray], multiple: int = 1) -> Batch:
     """Padded tensors of the pairs, rows sorted by source length (longest first, stable), built with
-    whole-array numpy operations (no per-row tensor work)."""
+    whole-array numpy operations (no per-row tensor work); each width padded up to a multiple of `multiple`."""
     src_all = [np.asarray(x, dtype=np.int64) for x in src_seqs]
     tgt_all = [np.asarray(y, dtype=np.int64) for y in tgt_seqs]
     order = np.argsort([-len(x) for x in src_all], kind="stable")
     src_len = np.array([len(src_all[i]) for i in order], dtype=np.int64)
     tgt_len = np.array([len(tgt_all[i]) for i in order], dtype=np.int64)
     n, rows = len(order), np.arange(len(order))
-    src = np.full((n, int(src_len.max()) + 1), PAD_ID, dtype=np.int64)
-    tgt_in = np.full((n, int(tgt_len.max()) + 1), PAD_ID, dtype=np.int64)
+    src = np.full((n, padded_width(int(src_len.max()) + 1, multiple)), PAD_ID, dtype=np.int64)
+    tgt_in = np.full((n, padded_width(int(tgt_len.max()) + 1, multiple)), PAD_ID, dtype=np.int64)
     tgt_out = np.full_like(tgt_in, PAD_ID)
     r, c = _positions(src_len)
     if len(r):
@@ -133,7 +141,7 @@ def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
     tgt_in[:, 0] = BOS_ID
     tgt_out[rows, tgt_len] = EOS_ID
     return Batch(torch.from_numpy(src), torch.from_numpy(src_len + 1), torch.from_numpy(tgt_in),
-                 torch.from_numpy(tgt_out), src_len + 1, tgt_len + 1, (np.unique(src), np.unique(tgt_in)))
+                 torch.from_numpy(tgt_out), src_len + 1, tgt_len + 1, (np.unique(src), np.unique(tgt_in)), multiple)
 
 
 def _positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -189,8 +197,8 @@ def make_batches(src_len: np.ndarray, tgt_len: np.ndarray, *, max_sentences: int
 class ParallelData:
     """One split of DATA_DIR: the two TokenArrays and batch construction."""
 
-    def __init__(self, data_dir: str, split: str):
-        self.data_dir, self.split = data_dir, split
+    def __init__(self, data_dir: str, split: str, length_multiple: int = 1):
+        self.data_dir, self.split, self.length_multiple = data_dir, split, length_multiple
         self.src, self.tgt = load_pair(data_dir, split)
         self.src_len, self.tgt_len = self.src.lengths, self.tgt.lengths
         if len(self.src) == 0:  # found before training starts, not as a crash in the first dev evaluation
@@ -201,7 +209,7 @@ class ParallelData:
         return len(self.src)
 
     def batch(self, indices) -> Batch:
-        return collate([self.src[i] for i in indices], [self.tgt[i] for i in indices])
+        return collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], self.length_multiple)
 
 
 class BatchStream:
@@ -404,4 +412,4 @@ def _verify_checksums(data_dir: str, manifest: dict, whole: bool = False) -> Non
 
 
 __all__ = ["Batch", "BatchStream", "ParallelData", "Prefetcher", "collate", "has_split", "make_batches",
-           "read_manifest", "TokenArray", "verify"]
+           "padded_width", "read_manifest", "TokenArray", "verify"]

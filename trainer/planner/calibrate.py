@@ -20,7 +20,8 @@ import torch
 from data_prep.dataformat import files
 from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.model.dropout import DropoutKeys, keep_mask
-from trainer.model.seq2seq import _run_packed, build_head
+from trainer.model.lstm_stack import run_packed
+from trainer.model.seq2seq import build_head
 from trainer.training import tuning
 from trainer.planner import calibrate_ranks
 from trainer.planner.shapes import ModelDims
@@ -59,7 +60,7 @@ def lstm_points(in_dim: int, hidden: int, dtype, sizes: Sizes) -> dict:
             x = torch.randn(rows, steps, in_dim, dtype=dtype, requires_grad=True)
             state = tuple(torch.randn(1, rows, hidden, dtype=dtype, requires_grad=True) for _ in range(2))
             lengths = np.full(rows, steps, dtype=np.int64)
-            for name, run in (("fused", lambda: lstm(x, state)), ("packed", lambda: _run_packed(lstm, x, lengths, state))):
+            for name, run in (("fused", lambda: lstm(x, state)), ("packed", lambda: run_packed(lstm, x, lengths, state))):
                 out[f"{name}_fwd"].append([rows, steps, timed_ms(run, sizes.reps)])
 
                 def backward(y, run=run):

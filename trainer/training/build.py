@@ -102,6 +102,21 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
     return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
 
 
+def lstm_weight_notes(module: RankModule, engine: dsa.Engine, model_cfg) -> list[str]:
+    """On CUDA, the LSTM weights in cuDNN's flat layout, by the groups their calls read (one stack per side where no
+    dropout sits between the layers); not under ZeRO, whose own flat buffer holds them."""
+    if engine.zero_stage:
+        return ["LSTM weights: views of ZeRO's flat buffer (cuDNN copies them at each call)"]
+    return [module.pack_lstm_weights(stacked=model_cfg.dropout == 0)]
+
+
+def length_notes(multiple: int, data_cfg) -> list[str]:
+    if multiple == 1:
+        return []
+    origin = "data.length_multiple" if data_cfg.length_multiple else "data.length_multiple=0: on an accelerator"
+    return [f"batch widths: padded up to a multiple of {multiple} ({origin})"]
+
+
 def schedule_notes(ds: dict) -> list[str]:
     """What DeepSpeed would warn once per rank, said once: a schedule shorter than its warm-up."""
     sched = ds.get("scheduler") or {}
@@ -139,12 +154,15 @@ class Build:
             print(rt.describe_device(), flush=True)
         threads = set_threads(cfg.train.threads)
         pinned = pin_cores(cfg.train.pin_cores, threads, rt.device().type == "cpu")
+        tf32 = tuning.set_tf32(cfg.train.tf32, rt.device())
         manifest = read_manifest(cfg.data.dir)
         bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
-        train_data = ParallelData(cfg.data.dir, "train")
-        dev_data = ParallelData(cfg.data.dir, "dev") if has_split(cfg.data.dir, "dev") else None
+        multiple = tuning.length_multiple(cfg.data.length_multiple, rt.device())
+        train_data = ParallelData(cfg.data.dir, "train", multiple)
+        dev_data = ParallelData(cfg.data.dir, "dev", multiple) if has_split(cfg.data.dir, "dev") else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
-        part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]),
+        part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
+                      *lstm_weight_notes(module, engine, cfg.model), *length_notes(multiple, cfg.data),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
         stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,

@@ -206,3 +206,25 @@ def precision_notes(device: torch.device, precision: str, width: int) -> list[st
         return []
     return [f"note: bf16 is {ratio:.1f}x slower than fp32 on this CPU (a GEMM at width {width}, {origin}; no AMX?): "
             f"\"bf16\": {{\"enabled\": false}} in the DeepSpeed JSON may train faster"]
+
+
+ACCELERATOR_LENGTH_MULTIPLE = 8  # data.length_multiple=0 on an accelerator
+
+
+def length_multiple(configured: int, device: torch.device) -> int:
+    """data.length_multiple as it applies: as set, or (0) 8 on an accelerator and 1 (no padding) on a CPU, where a
+    new shape costs a oneDNN primitive of a few ms once and padding costs work at every step."""
+    if configured:
+        return configured
+    return 1 if device.type == "cpu" else ACCELERATOR_LENGTH_MULTIPLE
+
+
+def set_tf32(on: bool, device: torch.device) -> list[str]:
+    """train.tf32 applied to torch's two switches (cuBLAS matmuls and cuDNN, which torch leaves on by default for
+    cuDNN alone), and said: on CUDA what fp32 work runs in, elsewhere nothing."""
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+    if device.type != "cuda":
+        return []
+    runs_in = "in TF32" if on else "in full fp32 (TF32 off)"
+    return [f"tf32: fp32 matmuls and cuDNN {runs_in} (train.tf32={str(on).lower()}; bf16 and fp16 work is not affected)"]
