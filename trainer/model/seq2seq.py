@@ -210,11 +210,18 @@ class AttentionSoftmaxHead(nn.Module):
         layer, the projection and the softmax (most of the model's work) run on the selected tokens
         only.
         """
-        width = target.shape[1]
         if positions is None:
             positions = token_positions(target)
+        keep = self.dropout.keyed_mask(masks, self.w_c.out_features, self.w_c.weight.dtype, positions, target.shape[1])
+        return self.token_loss(enc, src_mask, dec, target, positions, keep)
+
+    def token_loss(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor,
+                   positions: torch.Tensor, keep: torch.Tensor | None):
+        """`forward` once its dropout mask is drawn: `keep` (tokens, out_dim), scaled, or None (no keyed mask: none,
+        or ordinary dropout). Tensors in, tensors out, no generator made: what train.compile_head compiles."""
         context = self.context(enc, src_mask, dec).flatten(0, 1).index_select(0, positions)
-        hidden = self.attentional(context, dec.flatten(0, 1).index_select(0, positions), positions, width, masks)
+        hidden = torch.tanh(self.w_c(torch.cat([context, dec.flatten(0, 1).index_select(0, positions)], dim=-1)))
+        hidden = hidden * keep if keep is not None else self.dropout(hidden)
         return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias,
                                        target.flatten().index_select(0, positions), self.label_smoothing,
                                        self.loss_chunk_rows, self.loss_projection == "whole")
@@ -273,8 +280,9 @@ def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: 
         dlogits = torch.addmm(bias, hidden, weight.t())  # the logits, then (chunk by chunk, in place) their gradient
     else:
         dlogits = torch.empty(hidden.shape[0], vocab, dtype=hidden.dtype, device=hidden.device) if grads else None
-    for a in range(0, hidden.shape[0], chunk):
-        b = min(a + chunk, hidden.shape[0])
+    rows, b = hidden.shape[0], 0
+    while b < rows:  # (not range(): under torch.compile a range over a dynamic size fixes it to one value)
+        a, b = b, min(b + chunk, rows)
         logits = dlogits[a:b] if whole else torch.addmm(bias, hidden[a:b], weight.t())  # parameters' dtype
         t = target[a:b]
         top = logits.amax(dim=-1).float()

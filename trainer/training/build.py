@@ -66,9 +66,8 @@ def identity(cfg, manifest: dict, global_micro: int) -> RunIdentity:
 def tune_head(module: RankModule, train_cfg, runtime: ParallelRuntime, vocab: int) -> str:
     """The head's loss chunk (train.loss_chunk_rows; 0: measured on this machine by the last rank, which always
     holds a head, and the same on every rank: trainer.training.tuning) and its projection's cut
-    (train.loss_projection, likewise) and, with train.compile_head, its forward
-    compiled by torch.compile with dynamic shapes (batches change every shape but the hidden width; the token
-    count is already rounded to a few dozen values). Call on every rank, once the engine has cast the weights.
+    (train.loss_projection, likewise) and, with train.compile_head, its loss compiled (tuning.compile_head). Call
+    on every rank, once the engine has cast the weights.
     Returns where the chunk came from, for the log."""
     head = module.head
     rows, origin = train_cfg.loss_chunk_rows, "train.loss_chunk_rows"
@@ -81,10 +80,9 @@ def tune_head(module: RankModule, train_cfg, runtime: ParallelRuntime, vocab: in
     if head is not None:
         head.loss_chunk_rows, head.loss_projection = rows, proj
         if train_cfg.compile_head:
-            import torch
-
-            head.forward = torch.compile(head.forward, dynamic=True)
-    return f"loss chunk: {rows} rows of logits ({origin}); projection: {proj} ({proj_origin})"
+            tuning.compile_head(head, runtime.device())
+    compiled = "; head compiled (train.compile_head)" if train_cfg.compile_head else ""
+    return f"loss chunk: {rows} rows of logits ({origin}); projection: {proj} ({proj_origin}){compiled}"
 
 
 class ModelParts(NamedTuple):

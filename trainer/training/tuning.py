@@ -228,3 +228,20 @@ def set_tf32(on: bool, device: torch.device) -> list[str]:
         return []
     runs_in = "in TF32" if on else "in full fp32 (TF32 off)"
     return [f"tf32: fp32 matmuls and cuDNN {runs_in} (train.tf32={str(on).lower()}; bf16 and fp16 work is not affected)"]
+
+
+class CompileRefused(ValueError):
+    """train.compile_head where it is not known to train correctly."""
+
+
+def compile_head(head, device: torch.device) -> None:
+    """train.compile_head: the head's loss (AttentionSoftmaxHead.token_loss: tensors in, its dropout mask drawn
+    before) compiled by torch.compile with dynamic shapes: one graph for every token count and width (the loss's
+    chunk loop guards only its number of chunks). Refused on CUDA: the first GPU check (2026-12-04) trained nothing
+    with the head's forward compiled (grad norm 0 at every step), and compiled and eager have not yet been shown
+    equal there (the GPU check's compile gate, benchmarks/gpu/gpu_gates.py, compares them)."""
+    if device.type == "cuda":
+        raise CompileRefused("train.compile_head=true is refused on CUDA: the GPU check of 2026-12-04 trained "
+                             "nothing with it (grad norm 0 at every step), and its compiled/eager gate has not passed "
+                             "on a GPU since; train without it (the eager head is the one checked there)")
+    head.token_loss = torch.compile(head.token_loss, dynamic=True)
