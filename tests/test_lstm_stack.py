@@ -93,6 +93,12 @@ def test_which_layers_can_be_one_call():
     # the stepwise kernel is a loop of its own
     stepwise = build_model(replace(BASE, lstm_kernel="stepwise"), 20, 30)
     assert [len(r) for r in runs_of_layers(list(stepwise.pairs), "enc", x)] == [1, 1, 1]
+    # train.stack_layers=false: a call per layer
+    apart = build_model(BASE, 20, 30)
+    for pair in apart.pairs:
+        pair.stack = False
+    assert [len(r) for r in runs_of_layers(list(apart.pairs), "dec", x)] == [1, 1, 1]
+    assert [len(g) for g in cudnn_weight_groups(list(apart.pairs), stacked=True)] == [1] * 6
     # the groups whose weights one cuDNN buffer holds follow the calls
     assert [len(g) for g in cudnn_weight_groups(list(bidi.pairs), stacked=True)] == [1, 2, 3]
     assert [len(g) for g in cudnn_weight_groups(list(bidi.pairs), stacked=False)] == [1] * 6

@@ -105,6 +105,9 @@ class TrainConfig:
                                         "train.loss_chunk_rows rows | whole = one GEMM over all rows, then the chunks' "
                                         "passes in place | auto = on a CPU the faster of the two, measured on this machine "
                                         "at the start (cached), whole on an accelerator")
+    stack_layers: bool = _key(True, "run a stage's consecutive LSTM layers as one multi-layer call where no "
+                                    "dropout sits between them (model.dropout=0, or evaluation): one call's host "
+                                    "cost per side, and cuDNN overlaps the layers; false: a call per layer")
     tf32: bool = _key(False, "on a CUDA GPU, fp32 matmuls and cuDNN (the LSTMs) in TF32 (10-bit mantissa, "
                              "several times faster); false: true fp32. Said at start; bf16/fp16 are not affected")
     compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")

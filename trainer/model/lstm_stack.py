@@ -215,7 +215,7 @@ def cudnn_weight_groups(pairs: list, stacked: bool) -> list[list[nn.LSTM]]:
         run: list[nn.LSTM] = []
         for pair in pairs:
             lstm = getattr(pair, side)
-            if stacked and pair.kernel != "stepwise" and not lstm.bidirectional:
+            if stacked and pair.stack and pair.kernel != "stepwise" and not lstm.bidirectional:
                 run.append(lstm)
                 continue
             groups += [run] if run else []

@@ -66,6 +66,7 @@ class EncoderDecoderLayer(nn.Module):
         # (trainer.model.lstm.auto_stepwise)
         self.kernel = kernel
         self.time_chunked = time_chunked
+        self.stack = True  # may be one layer of a multi-layer call (trainer.model.lstm_stack; train.stack_layers)
         in_dim = emb_dim if index == 0 else hidden
         if bidirectional and hidden % 2:
             raise ValueError(f"model.hidden={hidden} must be even for a bidirectional bottom layer")
@@ -102,7 +103,7 @@ class EncoderDecoderLayer(nn.Module):
     def stackable(self, side: str, x: torch.Tensor) -> bool:
         """Can this layer's `side` ('enc' | 'dec') be one layer of a multi-layer call on input like `x`
         (trainer.model.lstm_stack): the fused kernel, one direction."""
-        return not self._stepwise(x) and (side == "dec" or not self.bidirectional)
+        return self.stack and not self._stepwise(x) and (side == "dec" or not self.bidirectional)
 
     def drops(self, side: str) -> bool:
         """Is the dropout on this layer's `side` outputs active (training with p > 0)?"""

@@ -23,6 +23,7 @@ from trainer.data import BatchStream, ParallelData, Prefetcher, has_split, read_
 from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
 from trainer.metrics import dev_tokenize
 from trainer.model.flops import batch_flops
+from trainer.model.seq2seq import EncoderDecoderLayer
 from trainer.observe.logger import NullLogger, RunLogger
 from trainer.observe.profiling import StepProfiler
 from trainer.observe.timeline import TimelineWriter
@@ -100,12 +101,15 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
     return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
 
 
-def lstm_weight_notes(module: RankModule, engine: dsa.Engine, model_cfg) -> list[str]:
-    """On CUDA, the LSTM weights in cuDNN's flat layout, by the groups their calls read (one stack per side where no
-    dropout sits between the layers); not under ZeRO, whose own flat buffer holds them."""
+def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg) -> list[str]:
+    """train.stack_layers, and on CUDA the LSTM weights in cuDNN's flat layout, by the groups their calls read (one
+    stack per side where no dropout sits between the layers); not under ZeRO, whose own flat buffer holds them."""
+    for layer in module.layers:
+        if isinstance(layer, EncoderDecoderLayer):
+            layer.stack = cfg.train.stack_layers
     if engine.zero_stage:
         return ["LSTM weights: views of ZeRO's flat buffer (cuDNN copies them at each call)"]
-    return [module.pack_lstm_weights(stacked=model_cfg.dropout == 0)]
+    return [module.pack_lstm_weights(stacked=cfg.model.dropout == 0 and cfg.train.stack_layers)]
 
 
 def length_notes(multiple: int, data_cfg) -> list[str]:
@@ -160,7 +164,7 @@ class Build:
         dev_data = ParallelData(cfg.data.dir, "dev", multiple) if has_split(cfg.data.dir, "dev") else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
         part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
-                      *lstm_weight_notes(module, engine, cfg.model), *length_notes(multiple, cfg.data),
+                      *lstm_weight_notes(module, engine, cfg), *length_notes(multiple, cfg.data),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
         stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
