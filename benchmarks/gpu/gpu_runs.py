@@ -126,6 +126,8 @@ def train_command(work: Path, device: str, name: str, precision: str, overrides:
                   steps: int, dev_sentences: int, log_every: int, wandb: bool, resume: bool,
                   layout: dict | None, extra: tuple) -> tuple[list, Path]:
     changes = {"layout": layout} if layout else {}
+    if precision == "fp16":  # DeepSpeed's dynamic loss scale (cuDNN's persistent LSTM kernel is fp16's)
+        changes["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     ds = ds_variant(work, "single", name, train_micro_batch_size_per_gpu=micro, bf16={"enabled": precision == "bf16"},
                     **changes)
     run_dir = work / "runs" / name
@@ -224,14 +226,16 @@ def run_results(run_dir: Path, out: str, wandb: bool, resume: bool, warmup: int)
     timed = summarise(run_dir, warmup=1)
     result = {"timed_step_ms_median": timed["step_ms_median"], "timed_pairs_per_s": timed["pairs_per_s"],
               "first_loss": rows[0]["loss"], "dev_bleu": rows[-1].get("dev_bleu"),
-              "finite": all(r["loss"] is not None and math.isfinite(r["loss"]) for r in rows)}
+              "finite": all(r["loss"] is not None and math.isfinite(r["loss"]) for r in rows),
+              "cpu_ms_per_step": timed["cpu"].get(0, {}), "rows": rows}
     rates = untimed_rates(rows, warmup)
     if rates:
         result.update(rates)
     for prof in sorted((run_dir / "profile").glob("rank*.json")):
         p = json.loads(prof.read_text())
         result["profile"] = {k: p[k] for k in ("steps", "wall_ms_per_step", "self_cpu_ms_per_step",
-                                               "device_syncs_per_step", "device_sync_sites") if k in p}
+                                               "device_syncs_per_step", "device_sync_sites", "device_busy_ms_per_step",
+                                               "device_busy_fraction", "kernels_per_step") if k in p}
     if wandb:
         result["wandb_offline_run"] = any((run_dir / "wandb").glob("offline-run-*"))
     if resume:
