@@ -222,6 +222,8 @@ class BatchStream:
         self.min_batch = min_batch
         self.epoch, self.index, self.left_out = 0, 0, 0
         self._batches = None
+        self._ends = None  # pairs handed out after each batch of the epoch (cumulative sizes)
+        self._left_out_by_epoch: dict[int, int] = {}
 
     def _epoch_batches(self):
         if self._batches is None:
@@ -232,6 +234,8 @@ class BatchStream:
                                  f"(data.min_batch_sentences={self.min_batch}; the {self.data.split} split holds "
                                  f"{len(self.data)} pairs): lower data.min_batch_sentences (a layout needs at least "
                                  f"replicas x max(units, head shards)) or prepare more data")
+            self._ends = np.cumsum([len(b) for b in self._batches])
+            self._left_out_by_epoch[self.epoch] = self.left_out
         return self._batches
 
     def next_indices(self) -> np.ndarray:
@@ -246,6 +250,20 @@ class BatchStream:
     def next(self) -> Batch:
         return self.data.batch(self.next_indices())
 
+    def position(self) -> "EpochPosition":
+        """How far through the corpus the batches handed out so far reach."""
+        self._epoch_batches()
+        done = int(self._ends[self.index - 1]) if self.index else 0
+        return EpochPosition(self.epoch, done, int(self._ends[-1]))
+
+    def left_out_of(self, epoch: int) -> int:
+        """The pairs epoch `epoch` leaves out (its final remainder, fewer than min_batch): known once its batches
+        were made, else made again (deterministic: seed and epoch)."""
+        if epoch not in self._left_out_by_epoch:
+            self._left_out_by_epoch[epoch] = make_batches(self.data.src_len, self.data.tgt_len, seed=self.seed,
+                                                          epoch=epoch, min_batch=self.min_batch, **self.kw)[1]
+        return self._left_out_by_epoch[epoch]
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index}
 
@@ -253,10 +271,38 @@ class BatchStream:
         self.epoch, self.index, self._batches = state["epoch"], state["index"], None
 
 
+@dataclass(frozen=True)
+class EpochPosition:
+    """Where the stream stands: `epoch` (from 0), `pairs` of it handed out, of the `total` it trains on (the
+    corpus less the pairs it leaves out)."""
+
+    epoch: int
+    pairs: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.pairs / self.total if self.total else 0.0
+
+    @property
+    def epochs_done(self) -> int:
+        """Epochs whose every batch was handed out (an epoch's last batch taken finishes it)."""
+        return self.epoch + (self.pairs >= self.total)
+
+    @property
+    def percent(self) -> int:
+        """Rounded down: 100 only once the epoch's last batch was handed out."""
+        return 100 * self.pairs // max(1, self.total)
+
+    def describe(self) -> str:
+        """`epoch 1 (37%)`: epochs counted from 1, as a reader counts them (the metrics' `epoch` counts from 0)."""
+        return f"epoch {self.epoch + 1} ({self.percent}%)"
+
+
 class Prefetcher:
     """A `BatchStream` read `ahead` batches in advance on a background thread (collate is numpy work, which
     runs while the step's kernels do), with the position of the batches handed out: `state_dict`,
-    `epoch` and `left_out` are the consumer's, not the thread's, so a checkpoint resumes exactly."""
+    `epoch` and `position` are the consumer's, not the thread's, so a checkpoint resumes exactly."""
 
     def __init__(self, stream: BatchStream, ahead: int):
         from concurrent.futures import ThreadPoolExecutor
@@ -264,11 +310,11 @@ class Prefetcher:
         self._stream, self.ahead = stream, max(1, ahead)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
         self._queue: list = []
-        self._state, self.epoch, self.left_out = stream.state_dict(), stream.epoch, stream.left_out
+        self._state, self.epoch, self._position = stream.state_dict(), stream.epoch, None
 
     def _one(self):
         batch = self._stream.next()
-        return batch, self._stream.state_dict(), self._stream.epoch, self._stream.left_out
+        return batch, self._stream.state_dict(), self._stream.epoch, self._stream.position()
 
     def _fill(self) -> None:
         while len(self._queue) < self.ahead:
@@ -276,9 +322,20 @@ class Prefetcher:
 
     def next(self) -> Batch:
         self._fill()
-        batch, self._state, self.epoch, self.left_out = self._queue.pop(0).result()
+        batch, self._state, self.epoch, self._position = self._queue.pop(0).result()
         self._fill()
         return batch
+
+    def position(self) -> EpochPosition:
+        """The position after the batches handed out (before the first, or after a restore: the stream's own;
+        nothing is read ahead until the first `next`)."""
+        if self._position is None:
+            assert not self._queue, "read ahead before a batch was handed out"
+            self._position = self._stream.position()
+        return self._position
+
+    def left_out_of(self, epoch: int) -> int:
+        return self._stream.left_out_of(epoch)
 
     def state_dict(self) -> dict:
         return dict(self._state)
@@ -286,7 +343,7 @@ class Prefetcher:
     def load_state_dict(self, state: dict) -> None:
         self._drain()
         self._stream.load_state_dict(state)
-        self._state, self.epoch = self._stream.state_dict(), self._stream.epoch
+        self._state, self.epoch, self._position = self._stream.state_dict(), self._stream.epoch, None
 
     def _drain(self) -> None:
         for future in self._queue:

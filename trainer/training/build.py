@@ -184,7 +184,7 @@ class Build:
         schedule = start.resume_schedule(cfg.train, ds, state, engine, ckpt)
         if schedule and rt.is_rank0:
             start.write_ds_config(cfg.run.dir, ds)  # the length that applies
-        log = self._logger(state.step, ckpt is not None, threads, fault_plan)
+        log = self._logger(state.step, ckpt is not None, threads, fault_plan, validator and validator.sentences)
         log.message(f"layout: mode={rt.spec.mode} num_pp={rt.spec.num_pp} num_dp={rt.spec.num_dp} "
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
@@ -208,7 +208,7 @@ class Build:
         start.check_shared_run_dir(rt, cfg.run.dir)
         return ckpt
 
-    def _logger(self, start_step: int, resumed: bool, threads: int, fault_plan):
+    def _logger(self, start_step: int, resumed: bool, threads: int, fault_plan, dev_sentences: int | None):
         if not self.runtime.is_rank0:
             return NullLogger()
         spec = self.runtime.spec
@@ -216,7 +216,7 @@ class Build:
                          extra_config={"deepspeed": self.ds, "layout": {**spec.to_dict(), "world_size":
                                                                         self.runtime.world_size,
                                                                         "threads_per_rank": threads}},
-                         resumed=resumed, faults=fault_plan)
+                         resumed=resumed, faults=fault_plan, dev_sentences=dev_sentences)
 
     def _watch(self, log) -> StepWatch:
         cfg, rt = self.cfg, self.runtime

@@ -45,7 +45,8 @@ def cache_path() -> str:
     return os.path.join(base, "hybrid-nmt", "tuning.json")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's on Linux, where `platform.processor()` says only x86_64)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -57,7 +58,7 @@ def _cpu_name() -> str:
 
 
 def _key(width: int, vocab: int, dtype: torch.dtype) -> str:
-    return (f"loss_chunk_rows|{_cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|"
+    return (f"loss_chunk_rows|{cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|"
             f"{str(dtype).replace('torch.', '')}|width {width}|vocab {vocab}")
 
 
@@ -198,7 +199,7 @@ def precision_notes(device: torch.device, precision: str, width: int) -> list[st
     was measured slower than fp32."""
     if device.type != "cpu" or precision != "bf16":
         return []
-    key = f"bf16_over_fp32|{_cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
+    key = f"bf16_over_fp32|{cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
     ratio, fresh = _cached(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1000,
                            lambda: round(time_gemm(width, torch.bfloat16) / time_gemm(width, torch.float32), 3))
     origin = "measured now" if fresh else "measured on this machine earlier"
