@@ -1,51 +1,54 @@
-"""The GPU check (run it through benchmarks/gpu/gpu_check.sh, which installs carried wheels first): one
-prepared script for the one short try a lent GPU gives. It cannot waste that try: every stage has a
-timeout (training runs `--run-timeout-s`, 75 s), the whole check a deadline (`--deadline-s`, 300 s: later
-stages are skipped, and say so), OUT/gpu_check.json is rewritten after every stage, and the runs' logs,
-metrics, timing and profile files (no checkpoints) are packed into OUT/runs.tar.gz after every run and
-whenever the check ends (a training child is killed with its whole process group first). Data is prepared
-before the device (`--prepare-only`, run by benchmarks/gpu/gpu_wheels.sh into .gpudata/): nothing on the
-device needs MeCab; without it, dev BLEU is scored with sacreBLEU's `char` tokenizer (recorded).
+"""The GPU check, second version (run it through benchmarks/gpu/gpu_check.sh, which installs carried wheels
+first): one prepared script for the one short try a lent GPU gives. It cannot waste that try: every stage has a
+timeout (training runs `--run-timeout-s`, 90 s), the whole check a deadline (`--deadline-s`, 510 s on cuda: later
+stages are skipped, and say so), OUT/gpu_check.json is rewritten after every stage, and the runs' logs, metrics,
+timing and profile files (no checkpoints) are packed into OUT/runs.tar.gz after every run and whenever the check
+ends (a training child is killed with its whole process group first). Data is prepared before the device
+(`--prepare-only`, run by benchmarks/gpu/gpu_wheels.sh into .gpudata/): nothing on the device needs MeCab;
+without it, dev BLEU is scored with sacreBLEU's `char` tokenizer (recorded).
 
     python3 -m benchmarks.gpu.gpu_check [--device cuda|cpu] [--out DIR] [--work DIR] [--data-root DIR]
     python3 -m benchmarks.gpu.gpu_check --prepare-only --work .gpudata      # here, before the device
 
+Every training run is timed in the steady state: its throughput comes from the steps after `warmup` (50 of 200
+on cuda) that no metrics row timed (gpu_runs.untimed_rates), at least 100 of them; and every run passes the gates
+(gpu_gates.training_gates): each logged grad norm finite and non-zero, and the loss falling over the run (the
+first check passed a compiled head that trained nothing, because it only asked for a finite loss).
+
 Stages, in order (the most wanted first: a deadline cuts the end):
  1. environment: versions, the GPU, whether MeCab imports;
  2. data: the prepared DATA_DIRs, and the patent-length one derived from the 32k one (gpu_patent.py);
- 3. placement: DeepSpeed's accelerator and its current device (where the trainer puts everything) are
-    the requested device; a model step there leaves every parameter and gradient on it, with the loss
-    and gradient norm of the same step on the CPU in fp32 (TF32 off; relative difference < 1e-3);
- 4. profile: benchmarks/gpu/gpu_profile.py: GEMM and LSTM TFLOP/s by precision at our shapes, copy rates,
-    datasheet peaks with their source -> OUT/device_profile.json;
- 5. latency: the planner's estimated latencies measured at patent length (host time per launch, one
-    device sync, the LSTM's time per time step) -> OUT/planner_profile.json (gpu_patent.py);
- 6. training through the real CLI (`python launch/train.py`, one process, NCCL world of one on CUDA), the
-    key runs first: enja-small bf16 (trainer/configs/enja_small.yaml: emb/hidden 256, 2+2 layers, 64 pairs,
-    8k BPE per side), paper-size bf16 (4+4 LSTM layers of 1024, 128 pairs, one joint 32k BPE model) and
-    patent bf16 (the paper-size model without dropout on sentences 4 times as long: the planner's
-    patent_len scenario); each: pairs/s, tokens/s and mean step from the steps between logged rows
-    (untimed, unprofiled: gpu_runs.py), the logged (timed) steps' own for reference, peak memory of the
-    process (nvidia-smi; RSS on CPU), model TFLOP/s and MFU against the datasheet peak of the precision (fp32
-    also against TF32) and against the measured GEMM peak; a dev-BLEU decode on the device at the end, and
-    the device the trainer says it computed on (a CPU fallback fails the run);
- 7. resume: the first run continued by 5 steps with train.resume=auto (fused Adam state, RNG states and
-    the data position restored on the device), every step after the first run's logged once;
- 8. portability: `launch/translate.py` in a process that sees no GPU translates from that checkpoint;
- 9. the fp32 twins of enja-small and paper-size, and `units`: enja-small bf16 as a world-of-one `hybrid`
-    layout with 2 pipeline units and 2 time chunks (the interpreter's chunked, packed and head-piece paths);
-10. profiled: enja-small bf16 with torch.profiler over 3 steps (CUDA kernels, a trace, the device syncs
-    per step by place), in a run of its own;
-11. compile: enja-small bf16 with train.compile_head=true (if the deadline leaves time);
-12. wandb: a short enja-small run logging to wandb offline, the last run and alone (its failure costs
-    nothing else);
-13. planner (host CPU only, so last; the same from OUT's planner_profile.json here: docs/BENCHMARKS.md 7):
-    launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the shipped estimates
-    (trainer/planner/profiles/h200.json) and from planner_profile.json, beside the patent run's measured step.
+ 3. placement: the trainer computes on the requested device; a model step there against the CPU (fp32, TF32 off);
+ 4. profile: GEMM and LSTM TFLOP/s by precision at our shapes, copy rates, datasheet peaks -> device_profile.json;
+ 5. latency: the planner's latencies at patent length -> OUT/planner_profile.json (gpu_patent.py);
+ 6. runs, through the real CLI (`python launch/train.py`, one process): the paper-size model (4+4 LSTM layers of
+    1024, 32k joint BPE) at patent length (sentences 4x as long, no dropout) in bf16 at 128 pairs (the goal: 2x the
+    first check's 373,080 tokens/s), the same with a call per LSTM layer (train.stack_layers=false: the stack's
+    A/B), in fp32 with TF32 off, in TF32 (train.tf32=true) and in fp16 (DeepSpeed's loss scaling); then enja-small
+    and paper-size at the short lengths in bf16 and fp32, and enja-small as a world-of-one hybrid of 2 units and 2
+    time chunks. Each: pairs/s, tokens/s, steady ms per step, the host threads' CPU ms per step, peak memory,
+    model TFLOP/s and MFU against the peak of the precision its matrix work ran in (gpu_report.py), the gates;
+    after the first enja-small run, `resume` (5 more steps, train.resume=auto) and `portability` (translate on
+    the CPU from its checkpoint);
+ 7. anchor: the minimal PyTorch program for the same model (gpu_anchor.py: nn.LSTM per side, autocast bf16, fused
+    Adam) on the same data and batches, at patent length (128 and the scan's largest batch) and enja-small, each
+    beside our run of that data, batch and precision;
+ 8. profiled: patent bf16 profiled in the steady state (steps 121-123: the device busy fraction, the union of
+    its kernels over the wall), and enja-small bf16 early (as the first check did), each a run of its own;
+ 9. shared_gpu: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both ranks on the one GPU (gloo,
+    tensors through host memory: NCCL refuses two ranks on one device) against one process, fp32, every step's
+    loss and grad norm: the multi-rank CUDA path once;
+10. scan: the patent bf16 run at 256, 512 and 1024 pairs (150 steps, 30 of warm-up);
+11. compile: the head's loss compiled against eager on the device, same batches (gpu_gates.compiled_eager_pair;
+    train.compile_head stays refused on CUDA until this passes there);
+12. wandb: a short enja-small run logging to wandb offline, the last run and alone;
+13. planner (host CPU only, so last): launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the
+    shipped estimates and from planner_profile.json, beside the patent run's measured step.
+The summary ends with the goals of the device-paced step (gpu_report.goals): met, not met, or not measured.
 
-`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus, so the
-script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with a
-run killed by its timeout, and in the device's Python with the carried wheels: gpu_rehearsal.sh).
+`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus (compile on cuda
+only), so the script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with
+a run killed by its timeout, and in the device's Python with the carried wheels: gpu_rehearsal.sh).
 """
 from __future__ import annotations
 
@@ -99,8 +102,10 @@ SIZES = {
         "lstm": [(8, 8, 16, 16), (16, 8, 32, 32)],
     },
 }
-STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "anchor", "profiled", "scan", "resume",
-          "portability", "compile", "wandb", "planner")
+STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "anchor", "profiled", "shared_gpu", "scan",
+          "resume", "portability", "compile", "wandb", "planner")
+SHARED_STEPS = 8  # the 2-rank hybrid on one GPU and its single-process twin, every step logged
+SHARED_TOLERANCE = 1e-3  # relative, of each step's loss and grad norm (fp32, TF32 off; cuDNN's own order)
 
 
 # ---- data ----
@@ -338,7 +343,10 @@ def run_plan(sizes: dict) -> dict[str, list[dict]]:
                for model, batch, ours in (("patent", sizes["models"]["patent"][1], "patent_bf16"),
                                           ("patent", sizes["scan"][-1], f"patent_bf16_b{sizes['scan'][-1]}"),
                                           ("enja-small", sizes["models"]["enja-small"][1], "enja-small_bf16"))]
-    return {"runs": runs, "scan": scan, "profiled": profiled, "anchor": anchors}
+    shared = [spec("enja-small", "fp32", f"enja-small_fp32_{name}", steps=SHARED_STEPS, log_every=1, warmup=1,
+                   layout=layout) for name, layout in (("single", None), ("hybrid2_shared", {
+                       "mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}))]
+    return {"runs": runs, "scan": scan, "profiled": profiled, "anchor": anchors, "shared_gpu": shared}
 
 
 class GpuCheck:
@@ -395,6 +403,8 @@ class GpuCheck:
         if "profiled" in args.stages:
             for spec in self.plan["profiled"]:
                 report[spec["report"]] = self.train(spec, stage=spec["name"])
+        if "shared_gpu" in args.stages:
+            report["shared_gpu"] = self.shared_gpu()
         if "scan" in args.stages:
             for spec in self.plan["scan"]:
                 report["runs"].append(self.train(spec))
@@ -497,6 +507,28 @@ class GpuCheck:
         pack_runs(self.args.work, self.args.out)
         self.check.save()
 
+    def shared_gpu(self) -> dict:
+        """The multi-rank CUDA path once on one GPU: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both
+        ranks on the same device (gloo, tensors through host memory: NCCL refuses two ranks on one device) against
+        one process on the same config, step by step: the losses and gradient norms (fp32, TF32 off)."""
+        runs = [self.train(spec) for spec in self.plan["shared_gpu"]]
+        single, hybrid = runs
+        by_run = []
+        for r in runs:
+            path = self.args.work / "runs" / r["name"] / "metrics.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+            by_run.append({row["step"]: row for row in rows})
+        steps = sorted(set(by_run[0]) & set(by_run[1]))
+        diff = {k: max((abs(by_run[1][s][k] - by_run[0][s][k]) / max(abs(by_run[0][s][k]), 1e-12) for s in steps
+                        if by_run[0][s].get(k) is not None and by_run[1][s].get(k) is not None), default=None)
+                for k in ("loss", "grad_norm")}
+        ok = ("error" not in single and "error" not in hybrid and len(steps) >= SHARED_STEPS
+              and all(v is not None and v <= SHARED_TOLERANCE for v in diff.values()))
+        out = {"steps": steps, "max_rel_diff": diff, "tolerance": SHARED_TOLERANCE, "ok": ok,
+               "device": hybrid.get("device"), "errors": [r.get("error") for r in runs if "error" in r]}
+        log(f"2 ranks on one GPU against one process: {json.dumps(out)}")
+        return out
+
     def compile_gate(self) -> dict:
         """The head's loss compiled and eager on the device, on the same batches (gpu_gates.compiled_eager_pair)."""
         dev = "cuda" if self.args.device == "cuda" else "cpu"
@@ -554,6 +586,8 @@ class GpuCheck:
                    if c in self.args.stages and not (report.get(c) or {}).get("ok")]
         failed += [c for c in ("profiled", "profiled_patent") if "error" in (report.get(c) or {})]
         failed += [a["name"] for a in report["anchors"] if "error" in a]
+        if "shared_gpu" in self.args.stages and not (report.get("shared_gpu") or {}).get("ok"):
+            failed.append("shared_gpu (2 ranks on one GPU against one process)")
         if "compile" in self.args.stages and not (report.get("compile_gate") or {}).get("ok"):
             failed.append("compile gate (the compiled head stays refused on CUDA)")
         return failed

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, ds_variant, summarise
+from benchmarks.common import REPO, ds_variant, free_port, summarise
 
 NVIDIA_SMI_TIMEOUT_S = 10
 RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json", "timing", "profile", "timeline")
@@ -133,7 +133,10 @@ def train_command(work: Path, device: str, name: str, precision: str, overrides:
     run_dir = work / "runs" / name
     if not resume:
         shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "launch/train.py", "--deepspeed_config", str(ds), "--config", "trainer/configs/enja_small.yaml",
+    ranks = (layout or {}).get("num_pp", 1) * (layout or {}).get("num_dp", 1)
+    launcher = ([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
+                 str(free_port())] if ranks > 1 else [sys.executable])  # several ranks on one GPU: they share it
+    cmd = [*launcher, "launch/train.py", "--deepspeed_config", str(ds), "--config", "trainer/configs/enja_small.yaml",
            f"data.dir={data}", f"run.dir={run_dir}", f"train.max_steps={steps}", f"train.eval_every={steps}",
            f"train.log_every={log_every}", f"decode.dev_max_sentences={dev_sentences}", "logging.progress=false",
            f"logging.wandb_mode={'offline' if wandb else 'disabled'}",

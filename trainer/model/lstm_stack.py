@@ -199,9 +199,12 @@ def flatten_for_cudnn(lstms: list[nn.LSTM]) -> bool:
         return False
     from torch.backends.cudnn import rnn as cudnn_rnn
 
-    with torch.cuda.device_of(first), torch.no_grad():
-        torch._cudnn_rnn_flatten_weight(weights, 4, lstms[0].input_size, cudnn_rnn.get_cudnn_mode("LSTM"),
-                                        lstms[0].hidden_size, 0, len(lstms), True, lstms[0].bidirectional)
+    try:
+        with torch.cuda.device_of(first), torch.no_grad():
+            torch._cudnn_rnn_flatten_weight(weights, 4, lstms[0].input_size, cudnn_rnn.get_cudnn_mode("LSTM"),
+                                            lstms[0].hidden_size, 0, len(lstms), True, lstms[0].bidirectional)
+    except RuntimeError:  # a cuDNN that refuses this dtype: the calls copy the weights, as before
+        return False
     return True
 
 

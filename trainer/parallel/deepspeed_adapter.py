@@ -137,8 +137,20 @@ def shm_op():
 
 def comm_backend() -> str:
     """gloo on CPU. On CUDA, NCCL for CUDA tensors and gloo for the few CPU tensors (the per-step
-    loss sums, the stop flags): a pure NCCL group refuses CPU tensors."""
-    return "cpu:gloo,cuda:nccl" if accelerator().device_name() == "cuda" else "gloo"
+    loss sums, the stop flags): a pure NCCL group refuses CPU tensors. CUDA ranks that share a GPU
+    (`gpus_shared`): gloo alone, since NCCL refuses two ranks on one device."""
+    if accelerator().device_name() != "cuda":
+        return "gloo"
+    return "gloo" if gpus_shared() else "cpu:gloo,cuda:nccl"
+
+
+def gpus_shared() -> bool:
+    """More local ranks than this host's GPUs (the launcher's LOCAL_SIZE / LOCAL_WORLD_SIZE): rank r then computes
+    on GPU r mod count. For checking a multi-rank CUDA job on one GPU."""
+    import os
+
+    local = int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return local > max(1, accelerator().device_count())
 
 
 # ---- grid ----
