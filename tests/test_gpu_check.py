@@ -54,7 +54,7 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
     runs = {r["name"]: r for r in report["runs"]}
     assert set(runs) == {"enja-small_bf16", "enja-small_fp32", "paper-size_bf16", "paper-size_fp32",
                          "enja-small_bf16_units", "patent_bf16", "patent_bf16_layers", "patent_fp32", "patent_tf32",
-                         "patent_fp16", "patent_bf16_b24"}
+                         "patent_fp16", "patent_bf16_b24", "patent_bf16_unpadded"}
     for name, r in runs.items():
         assert r["exit"] == 0 and "error" not in r and r["finite"] and r["device"] == "cpu", name
         assert r["pairs_per_s"] > 0 and r["tokens_per_s"] > r["pairs_per_s"] and r["peak_memory_mib"] > 50

@@ -320,7 +320,8 @@ def run_plan(sizes: dict) -> dict[str, list[dict]]:
     runs: the patent-length paper-size model in bf16 (the goal), the same with a call per LSTM layer
         (train.stack_layers=false: the stack's A/B), in fp32 (TF32 off), TF32 and fp16 (loss scaling); the
         enja-small and paper-size bf16 runs (resume and portability continue the first of them), their fp32
-        twins, and enja-small as a world-of-one hybrid of 2 units and 2 time chunks;
+        twins, enja-small as a world-of-one hybrid of 2 units and 2 time chunks, and patent bf16 with its widths
+        unpadded (data.length_multiple=1: the shape buckets' A/B);
     scan: the patent bf16 run at larger batches;
     profiled: steady-state patent bf16 and early enja-small bf16 (a run each, profiled, not timed)."""
     def spec(model, precision, name=None, **kw):
@@ -331,7 +332,8 @@ def run_plan(sizes: dict) -> dict[str, list[dict]]:
             spec("enja-small", "bf16"), spec("paper-size", "bf16"), spec("enja-small", "fp32"),
             spec("paper-size", "fp32"),
             spec("enja-small", "bf16", "enja-small_bf16_units",
-                 layout={"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2})]
+                 layout={"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
+            spec("patent", "bf16", "patent_bf16_unpadded", extra=("data.length_multiple=1",))]
     scan = [spec("patent", "bf16", f"patent_bf16_b{b}", micro=b, steps=sizes["scan_steps"],
                  log_every=sizes["scan_log_every"], warmup=sizes["scan_warmup"]) for b in sizes["scan"]]
     start = sizes["patent_profile_from"]
