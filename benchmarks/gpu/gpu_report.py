@@ -92,7 +92,7 @@ def goals(report: dict) -> list[dict]:
     if patent and any(others):
         out.append({"goal": "patent bf16 faster than fp32 and TF32", "measured": [patent["tokens_per_s"], *others],
                     "met": all(o is None or patent["tokens_per_s"] > o for o in others)})
-    anchored = [a for a in report.get("anchors") or [] if a.get("ours_tokens_per_s")]
+    anchored = [a for a in report.get("anchors") or [] if a.get("ours_tokens_per_s") and a.get("tokens_per_s")]
     if anchored:
         out.append({"goal": "every row at least the minimal PyTorch program's tokens/s",
                     "measured": {a["name"]: round(a["ours_tokens_per_s"] / a["tokens_per_s"], 3) for a in anchored},
