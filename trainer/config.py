@@ -250,6 +250,35 @@ def _override(item: str) -> DictConfig:
     return OmegaConf.from_dotlist([item])
 
 
+def _check_overrides(overrides: list[str]) -> None:
+    """Each `key=value` well formed, its value bounded like a file's YAML (data_prep.userfiles: every key once,
+    nesting and size bounded; what the YAML loader then refuses is load_config's), and each key stated once: a
+    key given twice (or inside a section given whole, `train={...}` with `train.seed=2`) is refused, as in a file,
+    rather than the last value silently winning. (A key of the --config file given again here is what an
+    override is for.)"""
+    given: dict[str, str] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
+        if "${" in item:
+            raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as e:  # bytes the locale could not decode (Python keeps them as surrogates)
+            raise ConfigError(f"override {item[:60]!r}: not UTF-8 text (character {e.start})") from None
+        key, _, value = item.partition("=")
+        try:
+            userfiles.check_yaml(value, f"override {item[:60]!r}", max_bytes=MAX_CONFIG_BYTES)
+        except userfiles.UserFileError as e:
+            raise ConfigError(str(e)) from None
+        key = key.strip()
+        for other, earlier in given.items():
+            if key == other or key.startswith(other + ".") or other.startswith(key + "."):
+                raise ConfigError(f"override {item[:60]!r}: {key} is already given ({earlier[:60]}); state each key "
+                                  f"once")
+        given[key] = item
+
+
 def _text_keys_read_as_bool(loaded: DictConfig, path: str) -> None:
     """`wandb_mode: off` in a YAML file is YAML 1.1's false; say how to write the word instead of letting
     the schema turn it into the text 'False' (or refuse it as that)."""
@@ -270,15 +299,7 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
     read environment variables) and non-UTF-8 or oversized files are refused.
     """
     path = path or DEFAULT_CONFIG
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
-        if "${" in item:
-            raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
-        try:  # the value is read as YAML: bounded like a file's
-            userfiles.check_yaml(item.partition("=")[2], f"override {item[:60]!r}")
-        except userfiles.UserFileError as e:
-            raise ConfigError(str(e)) from None
+    _check_overrides(overrides)
     loaded = read_yaml(path)
     _text_keys_read_as_bool(loaded, path)
     try:
@@ -287,7 +308,10 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
         cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line override"
         for item in overrides:
+            where = f"override {item[:60]!r}"
             cfg = OmegaConf.merge(cfg, _override(item))
+    except yaml.YAMLError as e:  # the value, read as YAML (a file's errors are read_yaml's)
+        raise ConfigError(f"{where}: {_yaml_problem(e)}") from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         message = str(e.msg if hasattr(e, "msg") else e).splitlines()[0]  # the rest repeats the key and types
@@ -351,6 +375,8 @@ def _yaml_where(e: yaml.YAMLError) -> str:
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if "node expansion exceeds" in problem:  # omegaconf's loader counts what aliases expand to
+        return "YAML aliases expand to too many nodes (node expansion exceeds omegaconf's limit: an alias bomb?); refused"
     if "python/" in problem or "constructor for the tag" in problem:
         return (f"YAML tags are not allowed in a config (configs hold plain values, nothing in them is run): "
                 f"{problem}")
