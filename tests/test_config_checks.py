@@ -235,8 +235,9 @@ def test_the_deepspeed_json_is_refused_before_the_model_is_built(tmp_path, chang
     with pytest.raises(DSConfigError, match=expected):
         load_ds_config(_ds(tmp_path, change), 100)
     # names DeepSpeed accepts still pass: its own (any case) and torch's
-    ok = _ds(tmp_path, lambda d: (d["optimizer"].__setitem__("type", "adamw"),
-                                  d["scheduler"].__setitem__("type", "WarmupCosineLR")), "ok.json")
+    cosine = {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10, "warmup_min_ratio": 0.0}}  # its own params
+    ok = _ds(tmp_path, lambda d: (d["optimizer"].__setitem__("type", "adamw"), d.__setitem__("scheduler", cosine)),
+             "ok.json")
     assert load_ds_config(ok, 100)["scheduler"]["params"]["total_num_steps"] == 100
 
 

@@ -308,10 +308,10 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
         cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line override"
         for item in overrides:
-            where = f"override {item[:60]!r}"
-            cfg = OmegaConf.merge(cfg, _override(item))
-    except yaml.YAMLError as e:  # the value, read as YAML (a file's errors are read_yaml's)
-        raise ConfigError(f"{where}: {_yaml_problem(e)}") from None
+            try:
+                cfg = OmegaConf.merge(cfg, _override(item))
+            except yaml.YAMLError as e:  # the value, read as YAML (a file's errors are read_yaml's)
+                raise ConfigError(f"override {item[:60]!r}: {_yaml_problem(e)}") from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         message = str(e.msg if hasattr(e, "msg") else e).splitlines()[0]  # the rest repeats the key and types
