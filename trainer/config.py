@@ -173,6 +173,12 @@ _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "tra
                  "decode.dev_max_sentences", "decode.max_len_add", "train.schedule_steps",
                  "decode.max_tokens", "decode.max_line_bytes")
 MAX_SEED = 2 ** 32 - 1  # numpy's and torch's generators take it; larger ones overflow torch's
+# The largest decoding sizes (decode.*, and the flags of translate, evaluate and score, trainer.inference.options):
+# far above any useful value, far below one that asks for more memory than a machine has (--beam 100000000 asked
+# for 48 GB at once, --max-len-ratio 1e9 for 720 GB). Each hypothesis is a row of vocabulary scores per step, and
+# the longest one (source pieces x max_len_ratio + max_len_add) sizes the buffers of finished ones.
+DECODE_LIMITS = {"beam": 1000, "dev_beam": 1000, "batch_size": 10_000, "max_tokens": 1_000_000,
+                 "max_len_ratio": 10.0, "max_len_add": 1000}
 
 
 def _get(cfg: DictConfig, key: str):
@@ -196,6 +202,9 @@ def validate(cfg: DictConfig) -> None:
     for key in ("model.dropout", "model.label_smoothing"):
         if not 0.0 <= _get(cfg, key) < 1.0:
             raise ConfigError(f"{key}={_get(cfg, key)}: must be in [0, 1)")
+    for name, limit in DECODE_LIMITS.items():
+        if cfg.decode[name] > limit:
+            raise ConfigError(f"decode.{name}={cfg.decode[name]}: at most {limit}")
     if cfg.decode.max_len_ratio <= 0:
         raise ConfigError(f"decode.max_len_ratio={cfg.decode.max_len_ratio}: must be > 0")
     if cfg.train.max_time_min < 0:
