@@ -21,7 +21,7 @@ import torch
 
 from tests.conftest import REPO, read_metrics, run_cli
 from trainer.checkpoint import files as checkpoint
-from trainer.config import load_config
+from trainer.config import load_config, merge_overrides
 from data_prep.dataformat import TokenArray, load_pair
 from trainer.data import read_manifest, verify
 from trainer.observe.logger import RunLogger
@@ -67,8 +67,8 @@ def train(data, run, ds, *overrides, faults: str = "", check: bool = True):
     args = [sys.executable, "launch/train.py", "--deepspeed_config", ds, f"data.dir={data}", f"run.dir={run}",
             "model.layers=2", "model.emb_dim=16", "model.hidden=16", "train.seed=7", "train.eval_every=100",
             "train.log_every=1", "train.threads=1", "decode.dev_max_sentences=8", "logging.wandb_mode=disabled",
-            "logging.progress=false", *overrides]
-    return run_cli(args, timeout=300, check=check, env_extra={"HNMT_FAULTS": faults} if faults else None)
+            "logging.progress=false"]
+    return run_cli(merge_overrides(args, overrides), timeout=300, check=check, env_extra={"HNMT_FAULTS": faults} if faults else None)
 
 
 @pytest.mark.slow

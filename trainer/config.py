@@ -11,6 +11,7 @@ import dataclasses
 import io
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -282,10 +283,32 @@ def _check_overrides(overrides: list[str]) -> None:
             raise ConfigError(str(e)) from None
         key = key.strip()
         for other, earlier in given.items():
-            if key == other or key.startswith(other + ".") or other.startswith(key + "."):
+            if _same_key(key, other):
                 raise ConfigError(f"override {item[:60]!r}: {key} is already given ({earlier[:60]}); state each key "
                                   f"once")
         given[key] = item
+
+
+_OVERRIDE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=")
+
+
+def merge_overrides(*groups) -> list:
+    """Several groups of command-line items as one, a later `key=value` replacing an earlier one of the same key
+    (or of a section holding it, or inside it); anything else (flags, their values, paths) is kept as it stands:
+    for programs that build a command from a base and changes (tests, benchmarks). A user's command line states
+    each key once (`load_config` refuses a key given twice)."""
+    out: list = []
+    for item in (i for group in groups for i in group):
+        m = _OVERRIDE.match(item) if isinstance(item, str) else None
+        if m:
+            out = [o for o in out if not (isinstance(o, str) and (k := _OVERRIDE.match(o)) and
+                                          _same_key(k.group(1), m.group(1)))]
+        out.append(item)
+    return out
+
+
+def _same_key(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def _text_keys_read_as_bool(loaded: DictConfig, path: str) -> None:

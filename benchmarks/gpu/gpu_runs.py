@@ -131,14 +131,16 @@ def train_command(work: Path, device: str, name: str, precision: str, overrides:
     run_dir = work / "runs" / name
     if not resume:
         shutil.rmtree(run_dir, ignore_errors=True)
+    from trainer.config import merge_overrides  # a later key=value replaces an earlier one: one key, one value
+
     cmd = [sys.executable, "launch/train.py", "--deepspeed_config", str(ds), "--config", "trainer/configs/enja_small.yaml",
            f"data.dir={data}", f"run.dir={run_dir}", f"train.max_steps={steps}", f"train.eval_every={steps}",
            f"train.log_every={log_every}", f"decode.dev_max_sentences={dev_sentences}", "logging.progress=false",
            f"logging.wandb_mode={'offline' if wandb else 'disabled'}",
            *[f"model.{k}={v}" for k, v in overrides.items()], *(["train.threads=1"] if device == "cpu" else []),
            *([] if mecab_importable() else ["decode.bleu_tokenize=char"]),
-           *(["train.resume=auto"] if resume else []), *extra]
-    return cmd, run_dir
+           *(["train.resume=auto"] if resume else [])]
+    return merge_overrides(cmd, extra), run_dir
 
 
 def train_run(work: Path, device: str, name: str, precision: str, overrides: dict, micro: int, data: Path,
