@@ -221,7 +221,7 @@ def set_config(key: str, value):
 @pytest.mark.parametrize("change,expected", [
     (set_config("model.hidden", 60000), r"model.hidden=60000.*needs \(240000, 8\)"),
     (set_config("model.layers", -3), "config model.layers=-3: must be > 0"),
-    (set_config("model.layers", 4), "missing pairs.1"),
+    (set_config("model.layers", 4), "no pairs.1"),
     (set_config("model.attention", "magic"), "model.attention='magic': must be one of"),
     (set_config("model.hidden", "wide"), "bad config key 'model.hidden'"),
     (set_config("decode.beam", 0), "decode.beam=0: must be > 0"),
@@ -233,7 +233,7 @@ def set_config(key: str, value):
      "spm_src: not a SentencePiece model"),
     (lambda b: b.__setitem__("spm_src", torch.zeros(0, dtype=torch.uint8)), "spm_src: a SentencePiece model of 0"),
     (lambda b: b.__setitem__("spm_src", torch.zeros(3)), "spm_src: expected the model's bytes"),
-    (lambda b: b["model"].pop("head.proj.bias"), "missing head.proj.bias"),
+    (lambda b: b["model"].pop("head.proj.bias"), "no head.proj.bias"),
     (lambda b: b["model"].__setitem__("head.proj.bias", torch.zeros(3)), r"head.proj.bias has shape \(3,\)"),
     (lambda b: b["model"].__setitem__("head.proj.bias", "x"), "head.proj.bias is a str"),
     (lambda b: b.__setitem__("normalize", {"nfkc": "yes"}), "normalisation flag nfkc='yes' is not a bool"),

@@ -2,16 +2,14 @@
 
 Both are user files: a model downloaded or handed over may be damaged or crafted. So the config is
 checked with the training rules (`trainer.config.validate`), the SentencePiece models must parse and
-keep the special ids, the normalisation flags must be ones `normalize()` takes, and every weight
-tensor's shape is compared with the model the config describes *before* that model is allocated:
-the model is first built on the meta device (no memory), so `model.hidden=60000` next to weights of
-width 256 is a one-line error instead of a 57 GB allocation. Once the shapes agree, the real model
-is no larger than the weights already read. Every failure is a `ModelFileError` (a ValueError the
-CLIs print as one line) naming the file and the key.
+keep the special ids, the normalisation flags must be ones `normalize()` takes. (The weights are checked
+against the model the config describes by trainer.inference.loading, with the checks a resume makes:
+trainer.checkpoint.structure.) Every failure is a `ModelFileError` (a ValueError the CLIs print as one
+line) naming the file and the key.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import sentencepiece as spm
 import torch
@@ -21,7 +19,6 @@ from omegaconf.errors import OmegaConfBaseException
 from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, files, numbers
 from trainer.artifacts import run_files
 from trainer.config import Config, ConfigError, validate
-from trainer.model.seq2seq import Seq2Seq, build_model
 
 NORMALIZE_FLAGS = {"nfkc": bool, "lowercase": bool, "entities": bool, "markup": bool, "cjk_spaces": str}
 
@@ -94,58 +91,12 @@ def number_slots(data, where: str) -> dict | None:
         raise ModelFileError(str(e)) from None
 
 
-def _describe(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str:
+def describe(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str:
+    """The model a config describes, in the words of an error about weights that do not fit it."""
     m = cfg.model
     return (f"model.emb_dim={m.emb_dim}, model.hidden={m.hidden}, model.layers={m.layers}, model.attention="
             f"{m.attention}, model.bidirectional_bottom={m.bidirectional_bottom}, model.tie_embeddings="
             f"{m.tie_embeddings}, vocabularies {src_vocab}/{tgt_vocab}")
-
-
-def check_shapes(expected: Mapping[str, torch.Tensor], state, where: str, described: str) -> None:
-    """`state` (a loaded state dict) has exactly the keys of `expected` (a meta-device state dict), each a
-    tensor of the same shape."""
-    if not isinstance(state, Mapping):
-        raise ModelFileError(f"{where}: the weights are a {type(state).__name__}, not a mapping of tensors")
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ModelFileError(f"{where}: the weights do not fit the config ({described}): "
-                             + "; ".join(p for p in (f"missing {', '.join(missing[:5])}" if missing else "",
-                                                     f"unexpected {', '.join(map(str, unexpected[:5]))}"
-                                                     if unexpected else "") if p))
-    for key, want in expected.items():
-        got = state[key]
-        if not isinstance(got, torch.Tensor):
-            raise ModelFileError(f"{where}: {key} is a {type(got).__name__}, not a tensor")
-        if tuple(got.shape) != tuple(want.shape):
-            raise ModelFileError(f"{where}: {key} has shape {tuple(got.shape)}, but the config ({described}) "
-                                 f"needs {tuple(want.shape)}")
-        if not got.is_floating_point():
-            raise ModelFileError(f"{where}: {key} holds {got.dtype}, not floating-point weights")
-
-
-def build_checked(cfg: DictConfig, src_vocab: int, tgt_vocab: int,
-                  parts: Iterable[tuple[str, object]], *, whole: bool = False) -> Seq2Seq:
-    """The model `cfg` describes, filled with `parts`: (where, state dict) per global layer then the head
-    (a run's checkpoint files), or, with `whole`, one (where, whole-model state dict) (an exported file).
-    Every shape is checked on a meta-device model first; nothing of the config's size is allocated before."""
-    with torch.device("meta"):
-        shape_model = build_model(cfg.model, src_vocab, tgt_vocab)
-    described = _describe(cfg, src_vocab, tgt_vocab)
-    parts = list(parts)
-    modules = [shape_model] if whole else [*shape_model.layers(), shape_model.head]
-    if len(parts) != len(modules):
-        raise ModelFileError(f"{parts[0][0] if parts else '?'}: {len(parts)} weight files for {len(modules)} "
-                             f"parts of the model ({described})")
-    for (where, state), module in zip(parts, modules):
-        check_shapes(module.state_dict(), state, where, described)
-    model = build_model(cfg.model, src_vocab, tgt_vocab)
-    targets = [model] if whole else [*model.layers(), model.head]
-    for (where, state), module in zip(parts, targets):
-        try:
-            module.load_state_dict(state)
-        except RuntimeError as e:
-            raise ModelFileError(f"{where}: {str(e).splitlines()[0][:300]}") from None
-    return model
 
 
 # ---- the exported model file (launch/export.py writes it, translate --model reads it) ----
