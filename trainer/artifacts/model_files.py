@@ -9,6 +9,7 @@ line) naming the file and the key.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Mapping
 
 import sentencepiece as spm
@@ -43,10 +44,24 @@ def config_from(data, where: str) -> DictConfig:
     return cfg
 
 
-def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = None) -> spm.SentencePieceProcessor:
+def recorded_sha256(manifest, side: str, where: str) -> str | None:
+    """The sha256 of the `side` ("src" | "tgt") SentencePiece model a data manifest records (prepare writes
+    vocab.src_model_sha256 / tgt_model_sha256; None for a manifest from before them)."""
+    vocab = manifest.get("vocab") if isinstance(manifest, Mapping) else None
+    value = vocab.get(f"{side}_model_sha256") if isinstance(vocab, Mapping) else None
+    if value is not None and not (isinstance(value, str) and len(value) == 64
+                                  and all(c in "0123456789abcdef" for c in value)):
+        raise ModelFileError(f"{where}: vocab.{side}_model_sha256={value!r:.80}: not a sha256")
+    return value
+
+
+def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = None,
+                  sha256: str | None = None, recorded_in: str = "") -> spm.SentencePieceProcessor:
     """A SentencePiece model from bytes or a file that parses and keeps the ids data_prep gives it
     (<pad> <unk> <s> </s> = 0 1 2 3). A file must be a regular file of at most run_files.MAX_SPM_BYTES (a
-    link to /dev/zero or a FIFO would be read until memory runs out, or forever)."""
+    link to /dev/zero or a FIFO would be read until memory runs out, or forever). `sha256`: what the bytes must
+    hash to (as the data manifest `recorded_in` records it): another vocabulary of the same size fits every shape
+    and would translate into the wrong pieces without a word. The bytes checked are the bytes parsed."""
     if proto is None:
         try:
             proto = files.read_bytes(path, run_files.MAX_SPM_BYTES, "a SentencePiece model")
@@ -54,6 +69,10 @@ def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = 
             raise ModelFileError(f"{where}: not found") from None
         except files.FileError as e:
             raise ModelFileError(f"{where}: {e.strerror}") from None
+    if sha256 is not None and hashlib.sha256(proto).hexdigest() != sha256:
+        raise ModelFileError(f"{where}: not the SentencePiece model {recorded_in} records (its sha256 is "
+                             f"{hashlib.sha256(proto).hexdigest()[:16]}..., the manifest's {sha256[:16]}...): swapped "
+                             f"or changed after prepare wrote it; put back the one the data was prepared with")
     try:
         sp = spm.SentencePieceProcessor(model_proto=proto)
     except (RuntimeError, OSError, ValueError) as e:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 from omegaconf import OmegaConf
 
-from data_prep.dataformat import TrainingLimits, files
+from data_prep.dataformat import SPM_MODELS, TrainingLimits, files
 from trainer.artifacts import model_files, run_dir as run_names
 from trainer.checkpoint import files as checkpoint, structure
 from trainer.config import load_config
@@ -54,8 +54,9 @@ def _run_parts(run_dir: str, which: str, allow_unverified: bool) -> _Parts:
     manifest = checkpoint.read_json(manifest_path)
     if not isinstance(manifest, dict):
         raise model_files.ModelFileError(f"{manifest_path}: not a prepare manifest (a JSON object)")
-    src_sp, tgt_sp = (model_files.sentencepiece(os.path.join(run_dir, n), path=os.path.join(run_dir, n))
-                      for n in run_names.RUN_FILES)
+    src_sp, tgt_sp = (model_files.sentencepiece(path, path=path, recorded_in=manifest_path,
+                                                sha256=model_files.recorded_sha256(manifest, side, manifest_path))
+                      for side, path in ((s, os.path.join(run_dir, SPM_MODELS[s])) for s in ("src", "tgt")))
     ckpt = checkpoint.resolve(run_dir, which)
     checkpoint.check_trusted(ckpt, allow_unverified=allow_unverified or checkpoint.is_unfinished_save(run_dir, ckpt))
     needs = f"the run's config ({model_files.describe(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size())})"
