@@ -60,10 +60,10 @@ class DataConfig:
     bucket_batches: int = _key(100, "length-sort windows of this many batches, then shuffle batches")
     min_batch_sentences: int = _key(8, "smallest batch; the same in every layout so runs stay comparable "
                                        "(a layout needs replicas x max(units, head shards))")
-    verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest, "
-                              "every token id inside its vocabulary; cheap) | checksums (also each binarized "
-                              "file's sha256) | full (also the SentencePiece models' and the manifest's checksum) "
-                              "| none (nothing)")
+    verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest; "
+                              "cheap) | checksums (also each binarized file's sha256) | full (also the SentencePiece "
+                              "models' and the manifest's checksum) | none. Whatever the mode, every token id is "
+                              "checked against its vocabulary on the arrays loaded, and every batch's")
 
 
 @dataclass
