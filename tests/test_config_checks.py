@@ -279,6 +279,15 @@ def test_an_override_is_refused_like_a_file_in_one_line_naming_it(overrides, exp
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: override '"), err
 
 
+def test_a_program_that_builds_a_command_replaces_a_key_rather_than_stating_it_twice():
+    from trainer.config import merge_overrides
+
+    base = ["launch/train.py", "--deepspeed_config", "x.json", "model.layers=2", "train.seed=7", "--num_gpus", "1"]
+    assert merge_overrides(base, ["model.layers=3", "train={seed: 2}", "1"]) == [
+        "launch/train.py", "--deepspeed_config", "x.json", "--num_gpus", "1", "model.layers=3", "train={seed: 2}", "1"]
+    assert load_config(None, merge_overrides(["train.max_steps=1"], ["train.max_steps=9"])).train.max_steps == 9
+
+
 def test_an_override_of_a_key_of_the_config_file_is_what_overrides_are_for(tmp_path):
     yaml = tmp_path / "c.yaml"
     yaml.write_text("train:\n  max_steps: 5\n")

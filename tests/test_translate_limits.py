@@ -147,3 +147,13 @@ def test_running_out_of_memory_while_decoding_is_one_line(run, tmp_path, capsys,
     src.write_text("the cat\n")
     err = _fails(_cli("translate"), ["--run", str(run), "--input", str(src), "--output", str(tmp_path / "o")], capsys)
     assert err.startswith("error: out of memory (") and err.endswith("lower --batch-size, --max-tokens or --beam")
+
+
+def test_a_runs_config_asking_for_an_oversized_beam_is_refused_naming_the_file(tmp_path, capsys):
+    run = fake_run(tmp_path / "run")
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("beam: 5", "beam: 100000000"))
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n")
+    err = _fails(_cli("translate"), ["--run", str(run), "--input", str(src)], capsys)
+    assert err == f"error: {config}: decode.beam=100000000: at most 1000"

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from data_prep.dataformat import SPM_MODELS, TrainingLimits, files
 from trainer.artifacts import model_files, run_dir as run_names
 from trainer.checkpoint import files as checkpoint, structure
-from trainer.config import load_config
+from trainer.config import ConfigError, load_config
 from trainer.inference.options import DecodeOptions
 from trainer.inference.text import TextPipeline
 from trainer.inference.translator import Translator
@@ -49,7 +49,12 @@ def load_run(run_dir: str, which: str = "best", device=None, *, allow_unverified
 
 
 def _run_parts(run_dir: str, which: str, allow_unverified: bool) -> _Parts:
-    cfg = load_config(os.path.join(run_dir, run_names.CONFIG))
+    config_path = os.path.join(run_dir, run_names.CONFIG)
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:  # the run's own file (no overrides here): name it
+        message = str(e)
+        raise ConfigError(message if config_path in message else f"{config_path}: {message}") from None
     manifest_path = os.path.join(run_dir, run_names.DATA_MANIFEST)
     manifest = checkpoint.read_json(manifest_path)
     if not isinstance(manifest, dict):
