@@ -439,3 +439,19 @@ def test_batching_reports_each_sides_padding_at_each_length_sort_window():
         assert min(m["src_padding_share"], m["tgt_padding_share"]) <= m["padding_share"] \
             <= max(m["src_padding_share"], m["tgt_padding_share"])
     assert whole["padding_share"] < short["padding_share"] and whole["src_padding_share"] < 0.01
+
+
+def test_shapes_counts_fewer_distinct_shapes_and_more_padding_with_a_larger_multiple():
+    import numpy as np
+
+    from benchmarks.data.shapes import count
+
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(3, 60, 3000), rng.integers(3, 70, 3000)
+    plain, eight, sixteen = (count(src, tgt, steps=200, sentences=32, multiple=m) for m in (1, 8, 16))
+    assert plain["src_widths"] > eight["src_widths"] > sixteen["src_widths"] >= 1
+    assert plain["batch_shapes"] > eight["batch_shapes"] >= sixteen["batch_shapes"]
+    assert plain["head_token_counts"] == eight["head_token_counts"]  # the head's count is rounded either way
+    assert 0 <= plain["padding_share"] < eight["padding_share"] < sixteen["padding_share"] < 1
+    # more steps than one epoch's batches: the next epochs are drawn, as training does
+    assert count(src[:200], tgt[:200], steps=50, sentences=32, multiple=8)["batch_shapes"] >= 1

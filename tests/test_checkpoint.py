@@ -167,3 +167,19 @@ def test_fault_spec_parsing():
     assert f.nospace == {4: 0}
     with pytest.raises(ValueError, match="bad item 'boom@1'"):
         parse("boom@1")
+
+
+def test_a_layer_whose_weights_are_views_of_a_larger_buffer_is_written_compact(tmp_path):
+    """ZeRO-1's flat group and a cuDNN stack's flat weights make the weights views of one buffer; torch.save writes a
+    view's whole storage, which put that buffer into every layer's file: the layer files hold their own tensors."""
+    import io
+
+    from trainer.checkpoint.files import compact, write_torch
+
+    buffer = torch.zeros(100_000)
+    state = {"weight": buffer[:10].view(2, 5), "bias": torch.ones(3), "steps": 4}
+    entry = write_torch(str(tmp_path / "layer.pt"), compact(state))
+    assert entry["bytes"] < 4 * 1024  # 13 floats and the pickle, not 400 kB
+    loaded = torch.load(io.BytesIO((tmp_path / "layer.pt").read_bytes()), weights_only=True)
+    assert torch.equal(loaded["weight"], state["weight"]) and loaded["steps"] == 4
+    assert compact(state)["bias"] is state["bias"]  # a tensor that owns its storage is not copied

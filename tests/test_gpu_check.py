@@ -53,16 +53,29 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
     assert placement["deepspeed_accelerator"] == "cpu" and placement["trainer_device"] == "cpu" and placement["ok"]
     runs = {r["name"]: r for r in report["runs"]}
     assert set(runs) == {"enja-small_bf16", "enja-small_fp32", "paper-size_bf16", "paper-size_fp32",
-                         "enja-small_bf16_units", "patent_bf16"}
+                         "enja-small_bf16_units", "patent_bf16", "patent_bf16_layers", "patent_fp32", "patent_tf32",
+                         "patent_fp16", "patent_bf16_b24", "patent_bf16_unpadded"}
     for name, r in runs.items():
         assert r["exit"] == 0 and "error" not in r and r["finite"] and r["device"] == "cpu", name
         assert r["pairs_per_s"] > 0 and r["tokens_per_s"] > r["pairs_per_s"] and r["peak_memory_mib"] > 50
         assert r["untimed_steps"] == 2 and r["step_ms_mean"] > 0 and "profile" not in r  # steps 3 and 5, unlogged
+        gates = r["gates"]  # every logged grad norm finite and non-zero; 6 steps are too few to judge the loss
+        assert gates["grad_norm_ok"] and gates["grad_norms"] >= 3 and gates["ok"] and not gates["loss_judged"]
         assert r["model_tflops"] > 0 and 0 < r["mfu_measured_gemm_peak"] and "mfu_datasheet" not in r  # no CPU sheet
         assert r["dev_bleu"] is not None and math.isfinite(r["first_loss"])
+    assert runs["patent_bf16_b24"]["micro_batch"] == 24 and runs["patent_tf32"]["mfu_precision"] == "tf32"
+    anchors = {a["name"]: a for a in report["anchors"]}  # the minimal PyTorch program beside ours
+    assert set(anchors) == {"anchor_patent_b16", "anchor_patent_b24", "anchor_enja-small_b8"}
+    for a in anchors.values():
+        assert "error" not in a and a["tokens_per_s"] > 0 and a["ours_tokens_per_s"] > 0 and len(a["losses"]) >= 2
+    assert report["profiled_patent"]["profile"]["steps"] == [4, 6]
+    shared = report["shared_gpu"]  # 2 ranks (on the GPU: sharing it) against one process, step by step
+    assert shared["ok"] and shared["steps"] == list(range(1, 9)) and shared["max_rel_diff"]["loss"] < 1e-5
+    assert [g["met"] for g in report["goals"]][-1] is None  # the compile gate runs on cuda only
     profiled = report["profiled"]  # the profile window in a run of its own
     assert "error" not in profiled and profiled["profile"]["steps"][1] - profiled["profile"]["steps"][0] == 2
     assert report["wandb"]["ok"] and list(report["stages"])[-2:] == ["wandb", "planner"]  # the last run: wandb
+    assert report["wandb"]["gates"]["grad_norm_ok"]
     # the paper-size stand-in is bigger than enja-small's: more FLOPs per pair; the patent run's pairs are longer
     assert runs["paper-size_fp32"]["model_tflop_per_pair"] > runs["enja-small_fp32"]["model_tflop_per_pair"]
     assert runs["patent_bf16"]["model_tflop_per_pair"] > runs["paper-size_bf16"]["model_tflop_per_pair"]
@@ -86,8 +99,9 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
         assert diff < 0.02  # same weights, same first batch; bf16 rounding only
     with tarfile.open(out / "runs.tar.gz") as tar:
         names = set(tar.getnames())
-    for name in [*runs, "enja-small_bf16_profiled", "enja-small_bf16_wandb"]:
+    for name in [*runs, "enja-small_bf16_profiled", "patent_bf16_profiled", "enja-small_bf16_wandb"]:
         assert f"logs/{name}.log" in names and f"runs/{name}/metrics.jsonl" in names
+    assert all(f"logs/{name}.log" in names for name in anchors)
     assert "runs/enja-small_bf16_profiled/profile/rank0.trace.json.gz" in names
     assert not any("checkpoints" in n for n in names)
     assert len(list(out.iterdir())) <= 8  # what the device tool brings back
@@ -282,14 +296,23 @@ def test_a_hanging_nvidia_smi_costs_its_timeout_and_the_watch_stops(tmp_path, mo
 def test_speed_runs_are_neither_profiled_nor_logged_to_wandb_which_runs_last():
     from benchmarks.gpu import gpu_check
 
-    key, rest = gpu_check.run_specs(gpu_check.SIZES["cuda"])
-    assert [s["name"] for s in key] == ["enja-small_bf16", "paper-size_bf16", "patent_bf16"]
-    for spec in key + rest:
+    sizes = gpu_check.SIZES["cuda"]
+    plan = gpu_check.run_plan(sizes)
+    runs = [s["name"] for s in plan["runs"]]
+    assert runs[:2] == ["patent_bf16", "patent_bf16_layers"]  # the goal and the stack's A/B first
+    assert {"patent_fp32", "patent_tf32", "patent_fp16"} <= set(runs)
+    for spec in plan["runs"] + plan["scan"]:
         assert not any("profile" in e for e in spec.get("extra", ())) and not spec.get("wandb")
-    runs = [gpu_check.STAGES.index(s) for s in ("runs", "resume", "portability", "profiled", "compile")]
-    assert gpu_check.STAGES.index("wandb") > max(runs) and gpu_check.STAGES.index("profiled") > runs[0]
+    assert all(any("profile_steps" in e for e in s["extra"]) for s in plan["profiled"])
+    assert [s["micro"] for s in plan["scan"]] == [256, 512, 1024]
+    assert [a["ours"] for a in plan["anchor"]] == ["patent_bf16", "patent_bf16_b1024", "enja-small_bf16"]
+    order = [gpu_check.STAGES.index(s) for s in ("runs", "anchor", "profiled", "scan", "resume", "compile")]
+    assert gpu_check.STAGES.index("wandb") > max(order) and gpu_check.STAGES.index("profiled") > order[0]
     assert gpu_check.STAGES[-1] == "planner"  # host CPU only: what the deadline may cut, done here from OUT
-    assert gpu_check.SIZES["cuda"]["steps"] // gpu_check.SIZES["cuda"]["log_every"] >= 5  # untimed windows
+    # steady state: at least 100 unlogged steps after the warm-up, in the runs and in the scan
+    assert (sizes["steps"] - sizes["warmup"]) * (1 - 1 / sizes["log_every"]) >= 100 <= sizes["gate_min_steps"]
+    assert (sizes["scan_steps"] - sizes["scan_warmup"]) * (1 - 1 / sizes["scan_log_every"]) >= 100
+    assert sizes["steps"] >= sizes["gate_min_steps"]  # the loss gate is judged on every run of the check
 
 
 # ---- issue 31: the patent-length data ----

@@ -9,7 +9,8 @@ import torch
 
 from trainer.config import ConfigError, load_config
 from trainer.model.lstm import run_stepwise
-from trainer.model.seq2seq import EncoderDecoderLayer, _run_packed
+from trainer.model.lstm_stack import run_packed
+from trainer.model.seq2seq import EncoderDecoderLayer
 
 
 def _lstm(dtype=torch.float64, inp=5, hidden=7):
@@ -43,7 +44,7 @@ def test_stepwise_equals_torch_lstm_in_float64(lengths):
     lens = None if lengths is None else np.array(lengths)
     full = np.full(4, 6) if lens is None else lens
     got = _grads(lstm, lambda x, s: run_stepwise(lstm, x, lens, s), x, state)
-    ref = _grads(lstm, lambda x, s: _run_packed(lstm, x, full, s), x, state)
+    ref = _grads(lstm, lambda x, s: run_packed(lstm, x, full, s), x, state)
     for g, r in zip(got, ref):
         assert torch.allclose(g, r, rtol=0, atol=1e-12)
     if lens is not None:  # outputs past a row's end are zero

@@ -267,7 +267,7 @@ def test_plan_ranks_layouts_and_writes_a_loadable_config(tiny_data, tmp_path, ca
           *_tiny_cfg(tiny_data)])
     text = capsys.readouterr().out
     table = [line for line in text.splitlines() if line.startswith("| 1 |")]
-    assert table and "tokens/s" in text and "per rank busy / waiting / communicating" in text
+    assert table and "tokens/s" in text and "predicted busy / waiting / communicating % per rank" in text
     first = table[0].split("|")[2].strip()
     ds = load_ds_config(str(out), max_steps=10)
     spec = LayoutSpec.from_ds_config(ds, ds["parallel_layout"]["num_pp"] * ds["parallel_layout"]["num_dp"])
@@ -278,6 +278,76 @@ def test_plan_ranks_layouts_and_writes_a_loadable_config(tiny_data, tmp_path, ca
     with pytest.raises(FileExistsError, match="never overwrites"):
         main(["--devices", "2", "--profile", str(tmp_path / "cpu.json"), "--steps", "1", "--write-config", str(out),
               *_tiny_cfg(tiny_data)])
+
+
+def test_every_printed_plan_names_what_its_prices_rest_on_and_marks_predictions(tiny_data, tmp_path, capsys):
+    """Issue 42: '3.6 ms/step, 750014 tokens/s' for 4 GPUs said nothing of estimates never checked on a GPU."""
+    from trainer.planner.cli import main
+    from trainer.planner.profile import provenance
+
+    main(["--devices", "2", "--profile", "h200", "--steps", "1", "--top", "3", *_tiny_cfg(tiny_data)])
+    lines = capsys.readouterr().out.splitlines()
+    source = ("prices: h200.json, NVIDIA H200: of its 17 numbers 3 measured on this workplace's H200 (2026-10-28 and "
+              "2026-11-04), "
+              "2 from the datasheet, 12 estimates never checked on a GPU; every figure below is a prediction from them, "
+              "not a measurement")
+    header = next(i for i, line in enumerate(lines) if line.startswith("| # |"))
+    assert source in lines[:header], lines
+    assert all(f"predicted {what}" in lines[header] for what in ("step ms", "tokens/s", "speed-up", "busy"))
+    assert any(line.startswith("one device (single): predicted ") for line in lines[:header])
+    assert lines[-1].startswith("predicted best of each mode on all 2 device(s): ")
+    # a calibrated machine's profile: where and when it was measured; one from before `measured_on` still reads
+    old = load(str(_tiny_profile(tmp_path, tiny_data)))
+    assert provenance(old) == ("prices: cpu.json, measured by python launch/plan.py --calibrate on synthetic (2 cores), "
+                               "date not recorded (a profile from before dates were kept); every figure below is a "
+                               "prediction from them, not a measurement")
+    new = {**old, "measured_on": {"device": "Intel(R) Xeon(R) Processor (2 cores)", "date": "2026-12-04"},
+           "conditions": {"quick": True}}
+    assert provenance(new).startswith("prices: cpu.json, measured by python launch/plan.py --calibrate --quick (fewer "
+                                      "shapes and repeats) on Intel(R) Xeon(R) Processor (2 cores), 2026-12-04; ")
+    # another GPU's datasheet profile: the one number it borrows from this workplace's H200 says so
+    from trainer.planner.profile import datasheet_profile, planner_profile
+
+    sheet = {**planner_profile(datasheet_profile("NVIDIA A100-SXM4-80GB")), "_path": "a100.json"}
+    assert provenance(sheet).startswith("prices: a100.json, NVIDIA A100-SXM4-80GB: of its 17 numbers 1 measured on "
+                                        "this workplace's H200 (2026-10-28 and 2026-11-04), 2 from the datasheet, 14 "
+                                        "estimates never checked on a GPU")
+
+
+def test_scale_batch_grows_the_global_batch_with_the_devices(tiny_data, tmp_path, capsys):
+    """Issue 42: the planner kept the global batch whatever the device count; GPU users grow it with the GPU count.
+    --scale-batch plans every layout at the base's batch per rank x --devices and compares tokens/s with one
+    device at the batch per rank."""
+    from trainer.ds_config import load_ds_config
+    from trainer.planner import plan
+    from trainer.planner.cli import main
+
+    single, hybrid = (json.loads((REPO / "ds_configs" / f"{n}.json").read_text()) for n in ("single", "hybrid_2"))
+    assert plan.batch_per_rank(single) == 64 and plan.batch_per_rank(hybrid) == 32  # 64 pairs on its 2 ranks
+    with pytest.raises(ValueError, match="--scale-batch: the base's global micro-batch of 33 pairs does not divide"):
+        plan.batch_per_rank({**hybrid, "train_micro_batch_size_per_gpu": 33})
+    profile_path, out = _tiny_profile(tmp_path, tiny_data, threads=(1,)), tmp_path / "best.json"
+    main(["--devices", "2", "--profile", str(profile_path), "--steps", "2", "--scale-batch", "--write-config", str(out),
+          *_tiny_cfg(tiny_data)])
+    text = capsys.readouterr().out
+    assert ("128 pairs per global micro-batch x 1 (64 per device x 2: --scale-batch); speed-up: predicted tokens/s over "
+            "one device's at 64 pairs") in text
+    assert "one device (single 1 thread at 64 pairs): predicted " in text
+    written = load_ds_config(str(out), max_steps=10)
+    assert written["train_micro_batch_size_per_gpu"] * written["parallel_layout"]["num_dp"] == 128
+    cfg = load_config(None, _tiny_cfg(tiny_data))
+    profile = load(str(profile_path))
+    grown, base = plan.workload(cfg, single, 2, global_batch=128), plan.workload(cfg, single, 2)
+    ranked, one, _ = plan.rank_layouts(grown, profile, 2, baseline_work=base)
+    assert one.global_batch == 64 and {p.global_batch for p in ranked} == {128}
+    assert all(p.speedup == pytest.approx(p.tokens_per_s / one.tokens_per_s) for p in ranked if not p.screened_only)
+    assert max(grown.tokens(w) for w in grown.windows) > max(base.tokens(w) for w in base.windows)
+    from types import SimpleNamespace
+
+    from trainer.planner.cli import batch_words
+
+    assert batch_words(base, one, SimpleNamespace(scale_batch=False, devices=2)) == (  # without it: the base's 64
+        "64 pairs per global micro-batch x 1 (the base's, kept for every layout; --scale-batch grows it with the devices)")
 
 
 def test_plan_says_it_prices_the_fused_lstm_kernel(tiny_data, tmp_path, capsys):
@@ -363,7 +433,9 @@ def test_shipped_profiles_are_named_package_data_and_what_the_format_code_writes
 
 
 def test_a_device_profile_puts_each_measured_number_beside_the_datasheet_with_its_source():
-    from trainer.planner.profile import device_profile, planner_profile
+    import time
+
+    from trainer.planner.profile import device_profile, planner_profile, provenance
 
     measured = {"compute": {"bf16": {"gemm": [{"m": 8, "n": 8, "k": 8, "ms": 1.0, "tflops": 700.0}], "lstm": []}},
                 "rates": {"copy_tb_s": 4.0, "host_to_device_gb_s": 50.0, "device_to_host_gb_s": 51.0},
@@ -377,6 +449,10 @@ def test_a_device_profile_puts_each_measured_number_beside_the_datasheet_with_it
     assert roof["gemm_tflops"]["bf16"] == {"value": 700.0,
                                            "source": "measured: largest torch matmul of compute.bf16.gemm (8x8x8)"}
     assert roof["op_overhead_us"]["value"] == 6.0 and roof["memory_tb_s"]["value"] == 4.0
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert got["measured_on"] == {"device": "NVIDIA H200 NVL", "date": today}  # where and when the check ran
+    assert (f"of its 17 numbers 4 measured on NVIDIA H200 NVL ({today}), 2 from the datasheet, 11 estimates "
+            in provenance({**planner_profile(got), "_path": "planner_profile.json"}))  # matmul x2, copy, op time
     cpu = device_profile({"name": "x86_64", "type": "cpu", "threads": 2}, {**measured, "rates": {"copy_tb_s": 0.01}})
     assert cpu["datasheet"] is None and cpu["links"]["nvlink_gb_s"] is None
 
@@ -413,6 +489,7 @@ def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data
     calibrate(cfg, str(out), quick=True, global_batch=16)
     profile = load(str(out))
     assert profile["conditions"]["quick"] and "load_average_before" in profile["conditions"]
+    assert profile["measured_on"]["date"] >= "2026-12-04" and profile["measured_on"]["device"].endswith(" cores)")
     for precision in ("bf16", "fp32"):
         for threads in ("1", "2"):
             table = profile["layers"][precision][threads]

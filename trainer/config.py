@@ -60,6 +60,9 @@ class DataConfig:
     bucket_batches: int = _key(100, "length-sort windows of this many batches, then shuffle batches")
     min_batch_sentences: int = _key(8, "smallest batch; the same in every layout so runs stay comparable "
                                        "(a layout needs replicas x max(units, head shards))")
+    length_multiple: int = _key(0, "pad each batch's source and target width up to a multiple of this: fewer "
+                                    "distinct shapes (on a GPU each new one loads or tunes kernels); 0 = 8 on an "
+                                    "accelerator, 1 on a CPU (no padding)")
     verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest; "
                               "cheap) | checksums (also each binarized file's sha256) | full (also the SentencePiece "
                               "models' and the manifest's checksum) | none. Whatever the mode, every token id is "
@@ -103,6 +106,11 @@ class TrainConfig:
                                         "train.loss_chunk_rows rows | whole = one GEMM over all rows, then the chunks' "
                                         "passes in place | auto = on a CPU the faster of the two, measured on this machine "
                                         "at the start (cached), whole on an accelerator")
+    stack_layers: bool = _key(True, "run a stage's consecutive LSTM layers as one multi-layer call where no "
+                                    "dropout sits between them (model.dropout=0, or evaluation): one call's host "
+                                    "cost per side, and cuDNN overlaps the layers; false: a call per layer")
+    tf32: bool = _key(False, "on a CUDA GPU, fp32 matmuls and cuDNN (the LSTMs) in TF32 (10-bit mantissa, "
+                             "several times faster); false: true fp32. Said at start; bf16/fp16 are not affected")
     compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")
     count_ops: bool = _key(False, "the train.profile_steps window counts operator launches and would-be device "
                                   "syncs per step (by place) instead of running torch.profiler")
@@ -172,7 +180,8 @@ _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "tra
                  "train.threads", "train.timeline_every", "train.profile_steps", "train.profile_from",
                  "train.loss_chunk_rows",
                  "decode.dev_max_sentences", "decode.max_len_add", "train.schedule_steps",
-                 "decode.max_tokens", "decode.max_line_bytes")
+                 "decode.max_tokens", "decode.max_line_bytes", "data.length_multiple")
+MAX_LENGTH_MULTIPLE = 256  # data.length_multiple: more pads most batches to twice their length
 MAX_SEED = 2 ** 32 - 1  # numpy's and torch's generators take it; larger ones overflow torch's
 # The largest decoding sizes (decode.*, and the flags of translate, evaluate and score, trainer.inference.options):
 # far above any useful value, far below one that asks for more memory than a machine has (--beam 100000000 asked
@@ -203,6 +212,9 @@ def validate(cfg: DictConfig) -> None:
     for key in ("model.dropout", "model.label_smoothing"):
         if not 0.0 <= _get(cfg, key) < 1.0:
             raise ConfigError(f"{key}={_get(cfg, key)}: must be in [0, 1)")
+    if cfg.data.length_multiple > MAX_LENGTH_MULTIPLE:
+        raise ConfigError(f"data.length_multiple={cfg.data.length_multiple}: at most {MAX_LENGTH_MULTIPLE} (0 = 8 on "
+                          f"an accelerator, 1 on a CPU)")
     for name, limit in DECODE_LIMITS.items():
         if cfg.decode[name] > limit:
             raise ConfigError(f"decode.{name}={cfg.decode[name]}: at most {limit}")

@@ -5,6 +5,7 @@ travel between ranks; each rank cuts out the rows it needs (see `trainer.paralle
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 
@@ -28,6 +29,8 @@ class Batch:
     these, so nothing waits for the device to hand a length back (trainer.observe.op_counter).
     ids: the distinct ids of src and of tgt_in as host numpy arrays (the embedding rows the batch touches),
     when it was collated from host data; None otherwise.
+    multiple: src and tgt widths are padded up to a multiple of it (data.length_multiple), here and in every
+    slice `rows` trims: on an accelerator each distinct shape loads or tunes kernels once.
     """
 
     src: torch.Tensor
@@ -37,6 +40,7 @@ class Batch:
     src_len: np.ndarray | None = None
     tgt_len: np.ndarray | None = None
     ids: tuple | None = None
+    multiple: int = 1
 
     def __post_init__(self):
         if self.src_len is None:  # built from tensors alone (tests, tools): read the lengths once
@@ -70,17 +74,17 @@ class Batch:
         src, tgt_in, tgt_out = self.src[start:stop], self.tgt_in[start:stop], self.tgt_out[start:stop]
         src_len, tgt_len = self.src_len[start:stop], self.tgt_len[start:stop]
         if trim and stop > start:
-            s, t = int(src_len.max()), int(tgt_len.max())
+            s, t = padded_width(int(src_len.max()), self.multiple), padded_width(int(tgt_len.max()), self.multiple)
             src, tgt_in, tgt_out = src[:, :s], tgt_in[:, :t], tgt_out[:, :t]
         return Batch(src.contiguous(), self.src_lengths[start:stop].contiguous(), tgt_in.contiguous(),
-                     tgt_out.contiguous(), src_len, tgt_len)
+                     tgt_out.contiguous(), src_len, tgt_len, multiple=self.multiple)
 
     def target_cols(self, start: int, stop: int) -> "Batch":
         """Target positions [start, stop) of every row, the source whole (a head piece cut along time);
         tgt_len counts each row's real tokens inside the slice."""
         tgt_len = np.clip(self.tgt_len - start, 0, max(0, stop - start))
         return Batch(self.src, self.src_lengths, self.tgt_in[:, start:stop].contiguous(),
-                     self.tgt_out[:, start:stop].contiguous(), self.src_len, tgt_len)
+                     self.tgt_out[:, start:stop].contiguous(), self.src_len, tgt_len, multiple=self.multiple)
 
     def to(self, device) -> "Batch":
         """On `device`; from the host to an accelerator through pinned memory, without blocking the host
@@ -91,7 +95,7 @@ class Batch:
             tensors = tuple(to_device(t, device) for t in tensors)
         else:
             tensors = tuple(t.to(device) for t in tensors)
-        return Batch(*tensors, self.src_len, self.tgt_len, self.ids)
+        return Batch(*tensors, self.src_len, self.tgt_len, self.ids, self.multiple)
 
     def token_positions(self, width: int | None = None, round_bits: int = 4) -> np.ndarray:
         """Flat positions (row * width + t) of the real target tokens in a (batch, width) layout
@@ -109,17 +113,22 @@ class Batch:
         return np.flatnonzero(flat)
 
 
-def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
+def padded_width(width: int, multiple: int) -> int:
+    """`width` rounded up to a multiple of `multiple` (1: as it is)."""
+    return width if multiple <= 1 else -(-width // multiple) * multiple
+
+
+def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray], multiple: int = 1) -> Batch:
     """Padded tensors of the pairs, rows sorted by source length (longest first, stable), built with
-    whole-array numpy operations (no per-row tensor work)."""
+    whole-array numpy operations (no per-row tensor work); each width padded up to a multiple of `multiple`."""
     src_all = [np.asarray(x, dtype=np.int64) for x in src_seqs]
     tgt_all = [np.asarray(y, dtype=np.int64) for y in tgt_seqs]
     order = np.argsort([-len(x) for x in src_all], kind="stable")
     src_len = np.array([len(src_all[i]) for i in order], dtype=np.int64)
     tgt_len = np.array([len(tgt_all[i]) for i in order], dtype=np.int64)
     n, rows = len(order), np.arange(len(order))
-    src = np.full((n, int(src_len.max()) + 1), PAD_ID, dtype=np.int64)
-    tgt_in = np.full((n, int(tgt_len.max()) + 1), PAD_ID, dtype=np.int64)
+    src = np.full((n, padded_width(int(src_len.max()) + 1, multiple)), PAD_ID, dtype=np.int64)
+    tgt_in = np.full((n, padded_width(int(tgt_len.max()) + 1, multiple)), PAD_ID, dtype=np.int64)
     tgt_out = np.full_like(tgt_in, PAD_ID)
     r, c = _positions(src_len)
     if len(r):
@@ -133,7 +142,7 @@ def collate(src_seqs: list[np.ndarray], tgt_seqs: list[np.ndarray]) -> Batch:
     tgt_in[:, 0] = BOS_ID
     tgt_out[rows, tgt_len] = EOS_ID
     return Batch(torch.from_numpy(src), torch.from_numpy(src_len + 1), torch.from_numpy(tgt_in),
-                 torch.from_numpy(tgt_out), src_len + 1, tgt_len + 1, (np.unique(src), np.unique(tgt_in)))
+                 torch.from_numpy(tgt_out), src_len + 1, tgt_len + 1, (np.unique(src), np.unique(tgt_in)), multiple)
 
 
 def _positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,8 +202,8 @@ class ParallelData:
     out-of-vocabulary id was an IndexError in the embedding). The files are memory-mapped, so each batch's ids are
     checked too (a min and a max collate has already found): a file written over while training is one line."""
 
-    def __init__(self, data_dir: str, split: str, vocab: dict | None = None):
-        self.data_dir, self.split = data_dir, split
+    def __init__(self, data_dir: str, split: str, length_multiple: int = 1, vocab: dict | None = None):
+        self.data_dir, self.split, self.length_multiple = data_dir, split, length_multiple
         self.src, self.tgt = load_pair(data_dir, split)
         self.src_len, self.tgt_len = self.src.lengths, self.tgt.lengths
         if len(self.src) == 0:  # found before training starts, not as a crash in the first dev evaluation
@@ -209,7 +218,7 @@ class ParallelData:
         return len(self.src)
 
     def batch(self, indices) -> Batch:
-        b = collate([self.src[i] for i in indices], [self.tgt[i] for i in indices])
+        b = collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], self.length_multiple)
         for side, ids in zip(SIDES, b.ids):  # sorted: the first is the least, the last the greatest
             if ids[0] < 0 or ids[-1] >= self.sizes[side]:
                 bad = int(ids[0] if ids[0] < 0 else ids[-1])
@@ -218,6 +227,12 @@ class ParallelData:
                                  f"{self.sizes[side]} pieces: the file was written over after it was loaded and "
                                  f"checked; prepare the data again")
         return b
+
+    def padded(self, length_multiple: int) -> "ParallelData":
+        """The same split (its arrays already loaded and checked), its batches padded to `length_multiple`."""
+        other = copy.copy(self)
+        other.length_multiple = length_multiple
+        return other
 
 
 _SIDE_NAMES = {"src": "source", "tgt": "target"}
@@ -250,8 +265,8 @@ def load_run_data(data_dir: str, verify_mode: str = "ids") -> RunData:
     manifest = read_manifest(data_dir)
     verify(data_dir, manifest, verify_mode)
     vocab = manifest["vocab"]
-    dev = ParallelData(data_dir, "dev", vocab) if has_split(data_dir, "dev") else None
-    return RunData(manifest, ParallelData(data_dir, "train", vocab), dev)
+    dev = ParallelData(data_dir, "dev", vocab=vocab) if has_split(data_dir, "dev") else None
+    return RunData(manifest, ParallelData(data_dir, "train", vocab=vocab), dev)
 
 
 class BatchStream:
@@ -264,6 +279,8 @@ class BatchStream:
         self.min_batch = min_batch
         self.epoch, self.index, self.left_out = 0, 0, 0
         self._batches = None
+        self._ends = None  # pairs handed out after each batch of the epoch (cumulative sizes)
+        self._left_out_by_epoch: dict[int, int] = {}
 
     def _epoch_batches(self):
         if self._batches is None:
@@ -274,6 +291,8 @@ class BatchStream:
                                  f"(data.min_batch_sentences={self.min_batch}; the {self.data.split} split holds "
                                  f"{len(self.data)} pairs): lower data.min_batch_sentences (a layout needs at least "
                                  f"replicas x max(units, head shards)) or prepare more data")
+            self._ends = np.cumsum([len(b) for b in self._batches])
+            self._left_out_by_epoch[self.epoch] = self.left_out
         return self._batches
 
     def next_indices(self) -> np.ndarray:
@@ -288,6 +307,20 @@ class BatchStream:
     def next(self) -> Batch:
         return self.data.batch(self.next_indices())
 
+    def position(self) -> "EpochPosition":
+        """How far through the corpus the batches handed out so far reach."""
+        self._epoch_batches()
+        done = int(self._ends[self.index - 1]) if self.index else 0
+        return EpochPosition(self.epoch, done, int(self._ends[-1]))
+
+    def left_out_of(self, epoch: int) -> int:
+        """The pairs epoch `epoch` leaves out (its final remainder, fewer than min_batch): known once its batches
+        were made, else made again (deterministic: seed and epoch)."""
+        if epoch not in self._left_out_by_epoch:
+            self._left_out_by_epoch[epoch] = make_batches(self.data.src_len, self.data.tgt_len, seed=self.seed,
+                                                          epoch=epoch, min_batch=self.min_batch, **self.kw)[1]
+        return self._left_out_by_epoch[epoch]
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "index": self.index}
 
@@ -295,10 +328,38 @@ class BatchStream:
         self.epoch, self.index, self._batches = state["epoch"], state["index"], None
 
 
+@dataclass(frozen=True)
+class EpochPosition:
+    """Where the stream stands: `epoch` (from 0), `pairs` of it handed out, of the `total` it trains on (the
+    corpus less the pairs it leaves out)."""
+
+    epoch: int
+    pairs: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.pairs / self.total if self.total else 0.0
+
+    @property
+    def epochs_done(self) -> int:
+        """Epochs whose every batch was handed out (an epoch's last batch taken finishes it)."""
+        return self.epoch + (self.pairs >= self.total)
+
+    @property
+    def percent(self) -> int:
+        """Rounded down: 100 only once the epoch's last batch was handed out."""
+        return 100 * self.pairs // max(1, self.total)
+
+    def describe(self) -> str:
+        """`epoch 1 (37%)`: epochs counted from 1, as a reader counts them (the metrics' `epoch` counts from 0)."""
+        return f"epoch {self.epoch + 1} ({self.percent}%)"
+
+
 class Prefetcher:
     """A `BatchStream` read `ahead` batches in advance on a background thread (collate is numpy work, which
     runs while the step's kernels do), with the position of the batches handed out: `state_dict`,
-    `epoch` and `left_out` are the consumer's, not the thread's, so a checkpoint resumes exactly."""
+    `epoch` and `position` are the consumer's, not the thread's, so a checkpoint resumes exactly."""
 
     def __init__(self, stream: BatchStream, ahead: int):
         from concurrent.futures import ThreadPoolExecutor
@@ -306,11 +367,11 @@ class Prefetcher:
         self._stream, self.ahead = stream, max(1, ahead)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
         self._queue: list = []
-        self._state, self.epoch, self.left_out = stream.state_dict(), stream.epoch, stream.left_out
+        self._state, self.epoch, self._position = stream.state_dict(), stream.epoch, None
 
     def _one(self):
         batch = self._stream.next()
-        return batch, self._stream.state_dict(), self._stream.epoch, self._stream.left_out
+        return batch, self._stream.state_dict(), self._stream.epoch, self._stream.position()
 
     def _fill(self) -> None:
         while len(self._queue) < self.ahead:
@@ -318,9 +379,20 @@ class Prefetcher:
 
     def next(self) -> Batch:
         self._fill()
-        batch, self._state, self.epoch, self.left_out = self._queue.pop(0).result()
+        batch, self._state, self.epoch, self._position = self._queue.pop(0).result()
         self._fill()
         return batch
+
+    def position(self) -> EpochPosition:
+        """The position after the batches handed out (before the first, or after a restore: the stream's own;
+        nothing is read ahead until the first `next`)."""
+        if self._position is None:
+            assert not self._queue, "read ahead before a batch was handed out"
+            self._position = self._stream.position()
+        return self._position
+
+    def left_out_of(self, epoch: int) -> int:
+        return self._stream.left_out_of(epoch)
 
     def state_dict(self) -> dict:
         return dict(self._state)
@@ -328,7 +400,7 @@ class Prefetcher:
     def load_state_dict(self, state: dict) -> None:
         self._drain()
         self._stream.load_state_dict(state)
-        self._state, self.epoch = self._stream.state_dict(), self._stream.epoch
+        self._state, self.epoch, self._position = self._stream.state_dict(), self._stream.epoch, None
 
     def _drain(self) -> None:
         for future in self._queue:
@@ -440,4 +512,4 @@ def _verify_checksums(data_dir: str, manifest: dict, whole: bool = False) -> Non
 
 
 __all__ = ["Batch", "BatchStream", "ParallelData", "Prefetcher", "RunData", "collate", "check_ids", "has_split",
-           "load_run_data", "make_batches", "read_manifest", "TokenArray", "verify"]
+           "load_run_data", "make_batches", "padded_width", "read_manifest", "TokenArray", "verify"]

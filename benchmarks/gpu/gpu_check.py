@@ -1,51 +1,54 @@
-"""The GPU check (run it through benchmarks/gpu/gpu_check.sh, which installs carried wheels first): one
-prepared script for the one short try a lent GPU gives. It cannot waste that try: every stage has a
-timeout (training runs `--run-timeout-s`, 75 s), the whole check a deadline (`--deadline-s`, 300 s: later
-stages are skipped, and say so), OUT/gpu_check.json is rewritten after every stage, and the runs' logs,
-metrics, timing and profile files (no checkpoints) are packed into OUT/runs.tar.gz after every run and
-whenever the check ends (a training child is killed with its whole process group first). Data is prepared
-before the device (`--prepare-only`, run by benchmarks/gpu/gpu_wheels.sh into .gpudata/): nothing on the
-device needs MeCab; without it, dev BLEU is scored with sacreBLEU's `char` tokenizer (recorded).
+"""The GPU check, second version (run it through benchmarks/gpu/gpu_check.sh, which installs carried wheels
+first): one prepared script for the one short try a lent GPU gives. It cannot waste that try: every stage has a
+timeout (training runs `--run-timeout-s`, 90 s), the whole check a deadline (`--deadline-s`, 510 s on cuda: later
+stages are skipped, and say so), OUT/gpu_check.json is rewritten after every stage, and the runs' logs, metrics,
+timing and profile files (no checkpoints) are packed into OUT/runs.tar.gz after every run and whenever the check
+ends (a training child is killed with its whole process group first). Data is prepared before the device
+(`--prepare-only`, run by benchmarks/gpu/gpu_wheels.sh into .gpudata/): nothing on the device needs MeCab;
+without it, dev BLEU is scored with sacreBLEU's `char` tokenizer (recorded).
 
     python3 -m benchmarks.gpu.gpu_check [--device cuda|cpu] [--out DIR] [--work DIR] [--data-root DIR]
     python3 -m benchmarks.gpu.gpu_check --prepare-only --work .gpudata      # here, before the device
 
+Every training run is timed in the steady state: its throughput comes from the steps after `warmup` (50 of 200
+on cuda) that no metrics row timed (gpu_runs.untimed_rates), at least 100 of them; and every run passes the gates
+(gpu_gates.training_gates): each logged grad norm finite and non-zero, and the loss falling over the run (the
+first check passed a compiled head that trained nothing, because it only asked for a finite loss).
+
 Stages, in order (the most wanted first: a deadline cuts the end):
  1. environment: versions, the GPU, whether MeCab imports;
  2. data: the prepared DATA_DIRs, and the patent-length one derived from the 32k one (gpu_patent.py);
- 3. placement: DeepSpeed's accelerator and its current device (where the trainer puts everything) are
-    the requested device; a model step there leaves every parameter and gradient on it, with the loss
-    and gradient norm of the same step on the CPU in fp32 (TF32 off; relative difference < 1e-3);
- 4. profile: benchmarks/gpu/gpu_profile.py: GEMM and LSTM TFLOP/s by precision at our shapes, copy rates,
-    datasheet peaks with their source -> OUT/device_profile.json;
- 5. latency: the planner's estimated latencies measured at patent length (host time per launch, one
-    device sync, the LSTM's time per time step) -> OUT/planner_profile.json (gpu_patent.py);
- 6. training through the real CLI (`python launch/train.py`, one process, NCCL world of one on CUDA), the
-    key runs first: enja-small bf16 (trainer/configs/enja_small.yaml: emb/hidden 256, 2+2 layers, 64 pairs,
-    8k BPE per side), paper-size bf16 (4+4 LSTM layers of 1024, 128 pairs, one joint 32k BPE model) and
-    patent bf16 (the paper-size model without dropout on sentences 4 times as long: the planner's
-    patent_len scenario); each: pairs/s, tokens/s and mean step from the steps between logged rows
-    (untimed, unprofiled: gpu_runs.py), the logged (timed) steps' own for reference, peak memory of the
-    process (nvidia-smi; RSS on CPU), model TFLOP/s and MFU against the datasheet peak of the precision (fp32
-    also against TF32) and against the measured GEMM peak; a dev-BLEU decode on the device at the end, and
-    the device the trainer says it computed on (a CPU fallback fails the run);
- 7. resume: the first run continued by 5 steps with train.resume=auto (fused Adam state, RNG states and
-    the data position restored on the device), every step after the first run's logged once;
- 8. portability: `launch/translate.py` in a process that sees no GPU translates from that checkpoint;
- 9. the fp32 twins of enja-small and paper-size, and `units`: enja-small bf16 as a world-of-one `hybrid`
-    layout with 2 pipeline units and 2 time chunks (the interpreter's chunked, packed and head-piece paths);
-10. profiled: enja-small bf16 with torch.profiler over 3 steps (CUDA kernels, a trace, the device syncs
-    per step by place), in a run of its own;
-11. compile: enja-small bf16 with train.compile_head=true (if the deadline leaves time);
-12. wandb: a short enja-small run logging to wandb offline, the last run and alone (its failure costs
-    nothing else);
-13. planner (host CPU only, so last; the same from OUT's planner_profile.json here: docs/BENCHMARKS.md 7):
-    launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the shipped estimates
-    (trainer/planner/profiles/h200.json) and from planner_profile.json, beside the patent run's measured step.
+ 3. placement: the trainer computes on the requested device; a model step there against the CPU (fp32, TF32 off);
+ 4. profile: GEMM and LSTM TFLOP/s by precision at our shapes, copy rates, datasheet peaks -> device_profile.json;
+ 5. latency: the planner's latencies at patent length -> OUT/planner_profile.json (gpu_patent.py);
+ 6. runs, through the real CLI (`python launch/train.py`, one process): the paper-size model (4+4 LSTM layers of
+    1024, 32k joint BPE) at patent length (sentences 4x as long, no dropout) in bf16 at 128 pairs (the goal: 2x the
+    first check's 373,080 tokens/s), the same with a call per LSTM layer (train.stack_layers=false: the stack's
+    A/B), in fp32 with TF32 off, in TF32 (train.tf32=true) and in fp16 (DeepSpeed's loss scaling); then enja-small
+    and paper-size at the short lengths in bf16 and fp32, and enja-small as a world-of-one hybrid of 2 units and 2
+    time chunks. Each: pairs/s, tokens/s, steady ms per step, the host threads' CPU ms per step, peak memory,
+    model TFLOP/s and MFU against the peak of the precision its matrix work ran in (gpu_report.py), the gates;
+    after the first enja-small run, `resume` (5 more steps, train.resume=auto) and `portability` (translate on
+    the CPU from its checkpoint);
+ 7. anchor: the minimal PyTorch program for the same model (gpu_anchor.py: nn.LSTM per side, autocast bf16, fused
+    Adam) on the same data and batches, at patent length (128 and the scan's largest batch) and enja-small, each
+    beside our run of that data, batch and precision;
+ 8. profiled: patent bf16 profiled in the steady state (steps 121-123: the device busy fraction, the union of
+    its kernels over the wall), and enja-small bf16 early (as the first check did), each a run of its own;
+ 9. shared_gpu: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both ranks on the one GPU (gloo,
+    tensors through host memory: NCCL refuses two ranks on one device) against one process, fp32, every step's
+    loss and grad norm: the multi-rank CUDA path once;
+10. scan: the patent bf16 run at 256, 512 and 1024 pairs (150 steps, 30 of warm-up);
+11. compile: the head's loss compiled against eager on the device, same batches (gpu_gates.compiled_eager_pair;
+    train.compile_head stays refused on CUDA until this passes there);
+12. wandb: a short enja-small run logging to wandb offline, the last run and alone;
+13. planner (host CPU only, so last): launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the
+    shipped estimates and from planner_profile.json, beside the patent run's measured step.
+The summary ends with the goals of the device-paced step (gpu_report.goals): met, not met, or not measured.
 
-`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus, so the
-script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with a
-run killed by its timeout, and in the device's Python with the carried wheels: gpu_rehearsal.sh).
+`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus (compile on cuda
+only), so the script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with
+a run killed by its timeout, and in the device's Python with the carried wheels: gpu_rehearsal.sh).
 """
 from __future__ import annotations
 
@@ -62,18 +65,25 @@ from pathlib import Path
 from benchmarks.common import REPO
 from benchmarks.gpu import gpu_patent
 from benchmarks.gpu import gpu_profile
-from benchmarks.gpu.gpu_runs import log, mecab_importable, pack_runs, portability, train_run
+from benchmarks.gpu.gpu_gates import compiled_eager_pair, training_gates
+from benchmarks.gpu.gpu_report import add_mfu, goals, print_table
+from benchmarks.gpu.gpu_runs import log, mecab_importable, pack_runs, portability, run_group, train_run
 
 ENJA_YAML = "trainer/configs/enja_small.yaml"
 PAPER = {"emb_dim": 1024, "hidden": 1024, "layers": 4}
-# per device: model overrides, micro-batch, data; steps and rows; shapes of the profile; the patent length
+# per device: model overrides, micro-batch, data; steps and rows (steady state: the unlogged steps after `warmup`);
+# the patent run's batch scan; shapes of the profile; the patent length
 SIZES = {
     "cuda": {
         "models": {"enja-small": ({}, 64, "enja8k"),
                    "paper-size": (PAPER, 128, "enja32k_joint"),
                    "patent": ({**PAPER, "dropout": 0.0}, 128, "patent")},
-        "steps": 60, "log_every": 10, "warmup": 10, "profile_from": 5, "dev_sentences": 64, "reps": 20,
+        "steps": 200, "log_every": 25, "warmup": 50, "gate_min_steps": 100,
+        "scan": [256, 512, 1024], "scan_steps": 150, "scan_log_every": 30, "scan_warmup": 30,
+        "anchor_steps": 200, "anchor_warmup": 50,
+        "profile_from": 5, "patent_profile_from": 120, "dev_sentences": 64, "reps": 20,
         "copy_mib": 1024, "patent_repeat": 4, "planner_overrides": [], "planner_steps": 2, "planner_timeout": 150,
+        "compile": {"hidden": 256, "vocab": 8000},
         "gemm": [(2048, 4096, 1024), (128, 4096, 1024), (2048, 32000, 1024), (8192, 8192, 8192)],
         "lstm": [(64, 16, 256, 256), (128, 16, 1024, 1024), (128, 32, 1024, 1024), (128, 64, 1024, 1024)],
     },
@@ -81,15 +91,21 @@ SIZES = {
         "models": {"enja-small": ({"emb_dim": 16, "hidden": 16}, 8, "tiny"),
                    "paper-size": ({"emb_dim": 32, "hidden": 32, "layers": 4}, 16, "tiny_joint"),
                    "patent": ({"emb_dim": 32, "hidden": 32, "layers": 4, "dropout": 0.0}, 16, "patent")},
-        "steps": 6, "log_every": 2, "warmup": 2, "profile_from": 1, "dev_sentences": 4, "reps": 3,
+        "steps": 6, "log_every": 2, "warmup": 2, "gate_min_steps": 100,
+        "scan": [24], "scan_steps": 6, "scan_log_every": 2, "scan_warmup": 2,
+        "anchor_steps": 6, "anchor_warmup": 2,
+        "profile_from": 1, "patent_profile_from": 3, "dev_sentences": 4, "reps": 3,
         "copy_mib": 16, "patent_repeat": 2, "planner_steps": 1, "planner_timeout": 400,
         "planner_overrides": ["model.emb_dim=32", "model.hidden=32", "data.min_batch_sentences=8"],
+        "compile": {"hidden": 16, "vocab": 100},
         "gemm": [(128, 512, 128), (16, 512, 128), (128, 1000, 128), (256, 256, 256)],
         "lstm": [(8, 8, 16, 16), (16, 8, 32, 32)],
     },
 }
-STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "resume", "portability", "profiled",
-          "compile", "wandb", "planner")
+STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "anchor", "profiled", "shared_gpu", "scan",
+          "resume", "portability", "compile", "wandb", "planner")
+SHARED_STEPS = 8  # the 2-rank hybrid on one GPU and its single-process twin, every step logged
+SHARED_TOLERANCE = 1e-3  # relative, of each step's loss and grad norm (fp32, TF32 off; cuDNN's own order)
 
 
 # ---- data ----
@@ -245,14 +261,6 @@ def _alarm(signum, frame):
     raise StageTimeout()
 
 
-class StageTimeout(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise StageTimeout()
-
-
 def _sigterm(signum, frame):
     log("SIGTERM: stopping (the running training is killed, its files packed); the report holds what ran")
     sys.exit(3)  # SystemExit unwinds through every `finally`: the child's process group, pack_runs, the report
@@ -283,7 +291,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                             if (c / "train.en").exists()), None)
     args.data_root = args.data_root or (REPO / ".gpudata" if args.device == "cuda" else None)
     args.run_timeout_s = args.run_timeout_s or (90 if args.device == "cuda" else 240)
-    args.deadline_s = args.deadline_s or (300 if args.device == "cuda" else 900)
+    args.deadline_s = args.deadline_s or (510 if args.device == "cuda" else 1200)
     return args
 
 
@@ -306,17 +314,41 @@ def main() -> int:
             pack_runs(args.work, args.out)
 
 
-def run_specs(sizes: dict) -> tuple[list[dict], list[dict]]:
-    """The runs of the `runs` stage: (the key runs, done first: enja-small bf16, which resume and
-    portability continue, the paper-size model, and at patent length; the rest: the fp32 twins and the
-    world-of-one units-and-chunks layout)."""
-    spec = lambda model, precision, **kw: {"name": f"{model}_{precision}", "model": model,  # noqa: E731
-                                           "precision": precision, **kw}
-    key = [spec("enja-small", "bf16"), spec("paper-size", "bf16"), spec("patent", "bf16")]
-    rest = [spec("enja-small", "fp32"), spec("paper-size", "fp32"),
-            spec("enja-small", "bf16", name="enja-small_bf16_units",
-                 layout={"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2})]
-    return key, rest
+def run_plan(sizes: dict) -> dict[str, list[dict]]:
+    """The training runs by stage, each stage's in the order they run; the stages run in STAGES' order, the most
+    wanted first (a deadline cuts the end).
+    runs: the patent-length paper-size model in bf16 (the goal), the same with a call per LSTM layer
+        (train.stack_layers=false: the stack's A/B), in fp32 (TF32 off), TF32 and fp16 (loss scaling); the
+        enja-small and paper-size bf16 runs (resume and portability continue the first of them), their fp32
+        twins, enja-small as a world-of-one hybrid of 2 units and 2 time chunks, and patent bf16 with its widths
+        unpadded (data.length_multiple=1: the shape buckets' A/B);
+    scan: the patent bf16 run at larger batches;
+    profiled: steady-state patent bf16 and early enja-small bf16 (a run each, profiled, not timed)."""
+    def spec(model, precision, name=None, **kw):
+        return {"name": name or f"{model}_{precision}", "model": model, "precision": precision, **kw}
+
+    runs = [spec("patent", "bf16"), spec("patent", "bf16", "patent_bf16_layers", extra=("train.stack_layers=false",)),
+            spec("patent", "fp32"), spec("patent", "tf32"), spec("patent", "fp16"),
+            spec("enja-small", "bf16"), spec("paper-size", "bf16"), spec("enja-small", "fp32"),
+            spec("paper-size", "fp32"),
+            spec("enja-small", "bf16", "enja-small_bf16_units",
+                 layout={"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
+            spec("patent", "bf16", "patent_bf16_unpadded", extra=("data.length_multiple=1",))]
+    scan = [spec("patent", "bf16", f"patent_bf16_b{b}", micro=b, steps=sizes["scan_steps"],
+                 log_every=sizes["scan_log_every"], warmup=sizes["scan_warmup"]) for b in sizes["scan"]]
+    start = sizes["patent_profile_from"]
+    profiled = [spec("patent", "bf16", "patent_bf16_profiled", steps=start + 4, log_every=start + 4,
+                     extra=(f"train.profile_from={start}", "train.profile_steps=3"), report="profiled_patent"),
+                spec("enja-small", "bf16", "enja-small_bf16_profiled", steps=sizes["profile_from"] + 4,
+                     extra=(f"train.profile_from={sizes['profile_from']}", "train.profile_steps=3"), report="profiled")]
+    anchors = [{"name": f"anchor_{model}_b{batch}", "model": model, "batch": batch, "ours": ours}
+               for model, batch, ours in (("patent", sizes["models"]["patent"][1], "patent_bf16"),
+                                          ("patent", sizes["scan"][-1], f"patent_bf16_b{sizes['scan'][-1]}"),
+                                          ("enja-small", sizes["models"]["enja-small"][1], "enja-small_bf16"))]
+    shared = [spec("enja-small", "fp32", f"enja-small_fp32_{name}", steps=SHARED_STEPS, log_every=1, warmup=1,
+                   layout=layout) for name, layout in (("single", None), ("hybrid2_shared", {
+                       "mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}))]
+    return {"runs": runs, "scan": scan, "profiled": profiled, "anchor": anchors, "shared_gpu": shared}
 
 
 class GpuCheck:
@@ -330,10 +362,12 @@ class GpuCheck:
         self.args, self.sizes = args, SIZES[args.device]
         self.steps = args.steps or self.sizes["steps"]
         self.check = Check(args.out, args.deadline_s, {"device_requested": args.device, "torch": torch.__version__,
-                                                       "steps": self.steps, "log_every": self.sizes["log_every"]})
+                                                       "steps": self.steps, "log_every": self.sizes["log_every"],
+                                                       "warmup": self.sizes["warmup"]})
         self.check.started = time.time()
         self.report = self.check.report
-        self.report["runs"] = []
+        self.report["runs"], self.report["anchors"] = [], []
+        self.plan = run_plan(self.sizes)
         self.datas, self.shapes, self.profile, self.latency = {}, {}, None, None
 
     def run(self) -> int:
@@ -352,14 +386,36 @@ class GpuCheck:
                 args.device, self.sizes, args.out), 120)
         if "latency" in args.stages and self.profile:
             self.latency = report["latency"] = check.stage("latency", self.latencies, 90, need=10)
-        key, rest = run_specs(self.sizes)
-        self.train_all(key)
-        self.after_key_runs()
-        self.train_all(rest)
-        self.last_runs()
+        self.stages_in_order()
         if "planner" in args.stages and self.latency:  # CPU work only: last, and can be done here from OUT
             report["planner"] = check.stage("planner", self.planner, self.sizes["planner_timeout"], need=60)
         return self.finish()
+
+    def stages_in_order(self) -> None:
+        args, report = self.args, self.report
+        first_key = True
+        for spec in self.plan["runs"]:
+            if "runs" in args.stages and (not args.runs or spec["name"] in args.runs.split(",")):
+                report["runs"].append(self.train(spec))
+                if spec["name"] == "patent_bf16" and "anchor" in args.stages:
+                    self.anchor(self.plan["anchor"][0])
+                if spec["model"] == "enja-small" and first_key:
+                    first_key = False
+                    self.after_first_run(report["runs"][-1])
+        if "profiled" in args.stages:
+            for spec in self.plan["profiled"]:
+                report[spec["report"]] = self.train(spec, stage=spec["name"])
+        if "shared_gpu" in args.stages:
+            report["shared_gpu"] = self.shared_gpu()
+        if "scan" in args.stages:
+            for spec in self.plan["scan"]:
+                report["runs"].append(self.train(spec))
+        if "anchor" in args.stages:
+            for spec in self.plan["anchor"][1:]:
+                self.anchor(spec)
+        if "compile" in args.stages:
+            report["compile_gate"] = self.check.stage("compile", self.compile_gate, 240, need=60)
+        self.wandb_run()
 
     def data(self) -> bool:
         args, sizes = self.args, self.sizes
@@ -391,42 +447,100 @@ class GpuCheck:
         gpu_patent.planner_profile(self.profile, lat, self.args.out / "planner_profile.json")
         return lat
 
-    def _train(self, name: str, model: str, precision: str, steps: int, timeout: int, **kw) -> dict:
-        overrides, micro, data = self.sizes["models"][model]
-        return train_run(self.args.work, self.args.device, name, precision, overrides, micro, self.datas[data], steps,
-                         self.sizes["dev_sentences"], timeout=timeout, **{"log_every": self.sizes["log_every"],
-                                                                         "warmup": self.sizes["warmup"], **kw})
+    def _train(self, spec: dict, steps: int, timeout: int, **kw) -> dict:
+        overrides, micro, data = self.sizes["models"][spec["model"]]
+        precision, extra = spec["precision"], tuple(spec.get("extra", ()))
+        if precision == "tf32":  # fp32 with TF32 on (train.tf32)
+            precision, extra = "fp32", ("train.tf32=true", *extra)
+        return train_run(self.args.work, self.args.device, spec["name"], precision, overrides,
+                         spec.get("micro", micro), self.datas[data], steps, self.sizes["dev_sentences"],
+                         timeout=timeout, layout=spec.get("layout"), extra=extra,
+                         **{"log_every": spec.get("log_every", self.sizes["log_every"]),
+                            "warmup": spec.get("warmup", self.sizes["warmup"]), **kw})
 
-    def train_all(self, specs: list[dict]) -> None:
-        for spec in specs:
-            if "runs" in self.args.stages and (not self.args.runs or spec["name"] in self.args.runs.split(",")):
-                self.report["runs"].append(self.train(spec))
-
-    def train(self, spec: dict, stage: str | None = None, steps: int | None = None, timeout: int | None = None,
-              wandb: bool = False) -> dict:
+    def train(self, spec: dict, stage: str | None = None, wandb: bool = False) -> dict:
         """One training run as a stage (its name, `run NAME` by default), its files packed into
-        OUT/runs.tar.gz however it ends; the report rewritten."""
-        model, precision = spec["model"], spec["precision"]
-        stage, timeout = stage or f"run {spec['name']}", timeout or self.args.run_timeout_s
+        OUT/runs.tar.gz however it ends; the gates applied to its metrics; the report rewritten."""
+        model, precision, steps = spec["model"], spec["precision"], spec.get("steps", self.steps)
+        stage, timeout = stage or f"run {spec['name']}", spec.get("timeout", self.args.run_timeout_s)
         try:
-            r = self.check.stage(stage, lambda: self._train(
-                spec["name"], model, precision, steps or self.steps, timeout, wandb=wandb, layout=spec.get("layout"),
-                extra=spec.get("extra", ())), timeout + 30, need=min(timeout, 30)) or {
+            r = self.check.stage(stage, lambda: self._train(spec, steps, timeout, wandb=wandb), timeout + 30,
+                                 need=min(timeout, 30)) or {
                 "name": spec["name"], "error": self.report["stages"][stage].get("why", "no result")}
         finally:
             pack_runs(self.args.work, self.args.out)
         overrides, micro, data = self.sizes["models"][model]
-        r.update(model=model, precision=precision, micro_batch=micro, data=data)
+        r.update(model=model, precision=precision, micro_batch=spec.get("micro", micro), data=data)
+        if "rows" in r:  # every logged grad norm finite and non-zero; the loss falling (judged on long runs)
+            r["gates"] = training_gates(r.pop("rows"))
+            r["gates"]["loss_judged"] = steps >= self.sizes["gate_min_steps"]
+            r["gates"]["ok"] = r["gates"]["grad_norm_ok"] and (r["gates"]["loss_falls"] or not r["gates"]["loss_judged"])
         if "pairs_per_s" in r and self.profile:
             add_mfu(r, {**_yaml_model(), **overrides}, self.shapes[data], precision, self.profile)
         log(f"{spec['name']}: {json.dumps(r)}")
         self.check.save()
         return r
 
-    def after_key_runs(self) -> None:
-        """resume and portability (from the first run)."""
+    def anchor(self, spec: dict) -> None:
+        """The minimal PyTorch program (gpu_anchor.py) on the same data and batch, in a process of its own, beside
+        our run of that data, batch and precision."""
+        overrides, _, data = self.sizes["models"][spec["model"]]
+        model = {**_yaml_model(), **overrides}
+        out = self.args.work / f"{spec['name']}.json"
+        cmd = [sys.executable, "-m", "benchmarks.gpu.gpu_anchor", "--data", self.datas[data], "--batch", spec["batch"],
+               "--steps", self.sizes["anchor_steps"], "--warmup", self.sizes["anchor_warmup"], "--emb",
+               model["emb_dim"], "--hidden", model["hidden"], "--layers", model["layers"], "--device",
+               "cuda" if self.args.device == "cuda" else "cpu", "--out", out]
+
+        def one() -> dict:
+            code, timed_out, watch = run_group(cmd, self.args.work / f"{spec['name']}.log", self.args.run_timeout_s,
+                                               self.args.device, dict(os.environ, PYTHONUNBUFFERED="1"))
+            if code != 0 or timed_out:
+                text = (self.args.work / f"{spec['name']}.log").read_text(errors="replace")[-2000:]
+                return {"error": f"timeout after {self.args.run_timeout_s}s" if timed_out else text}
+            return {**json.loads(out.read_text()), "peak_memory_mib_smi": watch.peak_mib}
+
+        a = {"name": spec["name"], **(self.check.stage(spec["name"], one, self.args.run_timeout_s + 30, need=20)
+                                      or {"error": "no result"})}
+        ours = next((r for r in self.report["runs"] if r["name"] == spec["ours"]), {})
+        a["ours"], a["ours_tokens_per_s"] = spec["ours"], ours.get("tokens_per_s")
+        self.report["anchors"].append(a)
+        log(f"{spec['name']}: {json.dumps(a)}")
+        pack_runs(self.args.work, self.args.out)
+        self.check.save()
+
+    def shared_gpu(self) -> dict:
+        """The multi-rank CUDA path once on one GPU: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both
+        ranks on the same device (gloo, tensors through host memory: NCCL refuses two ranks on one device) against
+        one process on the same config, step by step: the losses and gradient norms (fp32, TF32 off)."""
+        runs = [self.train(spec) for spec in self.plan["shared_gpu"]]
+        single, hybrid = runs
+        by_run = []
+        for r in runs:
+            path = self.args.work / "runs" / r["name"] / "metrics.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+            by_run.append({row["step"]: row for row in rows})
+        steps = sorted(set(by_run[0]) & set(by_run[1]))
+        diff = {k: max((abs(by_run[1][s][k] - by_run[0][s][k]) / max(abs(by_run[0][s][k]), 1e-12) for s in steps
+                        if by_run[0][s].get(k) is not None and by_run[1][s].get(k) is not None), default=None)
+                for k in ("loss", "grad_norm")}
+        ok = ("error" not in single and "error" not in hybrid and len(steps) >= SHARED_STEPS
+              and all(v is not None and v <= SHARED_TOLERANCE for v in diff.values()))
+        out = {"steps": steps, "max_rel_diff": diff, "tolerance": SHARED_TOLERANCE, "ok": ok,
+               "device": hybrid.get("device"), "errors": [r.get("error") for r in runs if "error" in r]}
+        log(f"2 ranks on one GPU against one process: {json.dumps(out)}")
+        return out
+
+    def compile_gate(self) -> dict:
+        """The head's loss compiled and eager on the device, on the same batches (gpu_gates.compiled_eager_pair)."""
+        dev = "cuda" if self.args.device == "cuda" else "cpu"
+        gate = compiled_eager_pair(dev, "bf16", **self.sizes["compile"])
+        log(f"compile gate: {json.dumps(gate)}")
+        return gate
+
+    def after_first_run(self, first: dict) -> None:
+        """resume and portability (from the first enja-small run)."""
         args, check, report, steps = self.args, self.check, self.report, self.steps
-        first = report["runs"][0] if report["runs"] else {}
         if "pairs_per_s" in first and "resume" in args.stages:
             report["resume"] = check.stage("resume", lambda: self.resume(first), args.run_timeout_s + 30, need=30)
             log(f"resume to step {steps + 5}: {json.dumps(report['resume'])}")
@@ -439,8 +553,8 @@ class GpuCheck:
         """The first run continued by 5 steps, each logged: the rows are the first run's and those 5, once each."""
         before = [json.loads(line)["step"] for line in
                   (self.args.work / "runs" / first["name"] / "metrics.jsonl").read_text().splitlines()]
-        again = self._train(first["name"], first["model"], first["precision"], self.steps + 5, self.args.run_timeout_s,
-                            wandb=False, resume=True, log_every=1)
+        spec = {"name": first["name"], "model": first["model"], "precision": first["precision"]}
+        again = self._train(spec, self.steps + 5, self.args.run_timeout_s, wandb=False, resume=True, log_every=1)
         expected = before + list(range(self.steps + 1, self.steps + 6))
         again.update(expected_steps=expected, ok=again.get("resumed", False) and again.get("logged_steps") == expected)
         return {k: again.get(k) for k in ("exit", "ok", "resumed", "logged_steps", "expected_steps", "error")}
@@ -453,43 +567,46 @@ class GpuCheck:
                                                     profiles, self.args.work, steps=self.sizes["planner_steps"])
         return out
 
-    def last_runs(self) -> None:
-        """Each in a run of its own, after everything that measures speed: the profiled steps, the
-        compiled head, wandb."""
-        args, report, sizes = self.args, self.report, self.sizes
-        if "profiled" in args.stages:
-            start = sizes["profile_from"]
-            spec = {"name": "enja-small_bf16_profiled", "model": "enja-small", "precision": "bf16",
-                    "extra": (f"train.profile_from={start}", "train.profile_steps=3")}
-            report["profiled"] = self.train(spec, "profiled", steps=start + 4)
-        if "compile" in args.stages:
-            spec = {"name": "enja-small_bf16_compiled", "model": "enja-small", "precision": "bf16",
-                    "extra": ("train.compile_head=true",)}
-            report["compiled_head"] = self.train(spec, "compile", timeout=args.run_timeout_s * 2)
-        if "wandb" in args.stages:
-            spec = {"name": "enja-small_bf16_wandb", "model": "enja-small", "precision": "bf16"}
-            if wandb_importable():
-                report["wandb"] = self.train(spec, "wandb", steps=4, wandb=True)
-                report["wandb"]["ok"] = "error" not in report["wandb"] and report["wandb"].get("wandb_offline_run")
-            else:
-                report["wandb"] = {"name": spec["name"], "ok": False, "error": "wandb is not importable"}
+    def wandb_run(self) -> None:
+        """A short run logging to wandb offline, the last run and alone (its failure costs nothing else)."""
+        if "wandb" not in self.args.stages:
+            return
+        spec = {"name": "enja-small_bf16_wandb", "model": "enja-small", "precision": "bf16", "steps": 4}
+        if wandb_importable():
+            self.report["wandb"] = self.train(spec, "wandb", wandb=True)
+            self.report["wandb"]["ok"] = "error" not in self.report["wandb"] and self.report["wandb"].get(
+                "wandb_offline_run")
+        else:
+            self.report["wandb"] = {"name": spec["name"], "ok": False, "error": "wandb is not importable"}
+
+    def failures(self) -> list[str]:
+        report, runs = self.report, self.report["runs"]
+        failed = [r["name"] for r in runs if "error" in r or not r.get("finite", False)
+                  or not (r.get("gates") or {}).get("ok", False)]
+        failed += [name for name, st in report["stages"].items() if st["status"] != "ok"]
+        failed += [c for c in ("placement", "resume", "portability", "wandb")
+                   if c in self.args.stages and not (report.get(c) or {}).get("ok")]
+        failed += [c for c in ("profiled", "profiled_patent") if "error" in (report.get(c) or {})]
+        failed += [a["name"] for a in report["anchors"] if "error" in a]
+        if "shared_gpu" in self.args.stages and not (report.get("shared_gpu") or {}).get("ok"):
+            failed.append("shared_gpu (2 ranks on one GPU against one process)")
+        if "compile" in self.args.stages and not (report.get("compile_gate") or {}).get("ok"):
+            failed.append("compile gate (the compiled head stays refused on CUDA)")
+        return failed
 
     def finish(self) -> int:
         report, runs = self.report, self.report["runs"]
         for model_name in self.sizes["models"]:
             pair = {r["precision"]: r for r in runs if r.get("model") == model_name and "first_loss" in r
-                    and not r["name"].endswith("_units")}
-            if len(pair) == 2:  # same seed, same first batch: bf16 and fp32 start from the same loss
+                    and r["name"] == f"{model_name}_{r['precision']}"}
+            if "bf16" in pair and "fp32" in pair:  # same seed, same first batch: bf16 and fp32 start from the same loss
                 report.setdefault("bf16_vs_fp32_first_loss_rel_diff", {})[model_name] = (
                     abs(pair["bf16"]["first_loss"] - pair["fp32"]["first_loss"]) / pair["fp32"]["first_loss"])
+        report["goals"] = goals(report)
         report["wall_s"] = round(time.time() - self.check.started, 1)
         self.check.save()
         print_table(report)
-        failed = [r["name"] for r in runs if "error" in r or not r.get("finite", False)]
-        failed += [name for name, st in report["stages"].items() if st["status"] != "ok"]
-        failed += [c for c in ("placement", "resume", "portability", "wandb")
-                   if c in self.args.stages and not (report.get(c) or {}).get("ok")]
-        failed += [c for c in ("profiled", "compiled_head") if "error" in (report.get(c) or {})]
+        failed = self.failures()
         if failed:
             log(f"FAILED: {', '.join(dict.fromkeys(failed))}")
             return 1
@@ -547,62 +664,6 @@ def _yaml_model() -> dict:
     from trainer.config import ModelConfig
 
     return {**ModelConfig().__dict__, **OmegaConf.to_container(OmegaConf.load(REPO / ENJA_YAML))["model"]}
-
-
-def add_mfu(result: dict, model: dict, shape: dict, precision: str, profile: dict) -> None:
-    flops = gpu_profile.train_flops_per_pair(model, shape["tgt_vocab"], shape["src_len"], shape["tgt_len"])
-    achieved = result["pairs_per_s"] * flops / 1e12
-    result.update(model_tflop_per_pair=flops / 1e12, model_tflops=round(achieved, 4))
-    sheet = profile["datasheet"]
-    if sheet:
-        result["mfu_datasheet"] = round(achieved / sheet["peak_tflops"][precision], 5)
-        if precision == "fp32":
-            result["mfu_datasheet_tf32"] = round(achieved / sheet["peak_tflops"]["tf32"], 5)
-    gemm_peak = max(g["tflops"] for g in profile["compute"][precision]["gemm"])
-    result["mfu_measured_gemm_peak"] = round(achieved / gemm_peak, 5)
-
-
-def print_table(report: dict) -> None:
-    """What the check measured, as far as it got."""
-    for name, st in report["stages"].items():
-        print(f"stage {name}: {st['status']}" + (f" ({st['seconds']}s)" if "seconds" in st else f" ({st.get('why')})"))
-    p = report.get("placement")
-    if p:
-        print(f"\nplacement: {p['trainer_device']} (DeepSpeed accelerator {p['deepspeed_accelerator']}); loss vs CPU "
-              f"fp32 rel diff {p['loss_rel_diff']:.2e}, grad norm {p['grad_norm_rel_diff']:.2e}")
-    print("| run | device | pairs/s | tokens/s | step ms (untimed / timed median) | peak MiB | model TFLOP/s "
-          "| MFU (datasheet) | MFU (GEMM peak) | first loss | dev BLEU | device syncs/step |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    extra = [report[k] for k in ("profiled", "compiled_head", "wandb") if (report.get(k) or {}).get("name")]
-    for r in report["runs"] + extra:
-        if "pairs_per_s" not in r and "first_loss" not in r:
-            print(f"| {r['name']} | FAILED ({str(r.get('error', ''))[:60]!r}) |")
-            continue
-        mfu = r.get("mfu_datasheet")
-        mfu = "n/a" if mfu is None else f"{100 * mfu:.2f}%" + (
-            f" (TF32 {100 * r['mfu_datasheet_tf32']:.2f}%)" if "mfu_datasheet_tf32" in r else "")
-        gemm = f"{100 * r['mfu_measured_gemm_peak']:.2f}%" if "mfu_measured_gemm_peak" in r else "n/a"
-        num = lambda k, f: format(r[k], f) if k in r else "-"  # noqa: E731
-        syncs = (r.get("profile") or {}).get("device_syncs_per_step", "")
-        print(f"| {r['name']} | {r.get('device')} | {num('pairs_per_s', '.0f')} | {num('tokens_per_s', '.0f')} | "
-              f"{num('step_ms_mean', '.1f')} / {r['timed_step_ms_median']:.1f} | {r['peak_memory_mib']:.0f} | "
-              f"{num('model_tflops', '.4g')} | {mfu} | {gemm} | {r['first_loss']:.4f} | {r['dev_bleu']} | {syncs} |")
-    profile = report.get("profile")
-    if profile:
-        for precision, c in profile["compute"].items():
-            print(f"{precision}: GEMM TFLOP/s " + ", ".join(f"{g['m']}x{g['n']}x{g['k']}={g['tflops']}"
-                                                          for g in c["gemm"])
-                  + "; LSTM fwd+bwd TFLOP/s " + ", ".join(f"b{x['batch']}t{x['time']}h{x['hidden']}={x['tflops']}"
-                                                         for x in c["lstm"]))
-        print(f"memory/links: {profile['memory']} {json.dumps(profile['links'])}")
-    if report.get("latency"):
-        lat = report["latency"]
-        print(f"latencies at patent length: {lat['op_overhead_us']} us per launch, {lat['sync_us']} us per sync, "
-              f"LSTM step {lat['lstm_step_us']} us forward / {lat['lstm_step_bwd_us']} us backward "
-              f"(estimates: 5, 15, 6 us)")
-    if report.get("planner"):
-        patent = next((r for r in report["runs"] if r["name"] == "patent_bf16"), {})
-        gpu_patent.print_predictions(report["planner"], patent.get("step_ms_mean"))
 
 
 if __name__ == "__main__":

@@ -75,5 +75,5 @@ PY
 
 # the backstop of the check's own deadline: SIGTERM (the check kills its run, packs, writes its report
 # and exits), then SIGKILL
-BACKSTOP="${GPU_CHECK_BACKSTOP_S:-$([[ "$DEVICE" == cuda ]] && echo 330 || echo 1000)}"
+BACKSTOP="${GPU_CHECK_BACKSTOP_S:-$([[ "$DEVICE" == cuda ]] && echo 550 || echo 1300)}"
 timeout --kill-after=20 "$BACKSTOP" python3 -m benchmarks.gpu.gpu_check --device "$DEVICE" --out "$OUT" "${ARGS[@]}"

@@ -182,9 +182,11 @@ def print_predictions(planner: dict, measured_ms: float | None) -> None:
     rows = {label: {r["devices"]: r for r in rs} for label, rs in planner["predictions"].items()}
     est, mea = rows.get("estimates", {}), rows.get("measured", {})
     cell = lambda r, m: f"{r[m + '_speedup']:.2f}x" if r and m + "_speedup" in r else "-"  # noqa: E731
-    print(f"\nplanner, patent length ({planner['data']}): speed-up over one GPU by layout; "
+    print(f"\nplanner, patent length ({planner['data']}): predicted speed-up over one GPU by layout; "
           f"estimates = {ESTIMATES_PROFILE.relative_to(REPO)}, measured = planner_profile.json")
-    print("| GPUs | hybrid (est / measured) | data | pipeline | pick (est) | pick (measured) |")
+    for label, path in planner.get("profiles", {}).items():
+        print(f"{label}: {profile_provenance(path)}")
+    print("| GPUs | predicted: hybrid (est / measured) | data | pipeline | pick (est) | pick (measured) |")
     print("|---:|---|---|---|---|---|")
     for n in sorted(set(est) | set(mea)):
         e, m = est.get(n), mea.get(n)
@@ -192,5 +194,15 @@ def print_predictions(planner: dict, measured_ms: float | None) -> None:
               f"{cell(e, 'pipeline')} / {cell(m, 'pipeline')} | {e['pick'] if e else '-'} | {m['pick'] if m else '-'} |")
     one = [f"{label} {next(iter(r.values()))['one_gpu_ms']:.1f}" for label, r in rows.items() if r]
     if measured_ms is not None:
-        one.append(f"trained (untimed steps) {measured_ms:.1f}")
-    print("one-GPU ms/step: " + ", ".join(one))
+        one.append(f"trained (untimed steps, measured) {measured_ms:.1f}")
+    print("one-GPU ms/step, predicted: " + ", ".join(one))
+
+
+def profile_provenance(path) -> str:
+    """What a profile's prices rest on (trainer.planner.profile.provenance), or why it cannot say."""
+    from trainer.planner.profile import load, provenance
+
+    try:
+        return provenance(load(str(path)))
+    except (OSError, ValueError) as e:
+        return f"{path}: not readable here ({e})"

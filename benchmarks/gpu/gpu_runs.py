@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, ds_variant, summarise
+from benchmarks.common import REPO, ds_variant, free_port, summarise
 
 NVIDIA_SMI_TIMEOUT_S = 10
 RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json", "timing", "profile", "timeline")
@@ -126,6 +126,8 @@ def train_command(work: Path, device: str, name: str, precision: str, overrides:
                   steps: int, dev_sentences: int, log_every: int, wandb: bool, resume: bool,
                   layout: dict | None, extra: tuple) -> tuple[list, Path]:
     changes = {"layout": layout} if layout else {}
+    if precision == "fp16":  # DeepSpeed's dynamic loss scale (cuDNN's persistent LSTM kernel is fp16's)
+        changes["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     ds = ds_variant(work, "single", name, train_micro_batch_size_per_gpu=micro, bf16={"enabled": precision == "bf16"},
                     **changes)
     run_dir = work / "runs" / name
@@ -133,7 +135,10 @@ def train_command(work: Path, device: str, name: str, precision: str, overrides:
         shutil.rmtree(run_dir, ignore_errors=True)
     from trainer.config import merge_overrides  # a later key=value replaces an earlier one: one key, one value
 
-    cmd = [sys.executable, "launch/train.py", "--deepspeed_config", str(ds), "--config", "trainer/configs/enja_small.yaml",
+    ranks = (layout or {}).get("num_pp", 1) * (layout or {}).get("num_dp", 1)
+    launcher = ([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
+                 str(free_port())] if ranks > 1 else [sys.executable])  # several ranks on one GPU: they share it
+    cmd = [*launcher, "launch/train.py", "--deepspeed_config", str(ds), "--config", "trainer/configs/enja_small.yaml",
            f"data.dir={data}", f"run.dir={run_dir}", f"train.max_steps={steps}", f"train.eval_every={steps}",
            f"train.log_every={log_every}", f"decode.dev_max_sentences={dev_sentences}", "logging.progress=false",
            f"logging.wandb_mode={'offline' if wandb else 'disabled'}",
@@ -226,14 +231,16 @@ def run_results(run_dir: Path, out: str, wandb: bool, resume: bool, warmup: int)
     timed = summarise(run_dir, warmup=1)
     result = {"timed_step_ms_median": timed["step_ms_median"], "timed_pairs_per_s": timed["pairs_per_s"],
               "first_loss": rows[0]["loss"], "dev_bleu": rows[-1].get("dev_bleu"),
-              "finite": all(r["loss"] is not None and math.isfinite(r["loss"]) for r in rows)}
+              "finite": all(r["loss"] is not None and math.isfinite(r["loss"]) for r in rows),
+              "cpu_ms_per_step": timed["cpu"].get(0, {}), "rows": rows}
     rates = untimed_rates(rows, warmup)
     if rates:
         result.update(rates)
     for prof in sorted((run_dir / "profile").glob("rank*.json")):
         p = json.loads(prof.read_text())
         result["profile"] = {k: p[k] for k in ("steps", "wall_ms_per_step", "self_cpu_ms_per_step",
-                                               "device_syncs_per_step", "device_sync_sites") if k in p}
+                                               "device_syncs_per_step", "device_sync_sites", "device_busy_ms_per_step",
+                                               "device_busy_fraction", "kernels_per_step") if k in p}
     if wandb:
         result["wandb_offline_run"] = any((run_dir / "wandb").glob("offline-run-*"))
     if resume:

@@ -249,7 +249,7 @@ def predict(args: argparse.Namespace) -> None:
     from trainer.config import load_config
     from trainer.ds_config import load_ds_config
     from trainer.planner import plan
-    from trainer.planner.profile import load, resolve
+    from trainer.planner.profile import load, provenance, resolve
 
     ds = load_ds_config(str(ds_path), 1000)
     profile_path, rows = resolve(args.profile), []
@@ -266,7 +266,10 @@ def predict(args: argparse.Namespace) -> None:
                 rows.append(prediction_row(plan.rank_layouts(work, profile, n, link), scenario, link, n))
                 print(json.dumps(rows[-1]), flush=True)
     print(f"\nprofile {profile_path}; {PREDICT_CONFIG}, 128 pairs per step, bf16, {args.steps} real steps of {data}")
-    print("| scenario | link | GPUs | one GPU ms/step | hybrid | data | pipeline | planner picks | its ms/step |")
+    print(provenance(load(profile_path)) + ("; fast_host puts an assumed 1 us of host time per launched op in place "
+                                            "of the profile's" if "fast_host" in args.scenarios else ""))
+    print("| scenario | link | GPUs | predicted one GPU ms/step | predicted speed-up: hybrid | data | pipeline | "
+          "planner picks | its predicted ms/step |")
     print("|---|---|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         cell = lambda m: f"{r[m + '_speedup']:.2f}x" if m + "_speedup" in r else "-"  # noqa: E731

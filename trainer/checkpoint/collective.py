@@ -81,7 +81,7 @@ class CollectiveWriter:
             parts.append((ck.HEAD, module.head))
         for part, layer in parts:
             files[os.path.basename(ck.model_file(tmp, part))] = ck.write_torch(ck.model_file(tmp, part),
-                                                                             layer.state_dict())
+                                                                             ck.compact(layer.state_dict()))
         return files
 
     def commit(self, step: int, train_state: dict, meta: dict, best: bool, keep_last: int) -> str:

@@ -99,6 +99,14 @@ def write_bytes(path: str, data: bytes) -> dict:
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
+def compact(state: dict) -> dict:
+    """A state dict whose tensors own their storage: torch.save writes a view's whole storage, and the weights can be
+    views of a larger buffer (ZeRO-1's flat group, a cuDNN stack's flat weights), which would put that buffer into
+    every layer's file."""
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() > v.nbytes else v
+            for k, v in state.items()}
+
+
 def write_torch(path: str, obj) -> dict:
     buf = io.BytesIO()
     torch.save(obj, buf)

@@ -114,5 +114,14 @@ class KeyedDropout(nn.Module):
         n, w = (0, width) if positions is not None else x.shape[:2]
         return x * masks.mask(self.site, self.side, self.p, n, w, x.shape[-1], x.dtype, positions)
 
+    def keyed_mask(self, masks: DropoutSlice | None, feat: int, dtype, positions: torch.Tensor,
+                   width: int) -> torch.Tensor | None:
+        """The scaled mask `forward(x, masks, positions, width)` would multiply a (tokens, feat) x by, drawn now (so
+        that a compiled caller gets it as a tensor: a generator cannot be made inside a compiled region); None when
+        there is no keyed mask (evaluation, p = 0, or ordinary dropout without `masks`)."""
+        if not self.training or self.p == 0 or masks is None:
+            return None
+        return masks.mask(self.site, self.side, self.p, 0, width, feat, dtype, positions)
+
     def extra_repr(self) -> str:
         return f"p={self.p}, site={self.site}, side={self.side}"

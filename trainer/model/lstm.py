@@ -134,7 +134,7 @@ def auto_stepwise(x: torch.Tensor, hidden: int, time_chunked: bool = False) -> b
 def run_stepwise(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray | None, state):
     """`lstm` (unidirectional, one layer) over x (batch, time, in): every row for `lengths=None`, else
     the first lengths[b] steps of row b (a host array, 0 allowed). Returns out (batch, time, hidden)
-    and the state (1, batch, hidden) x 2 at each row's end, as `seq2seq._run_packed` does."""
+    and the state (1, batch, hidden) x 2 at each row's end, as `lstm_stack.run_packed` does."""
     batch, time, _ = x.shape
     if state is None:
         zeros = x.new_zeros(batch, lstm.hidden_size)

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 import torch.nn as nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from data_prep.dataformat import PAD_ID
 from trainer.model.tensors import round_count, to_device
 from trainer.model.dropout import DropoutSlice, KeyedDropout
 from trainer.model.lstm import auto_stepwise, run_stepwise
+from trainer.model.lstm_stack import decode_stack, encode_stack, host_lengths, run_bulk_then_packed
 from trainer.model.weight_grads import deferring
 
 State = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (1, batch, hidden)
@@ -52,64 +51,6 @@ class Embeddings(nn.Module):
         return self.tgt_dropout(self.tgt(tgt_in), masks)
 
 
-def host_lengths(lengths) -> np.ndarray:
-    """Lengths as a host int64 array. A device tensor is read back once (inference, tools); the trainer
-    passes the batcher's host lengths, so its step never waits for the device here."""
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.cpu()
-    return np.asarray(lengths, dtype=np.int64)
-
-
-def _run_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray, state: State | None):
-    """Run `lstm` over the first `lengths[b]` steps of each row of x (batch, time, in); `lengths` on
-    the host.
-
-    Rows with length 0 (a sentence already finished before this time chunk) keep their incoming
-    state and get zero outputs. Padded positions get zero outputs. Returns (out, (h, c)) with the
-    state taken at each row's true end.
-    """
-    batch, time, _ = x.shape
-    hidden = lstm.hidden_size * (2 if lstm.bidirectional else 1)
-    active = lengths > 0
-    if not active.all():
-        out = x.new_zeros(batch, time, hidden)
-        if state is None:
-            dirs = 2 if lstm.bidirectional else 1
-            zeros = x.new_zeros(dirs, batch, lstm.hidden_size)
-            state = (zeros, zeros)
-        if not active.any():
-            return out, state
-        rows = np.flatnonzero(active)
-        idx = to_device(rows, x.device)
-        sub_state = (state[0][:, idx], state[1][:, idx])
-        sub_out, (h, c) = _run_packed(lstm, x[idx], lengths[rows], sub_state)
-        out = out.index_copy(0, idx, sub_out)
-        return out, (state[0].index_copy(1, idx, h), state[1].index_copy(1, idx, c))
-    # rows sorted longest first (the batcher's order) need no permutation, which torch would copy to
-    # the device and wait for
-    ordered = bool((lengths[:-1] >= lengths[1:]).all())
-    packed = pack_padded_sequence(x, torch.from_numpy(lengths), batch_first=True, enforce_sorted=ordered)
-    out, (h, c) = lstm(packed, state)
-    out, _ = pad_packed_sequence(out, batch_first=True, total_length=time)
-    return out, (h, c)
-
-
-def _run_bulk_then_packed(lstm: nn.LSTM, x: torch.Tensor, lengths: np.ndarray, state: State | None):
-    """`_run_packed` for a unidirectional LSTM, faster: the first min(lengths) steps, where every row
-    is real, run as one padded call (oneDNN's fused LSTM on CPU: 2-3x faster forward+backward than
-    the packed path, which falls back to a per-step loop), and only the ragged tail is packed. The
-    recurrence of each row is the same, so the outputs and final states equal `_run_packed`'s up to
-    floating-point summation order."""
-    bulk = int(lengths.min())
-    if bulk == 0 or lstm.bidirectional:
-        return _run_packed(lstm, x, lengths, state)
-    out, state = lstm(x[:, :bulk], state)
-    if bulk == x.shape[1]:
-        return out, state
-    tail, state = _run_packed(lstm, x[:, bulk:], lengths - bulk, state)
-    return torch.cat([out, tail], 1), state
-
-
 class EncoderDecoderLayer(nn.Module):
     """Encoder LSTM layer k and decoder LSTM layer k (one placeable pair).
 
@@ -125,6 +66,7 @@ class EncoderDecoderLayer(nn.Module):
         # (trainer.model.lstm.auto_stepwise)
         self.kernel = kernel
         self.time_chunked = time_chunked
+        self.stack = True  # may be one layer of a multi-layer call (trainer.model.lstm_stack; train.stack_layers)
         in_dim = emb_dim if index == 0 else hidden
         if bidirectional and hidden % 2:
             raise ValueError(f"model.hidden={hidden} must be even for a bidirectional bottom layer")
@@ -151,12 +93,22 @@ class EncoderDecoderLayer(nn.Module):
         if self._stepwise(x) and not self.bidirectional:
             out, state = run_stepwise(self.encoder, x, host_lengths(lengths), state)
         else:
-            out, state = _run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
+            out, state = run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
         return self.enc_dropout(out, masks), state
 
     def _stepwise(self, x: torch.Tensor) -> bool:
         return self.kernel == "stepwise" or (self.kernel == "auto" and auto_stepwise(x, self.decoder.hidden_size,
                                                                                   self.time_chunked))
+
+    def stackable(self, side: str, x: torch.Tensor) -> bool:
+        """Can this layer's `side` ('enc' | 'dec') be one layer of a multi-layer call on input like `x`
+        (trainer.model.lstm_stack): the fused kernel, one direction."""
+        return self.stack and not self._stepwise(x) and (side == "dec" or not self.bidirectional)
+
+    def drops(self, side: str) -> bool:
+        """Is the dropout on this layer's `side` outputs active (training with p > 0)?"""
+        drop = self.enc_dropout if side == "enc" else self.dec_dropout
+        return drop.training and drop.p > 0
 
     def decoder_init(self, enc_state: State) -> State:
         """Encoder final state -> decoder initial state (1, batch, hidden) x 2."""
@@ -259,11 +211,18 @@ class AttentionSoftmaxHead(nn.Module):
         layer, the projection and the softmax (most of the model's work) run on the selected tokens
         only.
         """
-        width = target.shape[1]
         if positions is None:
             positions = token_positions(target)
+        keep = self.dropout.keyed_mask(masks, self.w_c.out_features, self.w_c.weight.dtype, positions, target.shape[1])
+        return self.token_loss(enc, src_mask, dec, target, positions, keep)
+
+    def token_loss(self, enc: torch.Tensor, src_mask: torch.Tensor, dec: torch.Tensor, target: torch.Tensor,
+                   positions: torch.Tensor, keep: torch.Tensor | None):
+        """`forward` once its dropout mask is drawn: `keep` (tokens, out_dim), scaled, or None (no keyed mask: none,
+        or ordinary dropout). Tensors in, tensors out, no generator made: what train.compile_head compiles."""
         context = self.context(enc, src_mask, dec).flatten(0, 1).index_select(0, positions)
-        hidden = self.attentional(context, dec.flatten(0, 1).index_select(0, positions), positions, width, masks)
+        hidden = torch.tanh(self.w_c(torch.cat([context, dec.flatten(0, 1).index_select(0, positions)], dim=-1)))
+        hidden = hidden * keep if keep is not None else self.dropout(hidden)
         return projected_cross_entropy(hidden, self.proj.weight, self.proj.bias,
                                        target.flatten().index_select(0, positions), self.label_smoothing,
                                        self.loss_chunk_rows, self.loss_projection == "whole")
@@ -322,8 +281,9 @@ def _chunked_loss(hidden, weight, bias, target, eps: float, grads: bool, chunk: 
         dlogits = torch.addmm(bias, hidden, weight.t())  # the logits, then (chunk by chunk, in place) their gradient
     else:
         dlogits = torch.empty(hidden.shape[0], vocab, dtype=hidden.dtype, device=hidden.device) if grads else None
-    for a in range(0, hidden.shape[0], chunk):
-        b = min(a + chunk, hidden.shape[0])
+    rows, b = hidden.shape[0], 0
+    while b < rows:  # (not range(): under torch.compile a range over a dynamic size fixes it to one value)
+        a, b = b, min(b + chunk, rows)
         logits = dlogits[a:b] if whole else torch.addmm(bias, hidden[a:b], weight.t())  # parameters' dtype
         t = target[a:b]
         top = logits.amax(dim=-1).float()
@@ -411,21 +371,13 @@ class Seq2Seq(nn.Module):
 
     def encode(self, src: torch.Tensor, src_lengths: torch.Tensor):
         """-> top encoder states (batch, src_len, hidden) and per-layer decoder initial states."""
-        x = self.embeddings.embed_src(src)
-        inits = []
-        for pair in self.pairs:
-            x, state = pair.encode(x, src_lengths)
-            inits.append(pair.decoder_init(state))
-        return x, inits
+        x, states = encode_stack(list(self.pairs), self.embeddings.embed_src(src), src_lengths,
+                                 [None] * len(self.pairs))
+        return x, [pair.decoder_init(state) for pair, state in zip(self.pairs, states)]
 
     def decode(self, tgt_in: torch.Tensor, states: list[State]):
         """tgt_in (batch, tgt_len) -> top decoder states (batch, tgt_len, hidden), new states."""
-        y = self.embeddings.embed_tgt(tgt_in)
-        new_states = []
-        for pair, state in zip(self.pairs, states):
-            y, state = pair.decode(y, state)
-            new_states.append(state)
-        return y, new_states
+        return decode_stack(list(self.pairs), self.embeddings.embed_tgt(tgt_in), states)
 
     def forward(self, src, src_lengths, tgt_in, tgt_out):
         """-> (loss_sum, nll_sum) over real target tokens."""

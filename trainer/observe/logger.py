@@ -1,7 +1,9 @@
 """Rank 0 writes metrics.jsonl, wandb and the console; every other rank gets a no-op.
 
 Console: on a terminal, a progress bar; elsewhere (nohup, CI, a scheduler's log file) one compact
-line per logged step (step, loss, ppl, lr, tokens/s, elapsed, ETA), so the log tells the story.
+line per logged step (step, epoch and how far through it, loss, ppl, lr, fp16's loss scale, skipped steps once
+there are any, tokens/s, elapsed, an ETA that counts the validations left: trainer.observe.eta), so the log
+tells the story.
 wandb: the run config holds the YAML, the DeepSpeed JSON and the resolved layout; every metrics
 row is logged (per-rank busy/waiting/communicating fractions and memory included), each validation
 adds a table of sample translations; an offline run ends by printing its `wandb sync` command.
@@ -20,6 +22,7 @@ from data_prep.dataformat import files, userfiles
 from trainer.artifacts import run_files
 from trainer.artifacts.run_dir import METRICS
 from trainer.observe import wandb_run
+from trainer.observe.eta import Eta, duration
 
 SAMPLES_PER_VALIDATION = 8
 
@@ -43,25 +46,18 @@ class NullLogger:
         pass
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
-
-
-def compact_line(row: dict, total_steps: int, elapsed: float, start_step: int,
-                 pace: tuple[float, int] | None = (0.0, -1)) -> str:
-    """One line per logged step for logs that are not a terminal. The ETA is the pace since `pace` (elapsed
-    seconds, step) times the steps left; the default is the start (`start_step`); None: no pace yet ("ETA -")."""
-    step = row["step"]
-    if pace is None:
-        eta = "-"
-    else:
-        since, at = pace if pace[1] >= 0 else (0.0, start_step)
-        eta = _duration((elapsed - since) / max(1, step - at) * (total_steps - step))
-    return (f"step {step}/{total_steps}  loss {row['loss']:.4f}  ppl {row['ppl']:.2f}  lr {row['lr']:.2e}  "
-            f"{row['tokens_per_s']:,.0f} tok/s  elapsed {_duration(elapsed)}  ETA {eta}")
+def compact_line(row: dict, total_steps: int, elapsed: float, eta: str = "-") -> str:
+    """One line per logged step for logs that are not a terminal: where the run is (step, epoch and how far
+    through it), the numbers of the step, fp16's loss scale and the skipped steps where there are any, the pace,
+    the time so far and `eta` (trainer.observe.eta)."""
+    where = ""
+    if row.get("epoch") is not None and row.get("epoch_progress") is not None:
+        where = f"  epoch {row['epoch'] + 1} ({math.floor(100 * row['epoch_progress'] + 1e-9)}%)"
+    state = f"  loss scale {row['loss_scale']:g}" if row.get("loss_scale") is not None else ""
+    if row.get("skipped_steps"):
+        state += f"  skipped {row['skipped_steps']}"
+    return (f"step {row['step']}/{total_steps}{where}  loss {row['loss']:.4f}  ppl {row['ppl']:.2f}  "
+            f"lr {row['lr']:.2e}{state}  {row['tokens_per_s']:,.0f} tok/s  elapsed {duration(elapsed)}  ETA {eta}")
 
 
 class RunLogger(NullLogger):
@@ -69,7 +65,7 @@ class RunLogger(NullLogger):
     (a crashed run's, re-run now) and torn rows are dropped from metrics.jsonl first."""
 
     def __init__(self, run_dir: str, cfg, total_steps: int, start_step: int = 0, extra_config: dict | None = None,
-                 resumed: bool = False, faults=None):
+                 resumed: bool = False, faults=None, dev_sentences: int | None = None):
         self.path = os.path.join(run_dir, METRICS)
         note = truncate_metrics(self.path, start_step) if resumed else None
         self._file = run_files.open_write(run_dir, METRICS, append=True)
@@ -78,7 +74,7 @@ class RunLogger(NullLogger):
         self.run_dir, self.total, self.start_step = run_dir, total_steps, start_step
         self.log_every = cfg.train.log_every
         self._started = time.perf_counter()
-        self._pace: tuple[float, int] | None = None  # (elapsed, step) after the run's first step: its warm-up
+        self._eta = Eta(total_steps, cfg.train.eval_every, dev_sentences)
         self._wandb, self._service = wandb_run.start(run_dir, cfg, extra_config or {}, resumed)
         self._bar = None
         if cfg.logging.progress and sys.stderr.isatty():
@@ -94,11 +90,10 @@ class RunLogger(NullLogger):
         self._append(row["step"], (json.dumps(row) + "\n").encode("utf-8"))
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-        elapsed, pace = time.perf_counter() - self._started, self._pace
-        if self._pace is None:  # the first step builds and warms everything up: the pace is counted after it
-            self._pace = (elapsed, row["step"])
+        elapsed = time.perf_counter() - self._started
+        eta = self._eta.after(row, elapsed)  # every row: the validations' seconds are taken out of the pace
         if self._bar is None and (row["step"] % self.log_every == 0 or row["step"] == 1) and row.get("loss") is not None:
-            self.message(compact_line(row, self.total, elapsed, self.start_step, pace))
+            self.message(compact_line(row, self.total, elapsed, eta))
 
     def _append(self, step: int, data: bytes) -> None:
         """One whole row or none: written straight to the descriptor (no buffer to flush later), and a write
@@ -125,7 +120,8 @@ class RunLogger(NullLogger):
     def progress(self, step: int, row: dict) -> None:
         if self._bar is not None:
             self._bar.n = step
-            self._bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
+            where = {"epoch": f"{row['epoch'] + 1}"} if row.get("epoch") is not None else {}
+            self._bar.set_postfix(**where, loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
             self._bar.refresh()
 
     def samples(self, step: int, rows: list[tuple[str, str, str]]) -> None:

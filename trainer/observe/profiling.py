@@ -83,8 +83,8 @@ class StepProfiler:
         run_files.write_text(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json", json.dumps(
             {"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
              "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()), "minor_faults_per_step": faults / steps,
-             **({"device_syncs_per_step": sum(syncs.values()) / steps, "device_sync_sites": syncs}
-                if self.cuda else {}),
+             **({"device_syncs_per_step": sum(syncs.values()) / steps, "device_sync_sites": syncs,
+                 **device_busy(prof, steps, wall)} if self.cuda else {}),
              "ops": ops}, indent=1))
         with run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.txt") as f:
             f.write(f"steps {self.first}-{self.last}: self CPU ms over {steps} steps (divide by {steps} "
@@ -143,3 +143,32 @@ class StepProfiler:
                   run_files.open_write(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.trace.json.gz", binary=True) as out,
                   gzip.GzipFile(fileobj=out, mode="wb") as dst):
                 shutil.copyfileobj(src, dst)
+
+
+def busy_ms(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) intervals (in their unit): kernels that overlap on several streams
+    count once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def device_busy(prof, steps: int, wall_s: float) -> dict:
+    """The window's device time per step: the union of its kernels' intervals (the device busy; a sum of kernel
+    times would count overlapping streams twice) and that over the wall time ({} where the profiler gives no
+    kernel intervals)."""
+    intervals = []
+    try:
+        for e in prof.profiler.kineto_results.events():
+            if e.device_type().name == "CUDA" and e.duration_ns() > 0:
+                intervals.append((e.start_ns() / 1e6, (e.start_ns() + e.duration_ns()) / 1e6))
+    except (AttributeError, RuntimeError):
+        return {}
+    if not intervals:
+        return {}
+    busy = busy_ms(intervals) / steps
+    return {"device_busy_ms_per_step": busy, "device_busy_fraction": busy / (1000 * wall_s / steps),
+            "kernels_per_step": len(intervals) / steps}

@@ -12,9 +12,12 @@ import torch.distributed as dist
 
 
 class StageComm:
-    def __init__(self, stage_ranks: list[int], device, dtype):
+    """`staged`: the device's tensors travel as host copies (gloo between ranks that share one GPU: NCCL refuses
+    two ranks on one device, and gloo's point-to-point transfers take host memory only)."""
+
+    def __init__(self, stage_ranks: list[int], device, dtype, staged: bool = False):
         self.stage_ranks = stage_ranks  # global rank of each stage of this rank's pipeline
-        self.device, self.dtype = device, dtype
+        self.device, self.dtype, self.staged = device, dtype, staged
         self._pending: list = []
         self.bytes_sent = 0
 
@@ -22,17 +25,17 @@ class StageComm:
         for t in tensors:
             if t.numel() == 0:  # an empty time chunk: the receiver knows its shape and waits for nothing
                 continue
-            t = t.detach().to(self.dtype).contiguous()
+            t = t.detach().to("cpu" if self.staged else t.device, self.dtype).contiguous()
             self._pending.append((dist.isend(t, self.stage_ranks[stage]), t))
             self.bytes_sent += t.numel() * t.element_size()
 
     def _recv(self, shapes, stage: int) -> list[torch.Tensor]:
         out = []
         for shape in shapes:
-            t = torch.empty(shape, device=self.device, dtype=self.dtype)
+            t = torch.empty(shape, device="cpu" if self.staged else self.device, dtype=self.dtype)
             if t.numel():
                 dist.recv(t, self.stage_ranks[stage])
-            out.append(t)
+            out.append(t.to(self.device) if self.staged else t)
         return out
 
     # activations, stage k -> k+1
@@ -90,3 +93,26 @@ class AsyncCollective:
         for work in self.works:
             work.wait()
         self.works = []
+
+
+class _CopyBack:
+    """A collective started on a host copy of a device tensor: `wait()` finishes it, then copies the result back."""
+
+    def __init__(self, work, host: torch.Tensor, target: torch.Tensor):
+        self.work, self.host, self.target = work, host, target
+
+    def wait(self) -> None:
+        self.work.wait()
+        self.target.copy_(self.host)
+
+
+def staged(start):
+    """`start` (tensor -> its started in-place collective) run on a host copy of a device tensor, copied back at
+    `wait()`: for gloo between ranks that share one GPU. A host tensor goes as it is."""
+    def run(t: torch.Tensor):
+        if t.device.type == "cpu":
+            return start(t)
+        host = t.detach().to("cpu")
+        return _CopyBack(start(host), host, t)
+
+    return run

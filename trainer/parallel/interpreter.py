@@ -22,6 +22,7 @@ from torch import nn
 
 from trainer.data import Batch
 from trainer.model.dropout import DropoutKeys
+from trainer.model.lstm_stack import decode_stack, encode_stack
 from trainer.model.weight_grads import WeightGradQueue, deferred_weight_grads
 from trainer.model.seq2seq import Embeddings, EncoderDecoderLayer
 from trainer.model.tensors import to_device
@@ -342,16 +343,14 @@ class StepRunner:
             x_in = ms.received.pop((kind, u, c))
             x = x_in = _leaf(x_in) if ms.train else x_in
         state_in = self._state_in(kind, u, c)
-        state_out = []
+        # the stage's layers in as few LSTM calls as they allow (trainer.model.lstm_stack)
         if kind == "enc":
             lengths = ms.cut.encoder_lengths(u, c)  # on the host: packing needs no device read
-            for pair, st in zip(self.pairs, state_in):
-                x, st = pair.encode(x, lengths, st, masks)
-                state_out.append(pair.decoder_init(st) if c == len(ms.chunks["enc"][u]) - 1 else st)
+            x, state_out = encode_stack(self.pairs, x, lengths, state_in, masks)
+            if c == len(ms.chunks["enc"][u]) - 1:
+                state_out = [pair.decoder_init(st) for pair, st in zip(self.pairs, state_out)]
         else:
-            for pair, st in zip(self.pairs, state_in):
-                x, st = pair.decode(x, st, masks)
-                state_out.append(st)
+            x, state_out = decode_stack(self.pairs, x, state_in, masks)
         ms.records[(kind, u, c)] = _Record(x_in, x, state_in, state_out)
 
     def _embed(self, kind: str, u: int, a: int, b: int, masks):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from trainer.model.lstm_stack import cudnn_weight_groups, flatten_for_cudnn
 from trainer.model.seq2seq import HEAD_SEED_OFFSET, EncoderDecoderLayer, build_head, layer_builders
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.layout import LayoutError, LayoutSpec
@@ -30,6 +31,18 @@ class RankModule(nn.Module):
         self.owns_head = owns_head
         self.first_layer = dsa.local_start(stages)  # global index of layers[0]
         self.layers = dsa.local_layers(stages)
+
+    def pack_lstm_weights(self, stacked: bool) -> str:
+        """On CUDA, each group of LSTM weights its calls read together in one buffer of cuDNN's layout
+        (trainer.model.lstm_stack.flatten_for_cudnn): `stacked` when the layers of a side are called as one stack
+        (no dropout between them). Call once the engine has cast and placed the weights, and not under ZeRO
+        (its own flat buffer holds them). Returns a line for the log."""
+        groups = cudnn_weight_groups([m for m in self.layers if isinstance(m, EncoderDecoderLayer)], stacked)
+        done = [len(g) for g in groups if flatten_for_cudnn(g)]
+        if not done:
+            return "LSTM weights: as built (not on CUDA's cuDNN: nothing to flatten)"
+        return (f"LSTM weights: {len(done)} cuDNN buffer(s) of {'/'.join(map(str, done))} layer(s), read in place at "
+                f"every call")
 
     def optimizer_parameters(self) -> list[nn.Parameter]:
         """What DeepSpeed's optimizer updates: everything but a head replica."""

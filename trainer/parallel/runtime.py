@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.parallel import deepspeed_adapter as dsa
-from trainer.parallel.comm import AsyncCollective, StageComm
+from trainer.parallel.comm import AsyncCollective, StageComm, staged
 from trainer.parallel.layout import LayoutSpec, ParallelLayout, group_members
 from trainer.parallel import shm_sum
 
@@ -112,8 +112,8 @@ def start_process_group(timeout_s: int) -> tuple[int, int]:
     if world == 1 or _is_loopback(os.environ["MASTER_ADDR"]):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's pair sockets on loopback
     accel = dsa.accelerator()
-    if accel.device_name() == "cuda":
-        accel.set_device(int(os.environ["LOCAL_RANK"]))
+    if accel.device_name() == "cuda":  # more local ranks than GPUs share them (dsa.gpus_shared: gloo, staged)
+        accel.set_device(int(os.environ["LOCAL_RANK"]) % max(1, accel.device_count()))
     dist.init_process_group(dsa.comm_backend(), store=_store(rank, world, timeout), rank=rank, world_size=world,
                             timeout=timeout)
     dsa.init_comm(timeout_s)
@@ -184,18 +184,31 @@ class ParallelRuntime:
         a GPU job that fell back to DeepSpeed's CPU accelerator says `device: cpu` here."""
         dev = self.device()
         name = f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""
+        shared = (f"; {_local_ranks()} local ranks share {torch.cuda.device_count()} GPU(s): tensors cross ranks "
+                  f"through host memory over gloo (a check of the multi-rank path, not for speed)"
+                  if self.staged else "")
         return (f"device: {dev}{name}; DeepSpeed accelerator {dsa.accelerator().device_name()}, "
-                f"backend {dsa.comm_backend()}")
+                f"backend {dsa.comm_backend()}{shared}")
 
     # ---- point to point ----
     def stage_comm(self, dtype) -> StageComm:
-        return StageComm(self.layout.stage_ranks, self.device(), dtype)
+        return StageComm(self.layout.stage_ranks, self.device(), dtype, staged=self.staged)
+
+    @property
+    def staged(self) -> bool:
+        """Whether device tensors cross ranks as host copies: CUDA ranks sharing a GPU talk gloo, whose transfers
+        take host memory (dsa.gpus_shared). For checking the multi-rank CUDA path on one GPU, not for speed."""
+        return self.device().type != "cpu" and dsa.comm_backend() == "gloo"
+
+    def _collective(self, start):
+        return staged(start) if self.staged else start
 
     # ---- collectives (group: a name of layout.group_members, or "eval") ----
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", group: str = "world") -> torch.Tensor:
         if self.world_size > 1:
-            dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op],
-                            group=self.groups[group])
+            reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+            self._collective(lambda t: dist.all_reduce(t, op=reduce_op, group=self.groups[group], async_op=True))(
+                tensor).wait()
         return tensor
 
     def stage_sum(self):
@@ -255,22 +268,22 @@ class ParallelRuntime:
     def reduce_async(self, tensors: list[torch.Tensor], dst: int, group: str) -> AsyncCollective:
         """Start the SUM of `tensors` over `group` into global rank `dst`; after `wait()` it is in `dst`'s
         tensors (the others' are scratch)."""
-        return AsyncCollective(tensors, lambda t: dist.reduce(t, dst=dst, op=dist.ReduceOp.SUM,
-                                                              group=self.groups[group], async_op=True))
+        return AsyncCollective(tensors, self._collective(lambda t: dist.reduce(
+            t, dst=dst, op=dist.ReduceOp.SUM, group=self.groups[group], async_op=True)))
 
     def all_reduce_async(self, tensors: list[torch.Tensor], group: str) -> AsyncCollective:
         """Start the in-place SUM of `tensors` over `group`; after `wait()` every rank of it has the sums."""
         if (shm := self.shared_memory(group)) is not None:
             shm.sum(tensors)
             return AsyncCollective([], None)
-        return AsyncCollective(tensors, lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.groups[group],
-                                                                  async_op=True))
+        return AsyncCollective(tensors, self._collective(lambda t: dist.all_reduce(
+            t, op=dist.ReduceOp.SUM, group=self.groups[group], async_op=True)))
 
     def broadcast_async(self, tensors: list[torch.Tensor], src: int, group: str) -> AsyncCollective:
         """Start sending `src`'s values of `tensors` to every rank of `group`; after `wait()` every rank
         has them."""
-        return AsyncCollective(tensors, lambda t: dist.broadcast(t, src=src, group=self.groups[group],
-                                                                 async_op=True))
+        return AsyncCollective(tensors, self._collective(lambda t: dist.broadcast(
+            t, src=src, group=self.groups[group], async_op=True)))
 
     def broadcast_object(self, obj, src: int = 0, group: str = "world"):
         """`src`'s `obj` on every rank of `group`."""
@@ -285,10 +298,11 @@ class ParallelRuntime:
         `dst`; None on the others."""
         if self.world_size == 1:
             return [tensor]
+        device, tensor = tensor.device, tensor.cpu() if self.staged else tensor
         out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.groups[group]))] \
             if self.rank == dst else None
         dist.gather(tensor, gather_list=out, dst=dst, group=self.groups[group])
-        return out
+        return None if out is None else [t.to(device) for t in out]
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's `tensor` stacked in rank order: (world, *shape), on every rank."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 
 import numpy as np
@@ -20,9 +19,11 @@ import torch
 from data_prep.dataformat import files
 from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.model.dropout import DropoutKeys, keep_mask
-from trainer.model.seq2seq import _run_packed, build_head
+from trainer.model.lstm_stack import run_packed
+from trainer.model.seq2seq import build_head
 from trainer.training import tuning
 from trainer.planner import calibrate_ranks
+from trainer.planner.profile import stamp
 from trainer.planner.shapes import ModelDims
 from trainer.planner.timing import dtype_of, timed_ms
 
@@ -59,7 +60,7 @@ def lstm_points(in_dim: int, hidden: int, dtype, sizes: Sizes) -> dict:
             x = torch.randn(rows, steps, in_dim, dtype=dtype, requires_grad=True)
             state = tuple(torch.randn(1, rows, hidden, dtype=dtype, requires_grad=True) for _ in range(2))
             lengths = np.full(rows, steps, dtype=np.int64)
-            for name, run in (("fused", lambda: lstm(x, state)), ("packed", lambda: _run_packed(lstm, x, lengths, state))):
+            for name, run in (("fused", lambda: lstm(x, state)), ("packed", lambda: run_packed(lstm, x, lengths, state))):
                 out[f"{name}_fwd"].append([rows, steps, timed_ms(run, sizes.reps)])
 
                 def backward(y, run=run):
@@ -210,9 +211,10 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
     contention = {p: calibrate_ranks.contention(cfg, dims, p, quick) for p in ("bf16", "fp32")}
     transfers = {"gloo": calibrate_ranks.transfers(quick)}
     load_after = os.getloadavg()
+    name = tuning.cpu_name()
     profile = {
-        "device": {"name": platform.processor() or platform.machine(), "type": "cpu", "cores": os.cpu_count(),
-                   "torch": torch.__version__},
+        "device": {"name": name, "type": "cpu", "cores": os.cpu_count(), "torch": torch.__version__},
+        "measured_on": stamp(f"{name} ({os.cpu_count()} cores)"),
         "datasheet": None,
         "layers": layers, "contention": contention, "transfers": transfers,
         "measured_by": f"python launch/plan.py --calibrate --config CONFIG --out {os.path.basename(out_path)}"

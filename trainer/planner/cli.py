@@ -10,7 +10,8 @@ from trainer.config import REPO_ROOT
 DEFAULT_BASE = os.path.join(REPO_ROOT, "ds_configs", "single.json")
 USAGE = """\
   python launch/plan.py --config MODEL.yaml --devices N --profile PROFILE [--deepspeed_config BASE.json]
-                        [--link nvlink|pcie] [--steps 16] [--top 20] [--write-config OUT.json] [key=value ...]
+                        [--scale-batch] [--link nvlink|pcie] [--steps 16] [--top 20] [--write-config OUT.json]
+                        [key=value ...]
   python launch/plan.py --calibrate --config MODEL.yaml --out PROFILE [--quick] [key=value ...]"""
 
 
@@ -26,6 +27,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deepspeed_config", default=DEFAULT_BASE,
                    help="base DeepSpeed JSON: optimizer, precision, batch (global micro-batch = its "
                         "train_micro_batch_size_per_gpu x its num_dp), accumulation (default ds_configs/single.json)")
+    p.add_argument("--scale-batch", dest="scale_batch", action="store_true",
+                   help="grow the global micro-batch with the device count: the base's global micro-batch per rank "
+                        "of its layout, times --devices, for every layout (default: the base's global micro-batch, "
+                        "kept whatever the device count); speed-ups are then tokens/s over one device at the base's "
+                        "batch per rank")
     p.add_argument("--link", default=None, help="a GPU profile's link between devices (its roofline.links)")
     p.add_argument("--steps", type=int, default=16, help="training steps whose real batches are simulated")
     p.add_argument("--top", type=int, default=20, help="layouts printed")
@@ -65,6 +71,11 @@ def main(argv=None) -> int:
                          f"by --calibrate)")
     if args.steps < 1 or args.top < 1:
         raise ValueError("--steps and --top must be >= 1")
+    return _plan(args, cfg)
+
+
+def _plan(args, cfg) -> int:
+    """Rank the layouts for --devices, print them, write the winner's JSON if asked."""
     from trainer.ds_config import load_ds_config
     from trainer.planner import plan
     from trainer.planner.profile import load, resolve
@@ -72,8 +83,10 @@ def main(argv=None) -> int:
     profile = load(resolve(args.profile))
     plan.require_prepared(cfg.data.dir, args.config)
     ds = load_ds_config(args.deepspeed_config, None)  # the schedule is not planned; written without a length
-    work = plan.workload(cfg, ds, args.steps)
-    ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link)
+    per_rank = plan.batch_per_rank(ds) if args.scale_batch else None
+    work = plan.workload(cfg, ds, args.steps, global_batch=per_rank and per_rank * args.devices)
+    base = plan.workload(cfg, ds, args.steps, global_batch=per_rank) if per_rank else None
+    ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link, baseline_work=base)
     print(report(work, profile, args, ranked, one, invalid))
     if args.write_config:
         best = ranked[0].candidate
@@ -86,6 +99,8 @@ def main(argv=None) -> int:
 
 
 def report(work, profile, args, ranked, one, invalid: int) -> str:
+    from trainer.planner.profile import provenance
+
     dev = profile.get("device", {})
     where = dev.get("name", "?")
     if "roofline" in profile and "layers" not in profile:
@@ -98,15 +113,16 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
         lines.append(f"NOTE: model.lstm_kernel={work.cfg.model.lstm_kernel}: the profiles price torch's fused LSTM, so "
                      f"these are the fused kernel's predictions (docs/BENCHMARKS.md 13 measures both)")
     lines += [f"plan: {args.devices} device(s) of {where} ({os.path.basename(args.profile)}); model emb {d.emb} hidden "
-             f"{d.hidden} {d.layers}+{d.layers} layers, vocab {d.src_vocab}/{d.tgt_vocab}; {work.precision}; "
-             f"{work.global_batch} pairs per micro-batch x {len(work.windows[0])}; {len(work.windows)} real steps of "
-             f"{work.cfg.data.dir}",
-             f"one device ({one.candidate.label()}): {1000 * one.step_s:.1f} ms/step, {one.tokens_per_s:.0f} tokens/s; "
-             f"{len(ranked)} layouts simulated, {invalid} left out (the trainer would refuse them); '(screened)': "
-             f"simulated on the first {min(4, len(work.windows))} steps only",
-             "",
-             "| # | layout | ranks x threads | step ms | tokens/s | speed-up | per rank busy / waiting / communicating % |",
-             "|---:|---|---|---:|---:|---:|---|"]
+              f"{d.hidden} {d.layers}+{d.layers} layers, vocab {d.src_vocab}/{d.tgt_vocab}; {work.precision}; "
+              f"{batch_words(work, one, args)}; {len(work.windows)} real steps of {work.cfg.data.dir}",
+              provenance(profile),
+              f"one device ({one.candidate.label()}{_at(one, work)}): predicted {1000 * one.step_s:.1f} ms/step, "
+              f"{one.tokens_per_s:.0f} tokens/s; {len(ranked)} layouts simulated, {invalid} left out (the trainer "
+              f"would refuse them); '(screened)': simulated on the first {min(4, len(work.windows))} steps only",
+              "",
+              "| # | layout | ranks x threads | predicted step ms | predicted tokens/s | predicted speed-up | "
+              "predicted busy / waiting / communicating % per rank |",
+              "|---:|---|---|---:|---:|---:|---|"]
     for i, p in enumerate(ranked[:args.top], 1):
         fr = " ; ".join(f"{round(100 * f['busy'])}/{round(100 * f['waiting'])}/{round(100 * f['communicating'])}"
                         for _, f in sorted(p.fractions.items()))
@@ -118,9 +134,23 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
         if not p.screened_only and p.candidate.ranks in (1, args.devices):
             best.setdefault(p.candidate.spec.mode if p.candidate.spec.mode != "grid" else "hybrid", p)
     lines.append("")
-    lines.append(f"best of each mode on all {args.devices} device(s): "
+    lines.append(f"predicted best of each mode on all {args.devices} device(s): "
                  + ", ".join(f"{m} {p.speedup:.2f}x ({p.candidate.label()})" for m, p in best.items()))
     if warning:  # again under the table, where the eye lands
         lines.append(f"WARNING: planned with a profile measured on a busy machine ({warning.split(':')[0]}): "
                      f"these predictions are not worth acting on")
     return "\n".join(lines)
+
+
+def batch_words(work, one, args) -> str:
+    """The batch planned with, and what the speed-up compares: kept or grown with the device count."""
+    per_step = f"{work.global_batch} pairs per global micro-batch x {len(work.windows[0])}"
+    if not args.scale_batch:
+        return f"{per_step} (the base's, kept for every layout; --scale-batch grows it with the devices)"
+    per_rank = work.global_batch // args.devices
+    return (f"{per_step} ({per_rank} per device x {args.devices}: --scale-batch); speed-up: predicted tokens/s "
+            f"over one device's at {per_rank} pairs")
+
+
+def _at(one, work) -> str:
+    return "" if one.global_batch == work.global_batch else f" at {one.global_batch} pairs"

@@ -4,7 +4,7 @@ does (trainer/parallel/interpreter.py):
 
     forward      embeddings (stage 0) + each local pair layer's LSTM over the chunk (encoder: one fused
                  call over the all-real steps and the per-step packed path over the ragged tail, as
-                 model._run_bulk_then_packed), dropout on each output; a dropout site draws its mask
+                 model.lstm_stack.run_bulk_then_packed), dropout on each output; a dropout site draws its mask
                  for the whole global micro-batch the first time it is used in a micro-step
     backward     the same layers' backward (+ the embeddings' dense gradient on stage 0)
     head         forward + backward of the head on the piece (+ assembling the top outputs and placing

@@ -63,12 +63,27 @@ def require_prepared(data_dir: str, config: str | None = None) -> None:
                             f"it: prepare it first: {fix}")
 
 
-def workload(cfg, ds: dict, steps: int, skip: int = 0) -> Workload:
-    """The first `skip + steps` steps' batches of the training stream (the trainer's own batching),
-    the last `steps` of them kept."""
+def base_batch(ds: dict) -> int:
+    """The base DeepSpeed JSON's global micro-batch (train_micro_batch_size_per_gpu x its layout's replicas)."""
     world = layout_world(ds)
     base = LayoutSpec.from_ds_config(ds, world) if "parallel_layout" in ds else LayoutSpec("single", 1, 1)
-    global_batch = global_micro_batch(ds, base.num_dp)
+    return global_micro_batch(ds, base.num_dp)
+
+
+def batch_per_rank(ds: dict) -> int:
+    """--scale-batch: the base's global micro-batch per rank of its layout (single.json: all of it; hybrid_2.json's
+    64 pairs on 2 ranks: 32), which a plan for N devices multiplies by N."""
+    world, batch = layout_world(ds), base_batch(ds)
+    if batch % world:
+        raise ValueError(f"--scale-batch: the base's global micro-batch of {batch} pairs does not divide among its "
+                         f"layout's {world} ranks; give a base JSON whose batch does (e.g. ds_configs/single.json)")
+    return batch // world
+
+
+def workload(cfg, ds: dict, steps: int, skip: int = 0, global_batch: int | None = None) -> Workload:
+    """The first `skip + steps` steps' batches of the training stream (the trainer's own batching),
+    the last `steps` of them kept; global micro-batches of the base's size, or of `global_batch` pairs."""
+    global_batch = global_batch or base_batch(ds)
     require_prepared(cfg.data.dir)
     vocab = read_manifest(cfg.data.dir)["vocab"]
     stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_batch,
@@ -99,6 +114,7 @@ class Prediction:
     op_seconds: dict = field(default_factory=dict)  # rank -> {op: seconds per step}, like RUN_DIR/timing/rank*.json
     screened_only: bool = False  # simulated on the screening steps only (not among the best)
     steps_s: list = field(default_factory=list)  # each simulated step's seconds, in the workload's order
+    global_batch: int = 0  # the workload's pairs per global micro-batch
 
 
 def predict(candidate: Candidate, work: Workload, profile: dict, link: str | None = None,
@@ -144,7 +160,8 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
     step = total / len(windows)
     fractions = {r: {k: v / total for k, v in s.items()} for r, s in sums.items()}
     per_step = {r: {op: s / len(windows) for op, s in o.items()} for r, o in ops.items()}
-    return Prediction(candidate, step, tokens / total, fractions, op_seconds=per_step, steps_s=steps_s)
+    return Prediction(candidate, step, tokens / total, fractions, op_seconds=per_step, steps_s=steps_s,
+                      global_batch=work.global_batch)
 
 
 def _late_broadcast(rt, end: float) -> float:
@@ -157,11 +174,12 @@ def _late_broadcast(rt, end: float) -> float:
 
 
 def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None = None,
-                 screen_steps: int = 4) -> tuple[list[Prediction], Prediction, int]:
+                 screen_steps: int = 4, baseline_work: Workload | None = None) -> tuple[list[Prediction], Prediction, int]:
     """(predictions best first, the one-device baseline, how many candidates were invalid). All
     candidates are first simulated on `screen_steps` steps; the best dozen and the best of each mode on
     each number of ranks again on every sampled step (they come first; the rest keep their screening
-    numbers)."""
+    numbers). A speed-up is tokens/s over the baseline's: one device on `baseline_work` (a global batch grown
+    with the devices is compared with one device at the batch per device), else on `work`."""
     cpu_threads = ()
     if "layers" in profile:
         cpu_threads = tuple(sorted(int(t) for t in profiles._get(profile, "layers", work.precision)))
@@ -178,12 +196,12 @@ def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None =
     final = sorted((predict(p.candidate, work, profile, link, None, devices) for p in keep), key=lambda p: p.step_s)
     kept = {id(p) for p in keep}
     rest = [p for p in screened if id(p) not in kept]
-    one = predict(baseline, work, profile, link, None, devices)
-    one_screened = predict(baseline, work, profile, link, screen_steps, devices)
-    for p in final + [one]:
-        p.speedup = one.step_s / p.step_s
+    one = predict(baseline, baseline_work or work, profile, link, None, devices)
+    one_screened = predict(baseline, baseline_work or work, profile, link, screen_steps, devices)
+    for p in final + [one]:  # on the same batches: one.step_s / p.step_s
+        p.speedup = p.tokens_per_s / one.tokens_per_s
     for p in rest:  # screened on fewer steps: against the baseline on those steps
-        p.speedup = one_screened.step_s / p.step_s
+        p.speedup = p.tokens_per_s / one_screened.tokens_per_s
         p.screened_only = True
     return final + rest, one, invalid
 

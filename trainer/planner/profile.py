@@ -16,6 +16,7 @@ device_profile.json) has:
     host          {"op_overhead_us"}: host time per tiny eager op (dispatch + launch), what small
                    kernels cost when the host, not the GPU, sets the pace
     sources       what each number is: "measured: <how>" or "datasheet: <document>"
+    measured_on   {"device", "date"}: where and when it was measured (profiles from before it have none)
 
 The planner reads two more sections, whichever the file has:
 
@@ -44,11 +45,18 @@ The planner reads two more sections, whichever the file has:
                 writes the file (trainer/planner/profiles/h200.json was written so).
 
 Every number the planner uses is read from the file: nothing device-specific lives in code.
+
+What a profile rests on (`provenance`, printed above every plan): `measured_on` {"device", "date"} says where
+and when a calibration or a GPU check measured it (files written before it was kept have none: their dates come
+from the sources' text, or are "not recorded"); a roofline's numbers are counted by their sources (measured,
+datasheet, estimate).
 """
 from __future__ import annotations
 
 import math
 import os
+import re
+import time
 
 from trainer.ds_config import read_json_file
 from trainer.planner.fit import Curve, linear
@@ -85,6 +93,50 @@ def load(path: str) -> dict:
     return data
 
 
+def provenance(profile: dict) -> str:
+    """One line: what the profile's prices rest on (measured where and when, or estimates) and that what is
+    printed from them are predictions."""
+    name = os.path.basename(profile.get("_path", "profile"))
+    device = (profile.get("device") or {}).get("name", "?")
+    stamp = profile.get("measured_on") if isinstance(profile.get("measured_on"), dict) else {}
+    if "layers" in profile:
+        cores = (profile.get("device") or {}).get("cores")
+        where = stamp.get("device") or device + (f" ({cores} cores)" if cores else "")
+        when = stamp.get("date") or "date not recorded (a profile from before dates were kept)"
+        quick = " --quick (fewer shapes and repeats)" if (profile.get("conditions") or {}).get("quick") else ""
+        return (f"prices: {name}, measured by python launch/plan.py --calibrate{quick} on {where}, {when}; every "
+                f"figure below is a prediction from them, not a measurement")
+    counts, measured = {"measured": 0, "datasheet": 0, "estimate": 0}, {}
+    for source in _sources(profile.get("roofline") or {}):
+        kind = "estimate" if "estimate" in source or "scenario" in source else (
+            "datasheet" if source.startswith("datasheet") else "measured" if "measured" in source else "estimate")
+        counts[kind] += 1
+        if kind == "measured":  # on this file's device (measured_on), or this workplace's GPU the source names
+            other = re.search(r"this workplace's [^ (]+", source)
+            where = other.group(0) if other else stamp.get("device") or device
+            dates = set(re.findall(r"\b20\d\d-\d\d-\d\d\b", source)) if other else {stamp.get("date")}
+            measured.setdefault(where, [0, set()])
+            measured[where][0] += 1
+            measured[where][1].update(dates)
+    said = "; ".join(f"{n} measured on {where} ({' and '.join(sorted(d for d in dates if d)) or 'date not recorded'})"
+                     for where, (n, dates) in measured.items()) or "none measured"
+    return (f"prices: {name}, {device}: of its {sum(counts.values())} numbers {said}, {counts['datasheet']} from "
+            f"the datasheet, {counts['estimate']} estimates never checked on a GPU; every figure below is a "
+            f"prediction from them, not a measurement")
+
+
+def _sources(node) -> list[str]:
+    """The `source` of every number of a roofline section."""
+    if isinstance(node, dict) and "value" in node:
+        return [str(node.get("source", ""))]
+    return [s for v in node.values() for s in _sources(v)] if isinstance(node, dict) else []
+
+
+def stamp(device: str) -> dict:
+    """A measurement's `measured_on`: the device and today's date (UTC)."""
+    return {"device": device, "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
 # ---- writing the format ----
 def device_profile(device: dict, measured: dict) -> dict:
     """A device profile from what was measured on `device` (its "device" section): `measured` holds
@@ -110,7 +162,7 @@ def device_profile(device: dict, measured: dict) -> dict:
     }
     if "op_overhead_us" in measured:
         sources["host.op_overhead_us"] = "measured: host time of 200 eager adds of 8 numbers, synchronised at the end"
-    return {"device": device, "datasheet": sheet, "compute": measured["compute"],
+    return {"device": device, "measured_on": stamp(device["name"]), "datasheet": sheet, "compute": measured["compute"],
             "memory": {"copy_tb_s": rates["copy_tb_s"]}, "links": links,
             "host": {"op_overhead_us": measured.get("op_overhead_us")}, "sources": sources}
 

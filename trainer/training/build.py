@@ -23,6 +23,7 @@ from trainer.data import BatchStream, Prefetcher, RunData, load_run_data
 from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
 from trainer.metrics import dev_tokenize
 from trainer.model.flops import batch_flops
+from trainer.model.seq2seq import EncoderDecoderLayer
 from trainer.observe.logger import NullLogger, RunLogger
 from trainer.observe.profiling import StepProfiler
 from trainer.observe.timeline import TimelineWriter
@@ -66,9 +67,8 @@ def identity(cfg, manifest: dict, global_micro: int) -> RunIdentity:
 def tune_head(module: RankModule, train_cfg, runtime: ParallelRuntime, vocab: int) -> str:
     """The head's loss chunk (train.loss_chunk_rows; 0: measured on this machine by the last rank, which always
     holds a head, and the same on every rank: trainer.training.tuning) and its projection's cut
-    (train.loss_projection, likewise) and, with train.compile_head, its forward
-    compiled by torch.compile with dynamic shapes (batches change every shape but the hidden width; the token
-    count is already rounded to a few dozen values). Call on every rank, once the engine has cast the weights.
+    (train.loss_projection, likewise) and, with train.compile_head, its loss compiled (tuning.compile_head). Call
+    on every rank, once the engine has cast the weights.
     Returns where the chunk came from, for the log."""
     head = module.head
     rows, origin = train_cfg.loss_chunk_rows, "train.loss_chunk_rows"
@@ -81,10 +81,9 @@ def tune_head(module: RankModule, train_cfg, runtime: ParallelRuntime, vocab: in
     if head is not None:
         head.loss_chunk_rows, head.loss_projection = rows, proj
         if train_cfg.compile_head:
-            import torch
-
-            head.forward = torch.compile(head.forward, dynamic=True)
-    return f"loss chunk: {rows} rows of logits ({origin}); projection: {proj} ({proj_origin})"
+            tuning.compile_head(head, runtime.device())
+    compiled = "; head compiled (train.compile_head)" if train_cfg.compile_head else ""
+    return f"loss chunk: {rows} rows of logits ({origin}); projection: {proj} ({proj_origin}){compiled}"
 
 
 class ModelParts(NamedTuple):
@@ -100,6 +99,24 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
     engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum(),
                             runtime.rank_sum())
     return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
+
+
+def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg) -> list[str]:
+    """train.stack_layers, and on CUDA the LSTM weights in cuDNN's flat layout, by the groups their calls read (one
+    stack per side where no dropout sits between the layers); not under ZeRO, whose own flat buffer holds them."""
+    for layer in module.layers:
+        if isinstance(layer, EncoderDecoderLayer):
+            layer.stack = cfg.train.stack_layers
+    if engine.zero_stage:
+        return ["LSTM weights: views of ZeRO's flat buffer (cuDNN copies them at each call)"]
+    return [module.pack_lstm_weights(stacked=cfg.model.dropout == 0 and cfg.train.stack_layers)]
+
+
+def length_notes(multiple: int, data_cfg) -> list[str]:
+    if multiple == 1:
+        return []
+    origin = "data.length_multiple" if data_cfg.length_multiple else "data.length_multiple=0: on an accelerator"
+    return [f"batch widths: padded up to a multiple of {multiple} ({origin})"]
 
 
 def schedule_notes(ds: dict) -> list[str]:
@@ -139,11 +156,16 @@ class Build:
             print(rt.describe_device(), flush=True)
         threads = set_threads(cfg.train.threads)
         pinned = pin_cores(cfg.train.pin_cores, threads, rt.device().type == "cpu")
+        tf32 = tuning.set_tf32(cfg.train.tf32, rt.device())
         data = self.data or load_run_data(cfg.data.dir, "none")
-        manifest, train_data, dev_data = data.manifest, data.train, data.dev
+        manifest = data.manifest
         bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
+        multiple = tuning.length_multiple(cfg.data.length_multiple, rt.device())
+        train_data = data.train.padded(multiple)
+        dev_data = data.dev.padded(multiple) if data.dev is not None else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
-        part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]),
+        part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
+                      *lstm_weight_notes(module, engine, cfg), *length_notes(multiple, cfg.data),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
         stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,
@@ -163,7 +185,7 @@ class Build:
         schedule = start.resume_schedule(cfg.train, ds, state, engine, ckpt)
         if schedule and rt.is_rank0:
             start.write_ds_config(cfg.run.dir, ds)  # the length that applies
-        log = self._logger(state.step, ckpt is not None, threads, fault_plan)
+        log = self._logger(state.step, ckpt is not None, threads, fault_plan, validator and validator.sentences)
         log.message(f"layout: mode={rt.spec.mode} num_pp={rt.spec.num_pp} num_dp={rt.spec.num_dp} "
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
@@ -187,7 +209,7 @@ class Build:
         start.check_shared_run_dir(rt, cfg.run.dir)
         return ckpt
 
-    def _logger(self, start_step: int, resumed: bool, threads: int, fault_plan):
+    def _logger(self, start_step: int, resumed: bool, threads: int, fault_plan, dev_sentences: int | None):
         if not self.runtime.is_rank0:
             return NullLogger()
         spec = self.runtime.spec
@@ -195,7 +217,7 @@ class Build:
                          extra_config={"deepspeed": self.ds, "layout": {**spec.to_dict(), "world_size":
                                                                         self.runtime.world_size,
                                                                         "threads_per_rank": threads}},
-                         resumed=resumed, faults=fault_plan)
+                         resumed=resumed, faults=fault_plan, dev_sentences=dev_sentences)
 
     def _watch(self, log) -> StepWatch:
         cfg, rt = self.cfg, self.runtime

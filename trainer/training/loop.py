@@ -47,12 +47,15 @@ class Trainer:
         st.bad_steps = st.bad_steps + 1 if skipped else 0
         tokens = sum(b.src_tokens + b.tgt_tokens for b in batches)
         flops = sum(self.flops(b) for b in batches)
-        row = {"step": step, "epoch": self.stream.epoch, "loss": loss / window_tokens,
+        where = self.stream.position()
+        row = {"step": step, "epoch": where.epoch, "epoch_progress": where.fraction, "loss": loss / window_tokens,
                "nll": nll / window_tokens, "ppl": math.exp(min(nll / window_tokens, 50)),
                "lr": engine.lr(), "grad_norm": engine.grad_norm(),
                "tokens_per_s": tokens / elapsed, "sentences_per_s": sum(b.size for b in batches) / elapsed,
                "model_gflop": flops / 1e9, "model_gflops_per_s": flops / 1e9 / elapsed,
                "step_time_s": elapsed, "skipped_steps": st.skipped_steps}
+        if engine.fp16:  # bf16 and fp32 scale nothing: no column of ones
+            row["loss_scale"] = engine.loss_scale  # after this step's update (an overflow has halved it)
         row.update(self.totals.add(start + elapsed, sum(b.size for b in batches), tokens))
         if skipped:
             row.update(skipped=True, bad_steps=st.bad_steps)
@@ -74,8 +77,8 @@ class Trainer:
             stop = self._one_step()
         self._end()
         best = dev_bleu_summary(st.best_bleu, self.validator is not None, cfg.eval_every)
-        self.log.message(f"done: step {st.step}, {best}; pairs left out of the last "
-                         f"epoch (fewer than data.min_batch_sentences remained): {self.stream.left_out}")
+        ended = stop_summary(stop, st.step, cfg, self.stop.signal)
+        self.log.message(f"done: step {st.step}, {best}{ended}; {data_summary(self.stream)}")
         failed = self.rt.broadcast_object(self.log.failed, src=0)  # the last row itself may have failed
         self.stream.close()
         self.log.close()
@@ -149,7 +152,9 @@ class Trainer:
     def _validate(self, weights: str) -> tuple[dict, bool]:
         """Dev loss and BLEU of the weights just written; whether they are the best so far."""
         st = self.state
+        started = time.perf_counter()
         row, samples = self.validator.evaluate(weights, say=self.log.message)
+        row["validation_s"] = time.perf_counter() - started  # the console's ETA counts the validations left
         self.log.samples(st.step, samples)
         loss = row.get("dev_loss")
         self.log.message(f"step {st.step}: dev loss {loss if loss is None else round(loss, 4)} "
@@ -171,3 +176,28 @@ def dev_bleu_summary(best_bleu: float, has_dev: bool, eval_every: int) -> str:
         return (f"no dev BLEU yet (no validation has run: every train.eval_every={eval_every} steps and at "
                 f"train.max_steps)")
     return f"best dev BLEU {best_bleu:.2f}"
+
+
+def stop_summary(stop: str | None, step: int, train_cfg, signal: str | None = None) -> str:
+    """The final line's word on why the run ended before train.max_steps ('' when it did not)."""
+    if stop is None or step >= train_cfg.max_steps:
+        return ""
+    why = {"time": f"train.max_time_min={train_cfg.max_time_min:g} reached",
+           "epochs": f"train.max_epochs={train_cfg.max_epochs} reached",
+           "early": f"early stop (train.early_stop_patience={train_cfg.early_stop_patience})",
+           "signal": f"stopped by {signal or 'a signal'}"}.get(stop, stop)
+    return f"; ended before train.max_steps={train_cfg.max_steps}: {why}"
+
+
+def data_summary(stream) -> str:
+    """Where the data stream ended: the epochs finished, how far through the current one, and what the last
+    finished epoch left out (said only when an epoch did finish: the remainder is left out at its end)."""
+    where = stream.position()
+    now = f"epoch {where.epoch + 1} at {where.percent}% of its {where.total} training pairs"
+    if where.epochs_done == 0:
+        return f"data: no epoch finished ({now})"
+    done = where.epochs_done
+    left = stream.left_out_of(done - 1)
+    return (f"data: {done} epoch{'s' if done > 1 else ''} finished" + (f", {now}" if done == where.epoch else "")
+            + (f"; epoch {done} left out {left} pair{'s' if left != 1 else ''} (fewer than "
+               f"data.min_batch_sentences remained after its last batch)" if left else ""))

@@ -49,6 +49,6 @@ class StopCheck:
             return "signal"
         if out_of_time:
             return "time"
-        if cfg.max_epochs and self.stream.epoch >= cfg.max_epochs:
+        if cfg.max_epochs and self.stream.position().epochs_done >= cfg.max_epochs:  # the step that ends the epoch
             return "epochs"
         return None

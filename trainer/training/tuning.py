@@ -45,7 +45,8 @@ def cache_path() -> str:
     return os.path.join(base, "hybrid-nmt", "tuning.json")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo's on Linux, where `platform.processor()` says only x86_64)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -57,7 +58,7 @@ def _cpu_name() -> str:
 
 
 def _key(width: int, vocab: int, dtype: torch.dtype) -> str:
-    return (f"loss_chunk_rows|{_cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|"
+    return (f"loss_chunk_rows|{cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|"
             f"{str(dtype).replace('torch.', '')}|width {width}|vocab {vocab}")
 
 
@@ -198,7 +199,7 @@ def precision_notes(device: torch.device, precision: str, width: int) -> list[st
     was measured slower than fp32."""
     if device.type != "cpu" or precision != "bf16":
         return []
-    key = f"bf16_over_fp32|{_cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
+    key = f"bf16_over_fp32|{cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
     ratio, fresh = _cached(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1000,
                            lambda: round(time_gemm(width, torch.bfloat16) / time_gemm(width, torch.float32), 3))
     origin = "measured now" if fresh else "measured on this machine earlier"
@@ -206,3 +207,42 @@ def precision_notes(device: torch.device, precision: str, width: int) -> list[st
         return []
     return [f"note: bf16 is {ratio:.1f}x slower than fp32 on this CPU (a GEMM at width {width}, {origin}; no AMX?): "
             f"\"bf16\": {{\"enabled\": false}} in the DeepSpeed JSON may train faster"]
+
+
+ACCELERATOR_LENGTH_MULTIPLE = 8  # data.length_multiple=0 on an accelerator
+
+
+def length_multiple(configured: int, device: torch.device) -> int:
+    """data.length_multiple as it applies: as set, or (0) 8 on an accelerator and 1 (no padding) on a CPU, where a
+    new shape costs a oneDNN primitive of a few ms once and padding costs work at every step."""
+    if configured:
+        return configured
+    return 1 if device.type == "cpu" else ACCELERATOR_LENGTH_MULTIPLE
+
+
+def set_tf32(on: bool, device: torch.device) -> list[str]:
+    """train.tf32 applied to torch's two switches (cuBLAS matmuls and cuDNN, which torch leaves on by default for
+    cuDNN alone), and said: on CUDA what fp32 work runs in, elsewhere nothing."""
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+    if device.type != "cuda":
+        return []
+    runs_in = "in TF32" if on else "in full fp32 (TF32 off)"
+    return [f"tf32: fp32 matmuls and cuDNN {runs_in} (train.tf32={str(on).lower()}; bf16 and fp16 work is not affected)"]
+
+
+class CompileRefused(ValueError):
+    """train.compile_head where it is not known to train correctly."""
+
+
+def compile_head(head, device: torch.device) -> None:
+    """train.compile_head: the head's loss (AttentionSoftmaxHead.token_loss: tensors in, its dropout mask drawn
+    before) compiled by torch.compile with dynamic shapes: one graph for every token count and width (the loss's
+    chunk loop guards only its number of chunks). Refused on CUDA: the first GPU check (2026-12-04) trained nothing
+    with the head's forward compiled (grad norm 0 at every step), and compiled and eager have not yet been shown
+    equal there (the GPU check's compile gate, benchmarks/gpu/gpu_gates.py, compares them)."""
+    if device.type == "cuda":
+        raise CompileRefused("train.compile_head=true is refused on CUDA: the GPU check of 2026-12-04 trained "
+                             "nothing with it (grad norm 0 at every step), and its compiled/eager gate has not passed "
+                             "on a GPU since; train without it (the eager head is the one checked there)")
+    head.token_loss = torch.compile(head.token_loss, dynamic=True)

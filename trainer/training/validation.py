@@ -20,10 +20,14 @@ class Validator:
         self.global_micro, self.decode, self.data_dir, self.run_dir = global_micro, decode_cfg, data_dir, run_dir
         self.bleu_tokenize = bleu_tokenize
 
+    @property
+    def sentences(self) -> int:
+        """The dev pairs each validation scores and decodes (decode.dev_max_sentences, at most the dev set)."""
+        return min(len(self.data), self.decode.dev_max_sentences or len(self.data))
+
     def dev_loss(self) -> float | None:
         """Mean token NLL of the first `decode.dev_max_sentences` dev pairs, in global micro-batches."""
-        data = self.data
-        n = min(len(data), self.decode.dev_max_sentences or len(data))
+        data, n = self.data, self.sentences
         if n < self.rt.spec.min_rows:
             return None
         self.module.eval()
