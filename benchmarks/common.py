@@ -88,11 +88,14 @@ def train_command(work: Path, name: str, ds_config: Path, ranks: int, threads: i
                   config: str = "trainer/configs/enja_small.yaml", extra: tuple = ()) -> tuple[list, dict, Path]:
     """The command (run from the checkout's root), environment and run directory of a training run
     of launch/train.py (through the deepspeed launcher when ranks > 1); an old run directory is removed."""
+    from trainer.config import merge_overrides  # a later key=value replaces an earlier one: one key, one value
+
     run_dir = work / "runs" / name
     args = ["launch/train.py", "--deepspeed_config", str(ds_config), "--config", config, f"data.dir={data}",
             f"run.dir={run_dir}", f"train.max_steps={steps}", f"train.eval_every={10 * steps}",
             "train.log_every=1", f"train.threads={threads}", "decode.dev_max_sentences=32",
-            "logging.wandb_mode=disabled", "logging.progress=false", *extra]
+            "logging.wandb_mode=disabled", "logging.progress=false"]
+    args = merge_overrides(args, extra)
     cmd = ([sys.executable, *args] if ranks == 1 else
            [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks),
             "--master_port", str(free_port()), *args])

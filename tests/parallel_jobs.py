@@ -76,12 +76,12 @@ def _finish(trainer, rows: list) -> dict:
 def _trainer(overrides: list[str], ds: dict, work: str, config: str | None = None, extra: tuple = ()):
     """A Trainer built exactly as launch/train.py builds one (config, plan, trainer.training.build); `config`: a
     YAML, else the demo's defaults."""
-    from trainer.config import load_config
+    from trainer.config import load_config, merge_overrides
     from trainer.training.build import Build, plan
 
     path = _ds_file(ds, work)
-    cfg = load_config(config, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled",
-                               "logging.progress=false", *extra])
+    cfg = load_config(config, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                                                                "logging.progress=false"], extra))
     ds_loaded, spec = plan(cfg, path)
     return Build(cfg, ds_loaded, spec).trainer()
 
@@ -117,7 +117,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
 
     import torch
 
-    from trainer.config import load_config
+    from trainer.config import load_config, merge_overrides
     from trainer.data import BatchStream, ParallelData
     from trainer.parallel import deepspeed_adapter as dsa
     from trainer.parallel.layout import LayoutSpec, group_members
@@ -126,7 +126,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     from trainer.ds_config import global_micro_batch
     from trainer.training.build import build_model_parts
 
-    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled"]))
     world = int(os.environ["WORLD_SIZE"])
     spec = LayoutSpec.from_ds_config(ds, world)
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
@@ -244,7 +244,7 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
 
     import torch
 
-    from trainer.config import load_config
+    from trainer.config import load_config, merge_overrides
     from trainer.data import BatchStream, ParallelData
     from trainer.parallel.layout import LayoutSpec
     from trainer.parallel.runtime import ParallelRuntime
@@ -252,7 +252,7 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
     from trainer.ds_config import global_micro_batch
     from trainer.training.build import build_model_parts
 
-    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled"]))
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
     module, adapter, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])
@@ -352,14 +352,14 @@ def lean_zero_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) 
 
     import torch
 
-    from trainer.config import load_config
+    from trainer.config import load_config, merge_overrides
     from trainer.data import BatchStream, ParallelData, read_manifest
     from trainer.ds_config import global_micro_batch
     from trainer.parallel.layout import LayoutSpec
     from trainer.parallel.runtime import ParallelRuntime
     from trainer.training.build import build_model_parts
 
-    cfg = load_config(None, [*BASE, *overrides, f"run.dir={work}/run", "logging.wandb_mode=disabled"])
+    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled"]))
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
     rt = ParallelRuntime.start(spec, comm_timeout_s=60)
     module, adapter, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])

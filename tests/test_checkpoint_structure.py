@@ -11,11 +11,12 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, launch_main
 from tests.test_run_faults import ds_single, train  # noqa: F401 (ds_single: a fixture of the CLI test below)
 
 OPTIM, RNG, WEIGHTS, STATE = "layer_01-optim_states.pt", "rng-rank_00.pt", "layer_01-model_states.pt", "train_state.json"
@@ -96,6 +97,8 @@ VARIANTS = {
                               STATE, "optimizer.state_keys is 'exp_avg', expected a list of names"),
     "lr scheduler of another kind": (lambda c: _edit_json(c, _set("lr_scheduler", {})), STATE,
                                      "lr_scheduler has no 'last_batch_iteration'"),
+    "a layer beyond the model": (lambda c: shutil.copy(os.path.join(c, WEIGHTS), os.path.join(c, "layer_03-model_states.pt")),
+                                 "layer_03-model_states.pt", "a layer this run's model does not have (it has model.layers=2"),
 }
 
 
@@ -190,3 +193,79 @@ def test_the_trainer_refuses_an_exp_avg_of_one_element_in_one_line(tiny_data, tm
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and f"/{OPTIM}: " in error[0] and "exp_avg has shape (1,)" in error[0], error
+
+
+# ---- issue 42, item 7: every entry point that loads a checkpoint checks its structure the same way ---------------
+
+def _deeper_checkpoint_into(run: Path, tmp_path: Path) -> str:
+    """`run`'s checkpoint replaced by one of a model with one more pair layer (same vocabularies, sizes and
+    manifest format): it verifies, and every layer the run's model reads fits."""
+    from tests.test_hostile import fake_run, step_dir
+
+    deep = fake_run(tmp_path / "deep", layers=2)
+    shutil.rmtree(step_dir(run))
+    shutil.copytree(step_dir(deep), step_dir(run))
+    return str(step_dir(run) / "layer_02-model_states.pt")
+
+
+def _entry_points(run: Path, tmp_path: Path) -> dict:
+    text = tmp_path / "in.txt"
+    text.write_text("the cat sees the tree\n")
+    out = tmp_path / "out"
+    return {"translate": ["--run", run, "--input", text, "--output", out],
+            "evaluate": ["--run", run, "--src", text, "--ref", text],
+            "score": ["--run", run, "--src", text, "--ref", text, "--output", out],
+            "export": ["--run", run, "--out", tmp_path / "model.pt"],
+            "average": ["--run", run, "--checkpoints", "best", "--out", tmp_path / "model.pt"]}
+
+
+def _refused_everywhere(run: Path, tmp_path: Path, capsys, said: str) -> None:
+    for script, argv in _entry_points(run, tmp_path).items():
+        code, _, err = launch_main(script, argv, capsys)
+        assert code == 2 and err.count("\n") == 1 and said in err, (script, err)
+        assert not (tmp_path / "out").exists() and not (tmp_path / "model.pt").exists(), script
+
+
+def test_a_checkpoint_of_a_deeper_model_is_refused_by_every_entry_point(tmp_path, capsys):
+    """A verifying checkpoint of a 2-pair-layer model given to a 1-layer run: translate, evaluate, score, export
+    and average dropped layer_02 without a word (resume refused it); now each names the file (the resume's side:
+    VARIANTS["a layer beyond the model"])."""
+    from tests.test_hostile import fake_run
+
+    run = fake_run(tmp_path / "run")
+    for script, argv in _entry_points(run, tmp_path).items():  # the same commands load the run's own checkpoint
+        assert launch_main(script, argv, capsys)[0] == 0, script
+        for name in ("out", "model.pt"):
+            (tmp_path / name).unlink(missing_ok=True)
+    extra = _deeper_checkpoint_into(run, tmp_path)
+    _refused_everywhere(run, tmp_path, capsys, f"{extra}: a layer the run's config (model.emb_dim=8, model.hidden=8, "
+                                               f"model.layers=1,")
+
+
+@pytest.mark.parametrize("change,said", [
+    (lambda s: {k: (v.long() if i == 0 else v) for i, (k, v) in enumerate(s.items())}, "has dtype torch.int64, the "
+                                                                                         "run's config"),
+    (lambda s: {k: v for i, (k, v) in enumerate(s.items()) if i}, ", which the run's config (model.emb_dim=8"),
+    (lambda s: {**s, "extra.weight": torch.zeros(2)}, "holds extra.weight, which the run's config"),
+])
+def test_a_layer_file_that_does_not_fit_is_refused_by_every_entry_point(tmp_path, capsys, change, said):
+    from tests.test_hostile import fake_run, step_dir
+
+    run = fake_run(tmp_path / "run")
+    path = step_dir(run) / "layer_01-model_states.pt"
+    torch.save(change(torch.load(path, weights_only=True)), path)
+    rewrite_manifest(str(step_dir(run)))
+    _refused_everywhere(run, tmp_path, capsys, f"{path}: ")
+    _refused_everywhere(run, tmp_path, capsys, said)
+
+
+def test_weights_of_another_floating_dtype_load(tmp_path):
+    """fp64 (or bf16) weights load into the fp32 model: a run may change its precision, and the values fit."""
+    from tests.test_hostile import fake_run, step_dir
+    from trainer.inference.loading import load_run
+
+    run = fake_run(tmp_path / "run")
+    path = step_dir(run) / "layer_01-model_states.pt"
+    torch.save({k: v.double() for k, v in torch.load(path, weights_only=True).items()}, path)
+    rewrite_manifest(str(step_dir(run)))
+    assert load_run(str(run)).translate(["the cat"], beam=1)

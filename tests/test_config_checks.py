@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, launch_module, run_cli
+from tests.conftest import REPO, launch_main, launch_module, run_cli
 from trainer.config import ConfigError, check_threads, load_config
 from trainer.ds_config import DSConfigError, load_ds_config
 from trainer.parallel.layout import LayoutError, LayoutSpec
@@ -235,8 +235,9 @@ def test_the_deepspeed_json_is_refused_before_the_model_is_built(tmp_path, chang
     with pytest.raises(DSConfigError, match=expected):
         load_ds_config(_ds(tmp_path, change), 100)
     # names DeepSpeed accepts still pass: its own (any case) and torch's
-    ok = _ds(tmp_path, lambda d: (d["optimizer"].__setitem__("type", "adamw"),
-                                  d["scheduler"].__setitem__("type", "WarmupCosineLR")), "ok.json")
+    cosine = {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10, "warmup_min_ratio": 0.0}}  # its own params
+    ok = _ds(tmp_path, lambda d: (d["optimizer"].__setitem__("type", "adamw"), d.__setitem__("scheduler", cosine)),
+             "ok.json")
     assert load_ds_config(ok, 100)["scheduler"]["params"]["total_num_steps"] == 100
 
 
@@ -252,6 +253,46 @@ def test_the_deepspeed_json_is_refused_before_the_model_is_built(tmp_path, chang
 def test_config_values_name_the_key_and_the_problem(override, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [override])
+
+
+BOMB = ("[&a [x, x, x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
+        "&c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b], [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]]")
+
+
+@pytest.mark.parametrize("overrides,expected", [  # issue 42 item 7: an override is read as strictly as a file
+    (["train.max_steps=1", "train.max_steps=100000"],
+     r"override 'train.max_steps=100000': train.max_steps is already given \(train.max_steps=1\); state each key once"),
+    (["train.seed=3", " train.seed =4"], "train.seed is already given"),
+    (["train={max_steps: 3}", "train.max_steps=4"], r"train.max_steps is already given \(train=\{max_steps: 3\}\)"),
+    (["model.layers=1", "model={layers: 2}"], r"model is already given \(model.layers=1\)"),
+    (["model={layers: 3, layers: 4}"], "found duplicate key 'layers'"),
+    ([f"train.max_steps={BOMB}"], r"YAML aliases expand to too many nodes \(node expansion exceeds"),
+    (["train.max_steps=[1"], "YAML syntax error: did not find expected ',' or ']'"),
+    (["train.max_steps=!!python/name:os.system"], "YAML tags are not allowed in a config"),
+    (["train.max_steps=\udcff"], r"not UTF-8 text \(character 16\)"),
+])
+def test_an_override_is_refused_like_a_file_in_one_line_naming_it(overrides, expected, capsys):
+    with pytest.raises(ConfigError, match=expected) as e:
+        load_config(None, overrides)
+    assert str(e.value).startswith("override '") and "\n" not in str(e.value)
+    code, _, err = launch_main("train", ["--print-config", *overrides], capsys)  # the CLI: one line, exit 2
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: override '"), err
+
+
+def test_a_program_that_builds_a_command_replaces_a_key_rather_than_stating_it_twice():
+    from trainer.config import merge_overrides
+
+    base = ["launch/train.py", "--deepspeed_config", "x.json", "model.layers=2", "train.seed=7", "--num_gpus", "1"]
+    assert merge_overrides(base, ["model.layers=3", "train={seed: 2}", "1"]) == [
+        "launch/train.py", "--deepspeed_config", "x.json", "--num_gpus", "1", "model.layers=3", "train={seed: 2}", "1"]
+    assert load_config(None, merge_overrides(["train.max_steps=1"], ["train.max_steps=9"])).train.max_steps == 9
+
+
+def test_an_override_of_a_key_of_the_config_file_is_what_overrides_are_for(tmp_path):
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("train:\n  max_steps: 5\n")
+    assert load_config(str(yaml), ["train.max_steps=6", "train.seed=2"]).train.max_steps == 6
+    assert load_config(None, [f"run.name={BOMB}"]).run.name == BOMB  # a text key takes the text typed, unparsed
 
 
 def test_more_threads_than_cores_is_refused_before_anything_starts():

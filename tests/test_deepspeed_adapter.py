@@ -172,3 +172,29 @@ def test_lean_zero_step_equals_deepspeeds_zero_step(workers, tiny_data, tmp_path
         assert r["moved"] > 0, "the step must change the weights for the comparison to mean something"
         assert r["norm"][1] == pytest.approx(r["norm"][0], rel=1e-6), r["norm"]
         assert r["max_diff"] <= 1e-6, r["max_diff"]
+
+
+def test_the_keys_deepspeed_reads_are_recorded_from_its_own_reader():
+    """unread_keys runs DeepSpeedConfig's reader on the JSON: what it looks up is what it reads. The few keys read
+    elsewhere (READ_ELSEWHERE) must still be read where the adapter says, and the recorder must see every way the
+    reader looks (get, [], `in`, `in .keys()`, iteration)."""
+    import inspect
+
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from trainer.parallel import deepspeed_adapter as dsa
+
+    elsewhere = inspect.getsource(deepspeed.initialize) + inspect.getsource(DeepSpeedConfig)
+    for key in dsa.READ_ELSEWHERE:
+        assert f'"{key}"' in elsewhere or f"'{key}'" in elsewhere or key.upper() in elsewhere, key
+    ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
+    ds.pop("parallel_layout")
+    assert dsa.unread_keys(ds) == []
+    assert [u.key for u in dsa.unread_keys({**ds, "gradient_clipping_": 1.0})] == ["gradient_clipping_"]
+    log: dict = {}
+    section = dsa._Reading({"a": {"b": 1}, "c": 2, "d": 3, "e": 4}, (), log)
+    section.get("a")["b"], "c" in section.keys(), section["d"]
+    assert log[()] == {"a", "c", "d"} and log[("a",)] == {"b"}
+    list(section)
+    assert log[()] == {"a", "c", "d", "e"}  # iterated: read whole

@@ -124,3 +124,51 @@ def test_zero_over_one_replica_is_named_at_the_start():
         "master copy (1.5x the optimizer memory): drop it, or use replicas"]
     assert zero_notes(engine(1, "bf16"), one)[0].endswith("shards nothing: drop it, or use replicas")
     assert zero_notes(engine(1, "fp32"), two) == [] and zero_notes(engine(0, "fp32"), one) == []
+
+
+# ---- keys DeepSpeed does not read (issue 42, item 7) -------------------------------------------------------------
+
+def _set(key, value):
+    return lambda d: d.__setitem__(key, value)
+
+
+@pytest.mark.parametrize("change,expected", [
+    (_set("gradient_clіpping", 1.0),  # a Cyrillic і: DeepSpeed ignored it and trained without clipping
+     r"gradient_clіpping: not a key DeepSpeed reads there \(did you mean gradient_clipping\? it holds 'і' U\+0456 "
+     r"CYRILLIC SMALL LETTER BYELORUSSIAN-UKRAINIAN I\); refused"),
+    (_set("_comment", "mine"), r"_comment: not a key DeepSpeed reads there; refused"),
+    (_set("checkpoint", {"tag_validaton": "Ignore"}), r"checkpoint.tag_validaton: .* \(did you mean tag_validation\?\)"),
+    (lambda d: d["optimizer"].__setitem__("parms", {}), r"optimizer.parms: not a key DeepSpeed reads there"),
+    (lambda d: d["optimizer"]["params"].__setitem__("weight_dеcay", 0.1),  # a TypeError once the model was built
+     r"optimizer.params.weight_dеcay: .* \(did you mean weight_decay\? it holds 'е' U\+0435"),
+    (lambda d: d["scheduler"]["params"].__setitem__("warmup_num_stepz", 3),
+     r"scheduler.params.warmup_num_stepz: .* \(did you mean warmup_num_steps\?\)"),
+    (_set("zero_optimization", {"stagе": 0}),  # DeepSpeed's own model refused it, in 4 lines, after the build
+     r"zero_optimization.stagе: DeepSpeed refuses it: not a key of this section \(it holds 'е' U\+0435"),
+    (_set("zero_optimization", {"stage": 0, "reduce_bucket_size": "big"}),
+     r"zero_optimization.reduce_bucket_size: DeepSpeed refuses it: Input should be a valid integer"),
+    (_set("wandb", {"enabled": False, "projekt": "x"}), r"wandb.projekt: DeepSpeed refuses it: not a key"),
+    (_set("amp", {"enabled": True}), r"amp: DeepSpeed refuses it: NVIDIA Apex AMP integration has been removed"),
+])
+def test_a_key_deepspeed_does_not_read_is_refused_in_one_line_naming_it(tmp_path, change, expected):
+    path = _ds(tmp_path, change)
+    with pytest.raises(DSConfigError, match=expected) as err:
+        load_ds_config(path, 100)
+    assert _one_line(err).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize("change", [
+    None, _set("zero_optimization", {"stage": 1, "reduce_bucket_size": 500000000}),
+    _set("tensorboard", {"enabled": False, "output_path": "tb"}), _set("wandb", {"enabled": False, "project": "p"}),
+    _set("flops_profiler", {"enabled": False, "profile_step": 1}), _set("data_types", {"grad_accum_dtype": "bf16"}),
+    _set("optimizer", {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": True}}),
+    _set("scheduler", {"type": "StepLR", "params": {"step_size": 3, "gamma": 0.5}}),
+    _set("activation_checkpointing", {"partition_activations": False}), _set("vocabulary_size", 32000),
+])
+def test_every_key_deepspeed_reads_is_accepted(tmp_path, change):
+    load_ds_config(_ds(tmp_path, change, base="single"), 100)
+
+
+def test_every_shipped_deepspeed_json_holds_only_keys_deepspeed_reads():
+    for path in sorted((REPO / "ds_configs").glob("*.json")):
+        load_ds_config(str(path), 100)

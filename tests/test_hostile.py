@@ -221,7 +221,7 @@ def set_config(key: str, value):
 @pytest.mark.parametrize("change,expected", [
     (set_config("model.hidden", 60000), r"model.hidden=60000.*needs \(240000, 8\)"),
     (set_config("model.layers", -3), "config model.layers=-3: must be > 0"),
-    (set_config("model.layers", 4), "missing pairs.1"),
+    (set_config("model.layers", 4), "no pairs.1"),
     (set_config("model.attention", "magic"), "model.attention='magic': must be one of"),
     (set_config("model.hidden", "wide"), "bad config key 'model.hidden'"),
     (set_config("decode.beam", 0), "decode.beam=0: must be > 0"),
@@ -233,7 +233,7 @@ def set_config(key: str, value):
      "spm_src: not a SentencePiece model"),
     (lambda b: b.__setitem__("spm_src", torch.zeros(0, dtype=torch.uint8)), "spm_src: a SentencePiece model of 0"),
     (lambda b: b.__setitem__("spm_src", torch.zeros(3)), "spm_src: expected the model's bytes"),
-    (lambda b: b["model"].pop("head.proj.bias"), "missing head.proj.bias"),
+    (lambda b: b["model"].pop("head.proj.bias"), "no head.proj.bias"),
     (lambda b: b["model"].__setitem__("head.proj.bias", torch.zeros(3)), r"head.proj.bias has shape \(3,\)"),
     (lambda b: b["model"].__setitem__("head.proj.bias", "x"), "head.proj.bias is a str"),
     (lambda b: b.__setitem__("normalize", {"nfkc": "yes"}), "normalisation flag nfkc='yes' is not a bool"),
@@ -668,3 +668,46 @@ def test_train_cli_refuses_a_foreign_run_dir_and_leaves_it_alone(tmp_path, tiny_
     r = run_cli(args + ["run.overwrite=true"], check=False, timeout=300)
     assert r.returncode == 0, r.stderr
     assert [row["step"] for row in read_metrics(run) if "loss" in row] == [1, 2]  # the old row is gone
+
+
+# --- vocabulary identity (issue 42, item 7) -------------------------------------------------------------------
+
+def _record_vocabulary(run: Path) -> dict:
+    """The run's data_manifest.json recording its SentencePiece models' sha256, as prepare writes it."""
+    import hashlib
+
+    manifest = json.loads((run / "data_manifest.json").read_text())
+    manifest["vocab"] = {f"{side}_model_sha256": hashlib.sha256((run / f"spm.{side}.model").read_bytes()).hexdigest()
+                         for side in ("src", "tgt")}
+    (run / "data_manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+@pytest.mark.parametrize("side", ["tgt", "src"])
+def test_a_swapped_vocabulary_of_the_same_size_is_refused_by_every_entry_point(tmp_path, capsys, side):
+    """RUN/spm.tgt.model swapped for another vocabulary of the same size: every shape fits, so translate and export
+    said nothing; the run's data_manifest.json records the sha256 of the right one."""
+    from tests.test_checkpoint_structure import _entry_points, _refused_everywhere
+
+    run = fake_run(tmp_path / "run")
+    _record_vocabulary(run)
+    assert load_run(str(run)).translate(["the cat"], beam=1)  # the recorded models load
+    other = [s.replace("the", "a") for s in SENTENCES]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(other), model_prefix=str(tmp_path / "other"), vocab_size=30,
+                                   pad_id=0, unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+    swapped = spm.SentencePieceProcessor(model_file=str(tmp_path / "other.model"))
+    assert swapped.get_piece_size() == load_run(str(run)).text.tgt_sp.get_piece_size()  # the same size: shapes fit
+    shutil.copy(tmp_path / "other.model", run / f"spm.{side}.model")
+    _refused_everywhere(run, tmp_path, capsys, f"{run / f'spm.{side}.model'}: not the SentencePiece model "
+                                               f"{run / 'data_manifest.json'} records (its sha256 is ")
+    assert len(_entry_points(run, tmp_path)) == 5
+
+
+def test_a_recorded_vocabulary_hash_that_is_not_one_is_refused_and_an_older_manifest_without_it_loads(tmp_path):
+    run = fake_run(tmp_path / "run")
+    assert load_run(str(run))  # a manifest from before the hashes: nothing to compare with
+    manifest = _record_vocabulary(run)
+    manifest["vocab"]["tgt_model_sha256"] = "0" * 63
+    (run / "data_manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelFileError, match=r"data_manifest.json: vocab.tgt_model_sha256='0{63}': not a sha256"):
+        load_run(str(run))

@@ -25,6 +25,7 @@ import pytest
 
 from tests.conftest import REPO, read_metrics, run_cli
 from tests.test_reliability import HYBRID, ds_config, losses, train_cmd
+from trainer.config import merge_overrides
 from trainer.checkpoint import files as checkpoint
 
 
@@ -302,7 +303,7 @@ def test_ctrl_c_in_a_terminal_saves_once_exits_0_and_wandb_continues_the_same_ru
     rid = (run / "wandb_run_id").read_text().strip()
     assert folder.endswith("-" + rid)
     # the resume continues the same wandb run
-    resumed = run_cli(cmd + [f"train.max_steps={last + 2}", "train.resume=auto"], timeout=300)
+    resumed = run_cli(merge_overrides(cmd, [f"train.max_steps={last + 2}", "train.resume=auto"]), timeout=300)
     segments = wandb_steps(run)
     assert len(segments) == 2 and all(name.endswith("-" + rid) for name in segments), segments
     assert list(segments.values())[1] == [last + 1, last + 2]

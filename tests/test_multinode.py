@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
+from trainer.config import merge_overrides
 from tests.harness import free_port
 from trainer.checkpoint import files as checkpoint
 
@@ -36,11 +37,11 @@ def _ds_config(tmp_path: Path) -> Path:
 def _train_args(data: Path, run: Path, ds: Path, *overrides) -> list[str]:
     # train.threads=1: both "nodes" share this machine's cores (on real nodes the default, cores per
     # local rank, is right: the launcher sets LOCAL_SIZE per node)
-    return ["launch/train.py", "--deepspeed_config", str(ds), f"data.dir={data}", f"run.dir={run}",
+    return merge_overrides(["launch/train.py", "--deepspeed_config", str(ds), f"data.dir={data}", f"run.dir={run}",
             "model.layers=2", "model.emb_dim=16", "model.hidden=16", "model.dropout=0.3", "train.seed=7",
             "train.threads=1", "train.save_every=10", "train.eval_every=100", "train.log_every=1",
             "train.keep_last=5", "data.min_batch_sentences=8", "decode.dev_max_sentences=8",
-            "logging.wandb_mode=disabled", "logging.progress=false", *overrides]
+            "logging.wandb_mode=disabled", "logging.progress=false"], overrides)
 
 
 def start_nodes(hostfile: Path, args: list[str], logs: Path) -> list[subprocess.Popen]:

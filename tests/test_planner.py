@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO, run_cli
 from tests.planner_profiles import measured_profile, write
-from trainer.config import ModelConfig, load_config
+from trainer.config import ModelConfig, load_config, merge_overrides
 from trainer.data import collate
 from trainer.parallel.layout import LayoutSpec, group_members
 from trainer.parallel.schedule import Instr, global_programs
@@ -401,8 +401,8 @@ def test_gpu_profile_states_a_source_for_every_number_and_plans(tiny_data):
     for path, node in numbers:
         assert node["source"].split(":")[0] in ("measured", "datasheet", "estimate", "cuDNN runs fp32 LSTMs on TF32 "
                                                 "by default (torch.backends.cudnn.allow_tf32)"), path
-    cfg = load_config(None, [*_tiny_cfg(tiny_data), "model.hidden=512", "model.emb_dim=512", "model.layers=4",
-                             "data.min_batch_sentences=32"])
+    cfg = load_config(None, merge_overrides(_tiny_cfg(tiny_data), ["model.hidden=512", "model.emb_dim=512",
+                                                                   "model.layers=4", "data.min_batch_sentences=32"]))
     ds = {**json.loads((REPO / "ds_configs" / "single.json").read_text()), "train_micro_batch_size_per_gpu": 128}
     work = plan.workload(cfg, ds, steps=2)
     best = {}

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
+from trainer.config import merge_overrides
 from trainer.checkpoint import files as checkpoint
 
 HYBRID = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}
@@ -47,7 +48,8 @@ def train_cmd(data, run_dir, ranks: int, ds: str, *overrides) -> list[str]:
             "model.layers=2", "model.emb_dim=16", "model.hidden=16", "model.dropout=0.3", "train.seed=7",
             "train.eval_every=4", "train.save_every=2", "train.log_every=1", "train.keep_last=10",
             "data.min_batch_sentences=8", "decode.dev_max_sentences=8", "logging.wandb_mode=disabled",
-            "logging.progress=false", *overrides]
+            "logging.progress=false"]
+    args = merge_overrides(args, overrides)
     return [sys.executable, *args] if ranks == 1 else deepspeed_cmd(ranks, *args)
 
 

@@ -19,6 +19,7 @@ import pytest
 from data_prep import files
 from data_prep.files import FileError
 from tests.conftest import REPO, launch_main, read_metrics, run_cli
+from trainer.config import merge_overrides
 from tests.test_hostile import fake_run, step_dir
 from trainer.checkpoint import files as ck
 
@@ -107,10 +108,10 @@ def test_a_run_dir_of_regular_files_passes_the_check(tmp_path, run_files, owned)
 
 
 def _small_run_cmd(data, run, *overrides) -> list:
-    return [sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", f"data.dir={data}",
+    return merge_overrides([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", f"data.dir={data}",
             f"run.dir={run}", "model.layers=2", "model.emb_dim=16", "model.hidden=16", "data.min_batch_sentences=8",
             "decode.dev_max_sentences=8", "train.eval_every=100000", "train.save_every=2", "train.log_every=1",
-            "logging.wandb_mode=disabled", "logging.progress=false", *overrides]
+            "logging.wandb_mode=disabled", "logging.progress=false"], overrides)
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ import torch
 
 from tests.conftest import REPO, read_metrics, run_cli
 from trainer.checkpoint import files as checkpoint
-from trainer.config import load_config
+from trainer.config import load_config, merge_overrides
 from data_prep.dataformat import TokenArray, load_pair
-from trainer.data import read_manifest, verify
+from trainer.data import load_run_data, read_manifest, verify
 from trainer.observe.logger import RunLogger
 from trainer.training.faults import parse
 from trainer.observe.logger import truncate_metrics
@@ -67,8 +67,8 @@ def train(data, run, ds, *overrides, faults: str = "", check: bool = True):
     args = [sys.executable, "launch/train.py", "--deepspeed_config", ds, f"data.dir={data}", f"run.dir={run}",
             "model.layers=2", "model.emb_dim=16", "model.hidden=16", "train.seed=7", "train.eval_every=100",
             "train.log_every=1", "train.threads=1", "decode.dev_max_sentences=8", "logging.wandb_mode=disabled",
-            "logging.progress=false", *overrides]
-    return run_cli(args, timeout=300, check=check, env_extra={"HNMT_FAULTS": faults} if faults else None)
+            "logging.progress=false"]
+    return run_cli(merge_overrides(args, overrides), timeout=300, check=check, env_extra={"HNMT_FAULTS": faults} if faults else None)
 
 
 @pytest.mark.slow
@@ -99,17 +99,54 @@ def _copy_data(tiny_data, tmp_path) -> Path:
 def test_token_ids_outside_the_vocabulary_are_found_at_start_with_their_position(tiny_data, tmp_path):
     data = _copy_data(tiny_data, tmp_path)
     manifest = read_manifest(str(data))
-    verify(str(data), manifest)  # the prepared data passes
+    load_run_data(str(data))  # the prepared data passes
     tokens = np.fromfile(data / "train.tgt.bin", dtype="<i4")
     offsets = np.fromfile(data / "train.tgt.idx", dtype="<i8")
     at = int(offsets[7]) + 2  # the third token of sentence 7
     tokens[at] = 1 << 24 | tokens[at]  # one flipped high byte
     tokens.tofile(data / "train.tgt.bin")
-    with pytest.raises(ValueError, match=rf"train.tgt.bin: token {at} \(sentence 7, its token 2\) has id "
-                                         rf"{tokens[at]}, outside the target vocabulary of "
-                                         rf"{manifest['vocab']['tgt_size']} pieces"):
-        verify(str(data), manifest)
-    verify(str(data), manifest, "none")  # checked only when asked
+    for mode in ("ids", "none"):  # whatever data.verify says: the ids are checked as they are loaded
+        with pytest.raises(ValueError, match=rf"train.tgt.bin: token {at} \(sentence 7, its token 2\) has id "
+                                             rf"{tokens[at]}, outside the target vocabulary of "
+                                             rf"{manifest['vocab']['tgt_size']} pieces"):
+            load_run_data(str(data), mode)
+
+
+def _out_of_vocabulary(path: Path, size: int) -> np.ndarray:
+    """The same number of ids, each equal to the vocabulary's size: one past the last piece."""
+    return np.full(os.path.getsize(path) // 4, size, dtype="<i4")
+
+
+def test_the_data_checked_is_the_data_loaded(tiny_data, tmp_path, monkeypatch):
+    """train.tgt.bin replaced by a same-size file of out-of-vocabulary ids just after data.verify read it: the check
+    and the load opened the file separately, and the trainer died in an IndexError. Now the ids are checked on the
+    arrays loaded (one open per file), and every batch's ids too (the file is memory-mapped: written over in place
+    after the load, the next batch names it)."""
+    import trainer.data as data_module
+
+    data = _copy_data(tiny_data, tmp_path)
+    size = read_manifest(str(data))["vocab"]["tgt_size"]
+    real_verify = data_module.verify
+
+    def verify_then_swap(data_dir, manifest, mode):
+        real_verify(data_dir, manifest, mode)
+        swapped = data / "swapped.bin"
+        _out_of_vocabulary(data / "train.tgt.bin", size).tofile(swapped)
+        os.replace(swapped, data / "train.tgt.bin")
+
+    monkeypatch.setattr(data_module, "verify", verify_then_swap)
+    with pytest.raises(ValueError, match=rf"train.tgt.bin: token 0 \(sentence 0, its token 0\) has id {size}, "
+                                         rf"outside the target vocabulary of {size} pieces"):
+        load_run_data(str(data), "checksums")
+    monkeypatch.undo()
+    data = _copy_data(tiny_data, tmp_path / "b")
+    loaded = load_run_data(str(data)).train
+    loaded.batch([0, 1])
+    with open(data / "train.tgt.bin", "r+b") as f:  # the same file, written over in place while it is mapped
+        f.write(_out_of_vocabulary(data / "train.tgt.bin", size).tobytes())
+    with pytest.raises(ValueError, match=rf"train.tgt.bin: id {size} in a batch of the train split, outside the "
+                                         rf"target vocabulary of {size} pieces: the file was written over"):
+        loaded.batch([0, 1])
 
 
 def test_checksums_name_the_changed_file(tiny_data, tmp_path):

@@ -65,6 +65,10 @@ def test_an_enormous_line_is_left_out_counted_and_the_others_translated(run, tmp
     ("--beam", "0", "--beam 0: the beam size must be >= 1"),
     ("--length-penalty", "nan", "--length-penalty nan: must be a finite number"),
     ("--max-line-bytes", "-1", "--max-line-bytes -1: must be >= 0"),
+    ("--beam", "100000000", "--beam 100000000: at most 1000 (larger sizes only ask for memory"),  # 48 GB asked for
+    ("--max-len-ratio", "1e9", "--max-len-ratio 1000000000.0: at most 10.0"),  # 720 GB asked for
+    ("--batch-size", "1000000000", "--batch-size 1000000000: at most 10000"),
+    ("--max-tokens", "9999999999", "--max-tokens 9999999999: at most 1000000"),
 ])
 def test_decoding_flags_are_checked_before_any_line(run, tmp_path, capsys, flag, value, expected):
     src = tmp_path / "in.txt"
@@ -101,3 +105,55 @@ def test_an_oversized_line_is_read_past_without_being_held_whole():
     tracemalloc.stop()
     assert chunks == [(["first", ""], [1]), (["last", "x" * 65536], []), ([""], [0])]  # exactly the cap is kept
     assert peak < 2 << 20, peak  # the 20 MB line was never held (the test's bound, as prepare's)
+
+
+def test_size_flags_of_score_and_translate_and_the_configs_decode_keys_are_bounded(run, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n")
+    err = _fails(_cli("score"), ["--run", str(run), "--src", str(src), "--ref", str(src), "--batch-size", "1000000000"],
+                 capsys)
+    assert err.startswith("error: --batch-size 1000000000: at most 10000")
+    for argv, expected in ((["--buffer-size", "-1"], "--buffer-size -1: must be in 1 .. 1000000"),
+                           (["--n-best", "6"], "--n-best 6 must be <= the beam size (5)")):
+        err = _fails(_cli("translate"), ["--run", str(run), "--input", str(src), *argv], capsys)
+        assert err.startswith(f"error: {expected}"), err
+    from trainer.config import ConfigError, load_config
+
+    for key, value in (("decode.beam", 100000000), ("decode.dev_beam", 5000), ("decode.max_len_add", 10 ** 9)):
+        with pytest.raises(ConfigError, match=rf"{key}={value}: at most"):
+            load_config(None, [f"{key}={value}"])  # a run's (or a model file's) config is checked the same way
+
+
+def test_a_beam_search_batch_holds_at_most_max_hypotheses(run, monkeypatch):
+    from trainer.inference import translator as module
+    from trainer.inference.loading import load_run
+
+    rows = []
+    monkeypatch.setattr(module, "beam_search_nbest", lambda models, src, lengths, beam, **kw: (
+        rows.append(src.shape[0] * beam) or [[module.Hypothesis([], 0.0, 0.0)]] * src.shape[0]))
+    load_run(str(run)).translate(["the cat"] * 100, beam=1000, batch_size=64, max_tokens=0)
+    assert max(rows) <= module.MAX_HYPOTHESES and sum(rows) == 100 * 1000
+
+
+def test_running_out_of_memory_while_decoding_is_one_line(run, tmp_path, capsys, monkeypatch):
+    from trainer.inference.translator import Translator
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 48000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(Translator, "translate_nbest", out_of_memory)
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n")
+    err = _fails(_cli("translate"), ["--run", str(run), "--input", str(src), "--output", str(tmp_path / "o")], capsys)
+    assert err.startswith("error: out of memory (") and err.endswith("lower --batch-size, --max-tokens or --beam")
+
+
+def test_a_runs_config_asking_for_an_oversized_beam_is_refused_naming_the_file(tmp_path, capsys):
+    run = fake_run(tmp_path / "run")
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("beam: 5", "beam: 100000000"))
+    src = tmp_path / "in.txt"
+    src.write_text("the cat\n")
+    err = _fails(_cli("translate"), ["--run", str(run), "--input", str(src)], capsys)
+    assert err == f"error: {config}: decode.beam=100000000: at most 1000"

@@ -104,7 +104,8 @@ def test_overrides_are_read_as_strictly_as_files():
         load_config(None, ["train.max_steps=" + "[" * 50_000 + "]" * 50_000])
     with pytest.raises(ConfigError, match="found duplicate key 'a'"):
         load_config(None, ["run.name={a: 1, a: 2}"])
-    assert load_config(None, ["train.max_steps=7", "train.max_steps=9"]).train.max_steps == 9  # a CLI's last word
+    with pytest.raises(ConfigError, match="train.max_steps is already given"):  # as in a file (issue 42)
+        load_config(None, ["train.max_steps=7", "train.max_steps=9"])
 
 
 def test_a_yaml_config_that_is_a_fifo_is_refused_unread(tmp_path):

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -62,10 +63,10 @@ class DataConfig:
     length_multiple: int = _key(0, "pad each batch's source and target width up to a multiple of this: fewer "
                                     "distinct shapes (on a GPU each new one loads or tunes kernels); 0 = 8 on an "
                                     "accelerator, 1 on a CPU (no padding)")
-    verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest, "
-                              "every token id inside its vocabulary; cheap) | checksums (also each binarized "
-                              "file's sha256) | full (also the SentencePiece models' and the manifest's checksum) "
-                              "| none (nothing)")
+    verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest; "
+                              "cheap) | checksums (also each binarized file's sha256) | full (also the SentencePiece "
+                              "models' and the manifest's checksum) | none. Whatever the mode, every token id is "
+                              "checked against its vocabulary on the arrays loaded, and every batch's")
 
 
 @dataclass
@@ -182,6 +183,12 @@ _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "tra
                  "decode.max_tokens", "decode.max_line_bytes", "data.length_multiple")
 MAX_LENGTH_MULTIPLE = 256  # data.length_multiple: more pads most batches to twice their length
 MAX_SEED = 2 ** 32 - 1  # numpy's and torch's generators take it; larger ones overflow torch's
+# The largest decoding sizes (decode.*, and the flags of translate, evaluate and score, trainer.inference.options):
+# far above any useful value, far below one that asks for more memory than a machine has (--beam 100000000 asked
+# for 48 GB at once, --max-len-ratio 1e9 for 720 GB). Each hypothesis is a row of vocabulary scores per step, and
+# the longest one (source pieces x max_len_ratio + max_len_add) sizes the buffers of finished ones.
+DECODE_LIMITS = {"beam": 1000, "dev_beam": 1000, "batch_size": 10_000, "max_tokens": 1_000_000,
+                 "max_len_ratio": 10.0, "max_len_add": 1000}
 
 
 def _get(cfg: DictConfig, key: str):
@@ -208,6 +215,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.data.length_multiple > MAX_LENGTH_MULTIPLE:
         raise ConfigError(f"data.length_multiple={cfg.data.length_multiple}: at most {MAX_LENGTH_MULTIPLE} (0 = 8 on "
                           f"an accelerator, 1 on a CPU)")
+    for name, limit in DECODE_LIMITS.items():
+        if cfg.decode[name] > limit:
+            raise ConfigError(f"decode.{name}={cfg.decode[name]}: at most {limit}")
     if cfg.decode.max_len_ratio <= 0:
         raise ConfigError(f"decode.max_len_ratio={cfg.decode.max_len_ratio}: must be > 0")
     if cfg.train.max_time_min < 0:
@@ -262,6 +272,57 @@ def _override(item: str) -> DictConfig:
     return OmegaConf.from_dotlist([item])
 
 
+def _check_overrides(overrides: list[str]) -> None:
+    """Each `key=value` well formed, its value bounded like a file's YAML (data_prep.userfiles: every key once,
+    nesting and size bounded; what the YAML loader then refuses is load_config's), and each key stated once: a
+    key given twice (or inside a section given whole, `train={...}` with `train.seed=2`) is refused, as in a file,
+    rather than the last value silently winning. (A key of the --config file given again here is what an
+    override is for.)"""
+    given: dict[str, str] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
+        if "${" in item:
+            raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError as e:  # bytes the locale could not decode (Python keeps them as surrogates)
+            raise ConfigError(f"override {item[:60]!r}: not UTF-8 text (character {e.start})") from None
+        key, _, value = item.partition("=")
+        try:
+            userfiles.check_yaml(value, f"override {item[:60]!r}", max_bytes=MAX_CONFIG_BYTES)
+        except userfiles.UserFileError as e:
+            raise ConfigError(str(e)) from None
+        key = key.strip()
+        for other, earlier in given.items():
+            if _same_key(key, other):
+                raise ConfigError(f"override {item[:60]!r}: {key} is already given ({earlier[:60]}); state each key "
+                                  f"once")
+        given[key] = item
+
+
+_OVERRIDE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=")
+
+
+def merge_overrides(*groups) -> list:
+    """Several groups of command-line items as one, a later `key=value` replacing an earlier one of the same key
+    (or of a section holding it, or inside it); anything else (flags, their values, paths) is kept as it stands:
+    for programs that build a command from a base and changes (tests, benchmarks). A user's command line states
+    each key once (`load_config` refuses a key given twice)."""
+    out: list = []
+    for item in (i for group in groups for i in group):
+        m = _OVERRIDE.match(item) if isinstance(item, str) else None
+        if m:
+            out = [o for o in out if not (isinstance(o, str) and (k := _OVERRIDE.match(o)) and
+                                          _same_key(k.group(1), m.group(1)))]
+        out.append(item)
+    return out
+
+
+def _same_key(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
 def _text_keys_read_as_bool(loaded: DictConfig, path: str) -> None:
     """`wandb_mode: off` in a YAML file is YAML 1.1's false; say how to write the word instead of letting
     the schema turn it into the text 'False' (or refuse it as that)."""
@@ -282,15 +343,7 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
     read environment variables) and non-UTF-8 or oversized files are refused.
     """
     path = path or DEFAULT_CONFIG
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value (e.g. train.max_steps=100)")
-        if "${" in item:
-            raise ConfigError(f"override {item!r}: interpolations (${{...}}) are not allowed in a config")
-        try:  # the value is read as YAML: bounded like a file's
-            userfiles.check_yaml(item.partition("=")[2], f"override {item[:60]!r}")
-        except userfiles.UserFileError as e:
-            raise ConfigError(str(e)) from None
+    _check_overrides(overrides)
     loaded = read_yaml(path)
     _text_keys_read_as_bool(loaded, path)
     try:
@@ -299,7 +352,10 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
         cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line override"
         for item in overrides:
-            cfg = OmegaConf.merge(cfg, _override(item))
+            try:
+                cfg = OmegaConf.merge(cfg, _override(item))
+            except yaml.YAMLError as e:  # the value, read as YAML (a file's errors are read_yaml's)
+                raise ConfigError(f"override {item[:60]!r}: {_yaml_problem(e)}") from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         message = str(e.msg if hasattr(e, "msg") else e).splitlines()[0]  # the rest repeats the key and types
@@ -363,6 +419,8 @@ def _yaml_where(e: yaml.YAMLError) -> str:
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    if "node expansion exceeds" in problem:  # omegaconf's loader counts what aliases expand to
+        return "YAML aliases expand to too many nodes (node expansion exceeds omegaconf's limit: an alias bomb?); refused"
     if "python/" in problem or "constructor for the tag" in problem:
         return (f"YAML tags are not allowed in a config (configs hold plain values, nothing in them is run): "
                 f"{problem}")

@@ -5,6 +5,7 @@ travel between ranks; each rank cuts out the rows it needs (see `trainer.paralle
 """
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 
@@ -195,21 +196,77 @@ def make_batches(src_len: np.ndarray, tgt_len: np.ndarray, *, max_sentences: int
 
 
 class ParallelData:
-    """One split of DATA_DIR: the two TokenArrays and batch construction."""
+    """One split of DATA_DIR: the two TokenArrays and batch construction. The token ids are checked against the
+    vocabulary (`vocab`: the manifest's, read from DATA_DIR if not given) on the arrays loaded, the ones batches
+    are cut from: each file is opened once, so a file replaced after a separate check cannot slip in (an
+    out-of-vocabulary id was an IndexError in the embedding). The files are memory-mapped, so each batch's ids are
+    checked too (a min and a max collate has already found): a file written over while training is one line."""
 
-    def __init__(self, data_dir: str, split: str, length_multiple: int = 1):
+    def __init__(self, data_dir: str, split: str, length_multiple: int = 1, vocab: dict | None = None):
         self.data_dir, self.split, self.length_multiple = data_dir, split, length_multiple
         self.src, self.tgt = load_pair(data_dir, split)
         self.src_len, self.tgt_len = self.src.lengths, self.tgt.lengths
         if len(self.src) == 0:  # found before training starts, not as a crash in the first dev evaluation
             raise ValueError(f"{data_dir}: the {split} split holds no sentence pair; prepare the data again with a "
                              f"non-empty --{split}-src (data_prep.prepare now refuses an empty one)")
+        vocab = vocab if vocab is not None else read_manifest(data_dir)["vocab"]
+        self.sizes = {side: vocab[f"{side}_size"] for side in SIDES}
+        for side, array in zip(SIDES, (self.src, self.tgt)):
+            check_ids(array, self.sizes[side], side_paths(data_dir, split, side)[0], side)
 
     def __len__(self) -> int:
         return len(self.src)
 
     def batch(self, indices) -> Batch:
-        return collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], self.length_multiple)
+        b = collate([self.src[i] for i in indices], [self.tgt[i] for i in indices], self.length_multiple)
+        for side, ids in zip(SIDES, b.ids):  # sorted: the first is the least, the last the greatest
+            if ids[0] < 0 or ids[-1] >= self.sizes[side]:
+                bad = int(ids[0] if ids[0] < 0 else ids[-1])
+                raise ValueError(f"{side_paths(self.data_dir, self.split, side)[0]}: id {bad} in a batch of the "
+                                 f"{self.split} split, outside the {_SIDE_NAMES[side]} vocabulary of "
+                                 f"{self.sizes[side]} pieces: the file was written over after it was loaded and "
+                                 f"checked; prepare the data again")
+        return b
+
+    def padded(self, length_multiple: int) -> "ParallelData":
+        """The same split (its arrays already loaded and checked), its batches padded to `length_multiple`."""
+        other = copy.copy(self)
+        other.length_multiple = length_multiple
+        return other
+
+
+_SIDE_NAMES = {"src": "source", "tgt": "target"}
+
+
+def check_ids(array: TokenArray, size: int, path: str, side: str) -> None:
+    """Every token id of `array` (loaded from `path`) inside the vocabulary of `size` pieces (one numpy min/max
+    pass), or a ValueError naming the file, the token and its sentence."""
+    bad = first_out_of_range(array.tokens, size)
+    if bad is not None:
+        sentence = int(np.searchsorted(array.offsets, bad, side="right")) - 1
+        raise ValueError(f"{path}: token {bad} (sentence {sentence}, its token {bad - int(array.offsets[sentence])}) "
+                         f"has id {int(array.tokens[bad])}, outside the {_SIDE_NAMES[side]} vocabulary of {size} "
+                         f"pieces: the file is damaged; prepare the data again (data.verify=checksums compares every "
+                         f"file with the manifest)")
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What a run trains on, read once: DATA_DIR's manifest, and its train and dev splits loaded and checked."""
+
+    manifest: dict
+    train: ParallelData
+    dev: ParallelData | None
+
+
+def load_run_data(data_dir: str, verify_mode: str = "ids") -> RunData:
+    """DATA_DIR for a run: the manifest, the files compared with it (`data.verify`: `verify`), then the train and
+    dev splits loaded, each file opened once and its token ids checked on the arrays the run trains on."""
+    manifest = read_manifest(data_dir)
+    verify(data_dir, manifest, verify_mode)
+    vocab = manifest["vocab"]
+    dev = ParallelData(data_dir, "dev", vocab=vocab) if has_split(data_dir, "dev") else None
+    return RunData(manifest, ParallelData(data_dir, "train", vocab=vocab), dev)
 
 
 class BatchStream:
@@ -372,31 +429,17 @@ def read_manifest(data_dir: str) -> dict:
 
 
 def verify(data_dir: str, manifest: dict, mode: str = "ids") -> None:
-    """Refuse data that is damaged or disagrees with its manifest before anything is built (`data.verify`),
-    naming the file: every mode but "none" first compares each split's pair count and each file's size with
-    the manifest (a stat per file); "ids" (the default) then reads every token id once (numpy min/max per
-    chunk) and checks it lies inside its side's vocabulary, which a flipped byte almost always breaks (it would
-    crash the embedding minutes later); "checksums" also compares every binarized file with the sha256 prepare
-    recorded (the whole manifest checksum for older manifests); "full" also the SentencePiece models' sha256
-    and the manifest's checksum over all the binarized files: every byte the manifest vouches for."""
+    """Refuse data that disagrees with its manifest before anything is built (`data.verify`), naming the file:
+    every mode but "none" compares each split's pair count and each file's size with the manifest (a stat per
+    file); "checksums" also compares every binarized file with the sha256 prepare recorded (the whole manifest
+    checksum for older manifests); "full" also the SentencePiece models' sha256 and the manifest's checksum over
+    all the binarized files: every byte the manifest vouches for. (The token ids, which a flipped byte almost
+    always puts outside the vocabulary, are checked whatever the mode, on the arrays loaded: ParallelData.)"""
     if mode == "none":
         return
     check_sizes(data_dir, manifest)
-    sizes = {"src": manifest["vocab"]["src_size"], "tgt": manifest["vocab"]["tgt_size"]}
-    splits = [s for s in ("train", "dev", "test") if has_split(data_dir, s)]
     if mode in ("checksums", "full"):
         _verify_checksums(data_dir, manifest, whole=mode == "full")
-    for split in splits:
-        for side in SIDES:
-            array = TokenArray.load(data_dir, split, side)
-            bad = first_out_of_range(array.tokens, sizes[side])
-            if bad is not None:
-                sentence = int(np.searchsorted(array.offsets, bad, side="right")) - 1
-                raise ValueError(
-                    f"{side_paths(data_dir, split, side)[0]}: token {bad} (sentence {sentence}, its token "
-                    f"{bad - int(array.offsets[sentence])}) has id {int(array.tokens[bad])}, outside the "
-                    f"{'source' if side == 'src' else 'target'} vocabulary of {sizes[side]} pieces: the file is "
-                    f"damaged; prepare the data again (data.verify=checksums compares every file with the manifest)")
 
 
 def check_sizes(data_dir: str, manifest: dict) -> None:
@@ -468,5 +511,5 @@ def _verify_checksums(data_dir: str, manifest: dict, whole: bool = False) -> Non
                              f"checksum{older}; prepare the data again")
 
 
-__all__ = ["Batch", "BatchStream", "ParallelData", "Prefetcher", "collate", "has_split", "make_batches",
-           "padded_width", "read_manifest", "TokenArray", "verify"]
+__all__ = ["Batch", "BatchStream", "ParallelData", "Prefetcher", "RunData", "collate", "check_ids", "has_split",
+           "load_run_data", "make_batches", "padded_width", "read_manifest", "TokenArray", "verify"]

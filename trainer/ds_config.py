@@ -92,6 +92,37 @@ def validate(ds, path: str) -> None:
                 _check(path, key, v, _is_number(v) and v >= 0, "a finite number >= 0")
     _check_zero(ds, path)
     _check_grad_accum_dtype(ds, path)
+    _check_known_keys(ds, path)
+
+
+def _check_known_keys(ds: dict, path: str) -> None:
+    """Every key is one DeepSpeed reads (or our own parallel_layout): DeepSpeed ignores a top-level key it does
+    not know, so `gradient_clіpping` spelt with a Cyrillic і trained with clipping off and no word. DeepSpeed's
+    own reader, run on the JSON, says which keys it reads (trainer.parallel.deepspeed_adapter.unread_keys); a
+    key it would ignore, or refuse only once the model is built, is refused here in one line."""
+    from trainer.parallel import deepspeed_adapter as dsa
+    from trainer.parallel.layout import SECTION
+
+    for unread in dsa.unread_keys(ds):
+        if unread.key == SECTION:
+            continue
+        hint = _spelling(unread.key.rpartition(".")[2], unread.known)
+        if unread.refused:
+            raise DSConfigError(f"{path}: {unread.key}: DeepSpeed refuses it: {unread.refused}{hint}")
+        raise DSConfigError(f"{path}: {unread.key}: not a key DeepSpeed reads there{hint}; refused (DeepSpeed would "
+                            f"ignore it, or fail on it once the model is built): remove it, or spell it as DeepSpeed "
+                            f"does")
+
+
+def _spelling(key: str, known: tuple) -> str:
+    """What may be wrong with the name `key`: a letter that only looks ASCII, the closest name DeepSpeed knows."""
+    import difflib
+    import unicodedata
+
+    odd = [f"'{c}' U+{ord(c):04X} {unicodedata.name(c, '')}".rstrip() for c in dict.fromkeys(key) if ord(c) > 127]
+    close = difflib.get_close_matches(key, [k for k in known if k != key], n=1, cutoff=0.8)
+    parts = ([f"did you mean {close[0]}?"] if close else []) + ([f"it holds {', '.join(odd)}"] if odd else [])
+    return f" ({' '.join(parts)})" if parts else ""
 
 
 FP16_KEYS = {"loss_scale": ("a finite number >= 0 (0: dynamic loss scaling)", lambda v: _is_number(v) and v >= 0),

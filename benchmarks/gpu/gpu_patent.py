@@ -151,12 +151,12 @@ def predictions(data: Path, overrides: list[str], micro: int, profiles: dict, wo
                 link: str = "nvlink", steps: int = 4) -> dict:
     """{label: [row per device count]}: the planner's one-GPU step and the best layout of each mode
     (speed-up over one GPU) on the stretched data, for each profile of `profiles` (label -> path)."""
-    from trainer.config import load_config
+    from trainer.config import load_config, merge_overrides
     from trainer.ds_config import load_ds_config
     from trainer.planner import plan
     from trainer.planner.profile import load
 
-    cfg = load_config(str(REPO / PLANNER_CONFIG), [f"data.dir={data}", "model.dropout=0.0", *overrides])
+    cfg = load_config(str(REPO / PLANNER_CONFIG), merge_overrides([f"data.dir={data}", "model.dropout=0.0"], overrides))
     ds = load_ds_config(str(ds_variant(work, "single", "patent_plan", train_micro_batch_size_per_gpu=micro)), 1000)
     workload = plan.workload(cfg, ds, steps)
     out = {}

@@ -133,6 +133,8 @@ def train_command(work: Path, device: str, name: str, precision: str, overrides:
     run_dir = work / "runs" / name
     if not resume:
         shutil.rmtree(run_dir, ignore_errors=True)
+    from trainer.config import merge_overrides  # a later key=value replaces an earlier one: one key, one value
+
     ranks = (layout or {}).get("num_pp", 1) * (layout or {}).get("num_dp", 1)
     launcher = ([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
                  str(free_port())] if ranks > 1 else [sys.executable])  # several ranks on one GPU: they share it
@@ -142,8 +144,8 @@ def train_command(work: Path, device: str, name: str, precision: str, overrides:
            f"logging.wandb_mode={'offline' if wandb else 'disabled'}",
            *[f"model.{k}={v}" for k, v in overrides.items()], *(["train.threads=1"] if device == "cpu" else []),
            *([] if mecab_importable() else ["decode.bleu_tokenize=char"]),
-           *(["train.resume=auto"] if resume else []), *extra]
-    return cmd, run_dir
+           *(["train.resume=auto"] if resume else [])]
+    return merge_overrides(cmd, extra), run_dir
 
 
 def train_run(work: Path, device: str, name: str, precision: str, overrides: dict, micro: int, data: Path,

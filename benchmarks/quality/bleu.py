@@ -24,11 +24,13 @@ from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja
 
 
 def _train(cmd_prefix: list[str], cfg: Path, data: Path, run_dir: Path, steps: int, extra: list[str]) -> None:
-    subprocess.run([*cmd_prefix, "launch/train.py", "--deepspeed_config", str(cfg), "--config",
+    from trainer.config import merge_overrides  # a later key=value replaces an earlier one: one key, one value
+
+    subprocess.run(merge_overrides([*cmd_prefix, "launch/train.py", "--deepspeed_config", str(cfg), "--config",
                     "trainer/configs/enja_small.yaml", f"data.dir={data}", f"run.dir={run_dir}",
                     f"train.max_steps={steps}", "train.eval_every=1000", "train.keep_last=20", "logging.wandb_mode=offline",
                     "decode.bleu_tokenize=13a",  # the rows of docs/BENCHMARKS.md section 4 (benchmarks/quality/recipes.py: ja-mecab)
-                    "logging.progress=false", *extra], cwd=REPO, check=True)
+                    "logging.progress=false"], extra), cwd=REPO, check=True)
 
 
 def _evaluate(run_dir: Path, checkpoint: str) -> dict:

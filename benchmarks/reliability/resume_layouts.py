@@ -43,12 +43,15 @@ def ds_config(work: Path, name: str, steps: int) -> Path:
 
 
 def run(work: Path, data: Path, run_dir: Path, layout: str, steps: int, *extra, faults: str = "") -> None:
+    from trainer.config import merge_overrides  # a later key=value replaces an earlier one: one key, one value
+
     ranks, _ = LAYOUTS[layout]
     args = ["launch/train.py", "--deepspeed_config", str(ds_config(work, layout, steps)), f"data.dir={data}",
             f"run.dir={run_dir}", "model.layers=4", "model.emb_dim=32", "model.hidden=32", "train.seed=7",
             f"train.max_steps={steps}", "train.eval_every=1000", "train.save_every=4", "train.log_every=1",
             "data.min_batch_sentences=8", "decode.dev_max_sentences=8", "logging.wandb_mode=disabled",
-            "logging.progress=false", *extra]
+            "logging.progress=false"]
+    args = merge_overrides(args, extra)
     cmd = [sys.executable, *args] if ranks == 1 else [sys.executable, "-m", "deepspeed.launcher.runner",
                                                       "--num_gpus", str(ranks), "--master_port", str(free_port()), *args]
     env = {"HNMT_FAULTS": faults, "WANDB_MODE": "disabled"} if faults else {"WANDB_MODE": "disabled"}

@@ -2,16 +2,15 @@
 
 Both are user files: a model downloaded or handed over may be damaged or crafted. So the config is
 checked with the training rules (`trainer.config.validate`), the SentencePiece models must parse and
-keep the special ids, the normalisation flags must be ones `normalize()` takes, and every weight
-tensor's shape is compared with the model the config describes *before* that model is allocated:
-the model is first built on the meta device (no memory), so `model.hidden=60000` next to weights of
-width 256 is a one-line error instead of a 57 GB allocation. Once the shapes agree, the real model
-is no larger than the weights already read. Every failure is a `ModelFileError` (a ValueError the
-CLIs print as one line) naming the file and the key.
+keep the special ids, the normalisation flags must be ones `normalize()` takes. (The weights are checked
+against the model the config describes by trainer.inference.loading, with the checks a resume makes:
+trainer.checkpoint.structure.) Every failure is a `ModelFileError` (a ValueError the CLIs print as one
+line) naming the file and the key.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import hashlib
+from typing import Mapping
 
 import sentencepiece as spm
 import torch
@@ -21,7 +20,6 @@ from omegaconf.errors import OmegaConfBaseException
 from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, files, numbers
 from trainer.artifacts import run_files
 from trainer.config import Config, ConfigError, validate
-from trainer.model.seq2seq import Seq2Seq, build_model
 
 NORMALIZE_FLAGS = {"nfkc": bool, "lowercase": bool, "entities": bool, "markup": bool, "cjk_spaces": str}
 
@@ -46,10 +44,24 @@ def config_from(data, where: str) -> DictConfig:
     return cfg
 
 
-def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = None) -> spm.SentencePieceProcessor:
+def recorded_sha256(manifest, side: str, where: str) -> str | None:
+    """The sha256 of the `side` ("src" | "tgt") SentencePiece model a data manifest records (prepare writes
+    vocab.src_model_sha256 / tgt_model_sha256; None for a manifest from before them)."""
+    vocab = manifest.get("vocab") if isinstance(manifest, Mapping) else None
+    value = vocab.get(f"{side}_model_sha256") if isinstance(vocab, Mapping) else None
+    if value is not None and not (isinstance(value, str) and len(value) == 64
+                                  and all(c in "0123456789abcdef" for c in value)):
+        raise ModelFileError(f"{where}: vocab.{side}_model_sha256={value!r:.80}: not a sha256")
+    return value
+
+
+def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = None,
+                  sha256: str | None = None, recorded_in: str = "") -> spm.SentencePieceProcessor:
     """A SentencePiece model from bytes or a file that parses and keeps the ids data_prep gives it
     (<pad> <unk> <s> </s> = 0 1 2 3). A file must be a regular file of at most run_files.MAX_SPM_BYTES (a
-    link to /dev/zero or a FIFO would be read until memory runs out, or forever)."""
+    link to /dev/zero or a FIFO would be read until memory runs out, or forever). `sha256`: what the bytes must
+    hash to (as the data manifest `recorded_in` records it): another vocabulary of the same size fits every shape
+    and would translate into the wrong pieces without a word. The bytes checked are the bytes parsed."""
     if proto is None:
         try:
             proto = files.read_bytes(path, run_files.MAX_SPM_BYTES, "a SentencePiece model")
@@ -57,6 +69,10 @@ def sentencepiece(where: str, *, proto: bytes | None = None, path: str | None = 
             raise ModelFileError(f"{where}: not found") from None
         except files.FileError as e:
             raise ModelFileError(f"{where}: {e.strerror}") from None
+    if sha256 is not None and hashlib.sha256(proto).hexdigest() != sha256:
+        raise ModelFileError(f"{where}: not the SentencePiece model {recorded_in} records (its sha256 is "
+                             f"{hashlib.sha256(proto).hexdigest()[:16]}..., the manifest's {sha256[:16]}...): swapped "
+                             f"or changed after prepare wrote it; put back the one the data was prepared with")
     try:
         sp = spm.SentencePieceProcessor(model_proto=proto)
     except (RuntimeError, OSError, ValueError) as e:
@@ -94,58 +110,12 @@ def number_slots(data, where: str) -> dict | None:
         raise ModelFileError(str(e)) from None
 
 
-def _describe(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str:
+def describe(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str:
+    """The model a config describes, in the words of an error about weights that do not fit it."""
     m = cfg.model
     return (f"model.emb_dim={m.emb_dim}, model.hidden={m.hidden}, model.layers={m.layers}, model.attention="
             f"{m.attention}, model.bidirectional_bottom={m.bidirectional_bottom}, model.tie_embeddings="
             f"{m.tie_embeddings}, vocabularies {src_vocab}/{tgt_vocab}")
-
-
-def check_shapes(expected: Mapping[str, torch.Tensor], state, where: str, described: str) -> None:
-    """`state` (a loaded state dict) has exactly the keys of `expected` (a meta-device state dict), each a
-    tensor of the same shape."""
-    if not isinstance(state, Mapping):
-        raise ModelFileError(f"{where}: the weights are a {type(state).__name__}, not a mapping of tensors")
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ModelFileError(f"{where}: the weights do not fit the config ({described}): "
-                             + "; ".join(p for p in (f"missing {', '.join(missing[:5])}" if missing else "",
-                                                     f"unexpected {', '.join(map(str, unexpected[:5]))}"
-                                                     if unexpected else "") if p))
-    for key, want in expected.items():
-        got = state[key]
-        if not isinstance(got, torch.Tensor):
-            raise ModelFileError(f"{where}: {key} is a {type(got).__name__}, not a tensor")
-        if tuple(got.shape) != tuple(want.shape):
-            raise ModelFileError(f"{where}: {key} has shape {tuple(got.shape)}, but the config ({described}) "
-                                 f"needs {tuple(want.shape)}")
-        if not got.is_floating_point():
-            raise ModelFileError(f"{where}: {key} holds {got.dtype}, not floating-point weights")
-
-
-def build_checked(cfg: DictConfig, src_vocab: int, tgt_vocab: int,
-                  parts: Iterable[tuple[str, object]], *, whole: bool = False) -> Seq2Seq:
-    """The model `cfg` describes, filled with `parts`: (where, state dict) per global layer then the head
-    (a run's checkpoint files), or, with `whole`, one (where, whole-model state dict) (an exported file).
-    Every shape is checked on a meta-device model first; nothing of the config's size is allocated before."""
-    with torch.device("meta"):
-        shape_model = build_model(cfg.model, src_vocab, tgt_vocab)
-    described = _describe(cfg, src_vocab, tgt_vocab)
-    parts = list(parts)
-    modules = [shape_model] if whole else [*shape_model.layers(), shape_model.head]
-    if len(parts) != len(modules):
-        raise ModelFileError(f"{parts[0][0] if parts else '?'}: {len(parts)} weight files for {len(modules)} "
-                             f"parts of the model ({described})")
-    for (where, state), module in zip(parts, modules):
-        check_shapes(module.state_dict(), state, where, described)
-    model = build_model(cfg.model, src_vocab, tgt_vocab)
-    targets = [model] if whole else [*model.layers(), model.head]
-    for (where, state), module in zip(parts, targets):
-        try:
-            module.load_state_dict(state)
-        except RuntimeError as e:
-            raise ModelFileError(f"{where}: {str(e).splitlines()[0][:300]}") from None
-    return model
 
 
 # ---- the exported model file (launch/export.py writes it, translate --model reads it) ----

@@ -122,7 +122,9 @@ class Checkpointer:
         return ts, notes
 
     def _read(self, ckpt: str, summary: dict, same_layout: bool) -> _Read:
-        """This rank's files of `ckpt`, each checked against what it is loaded into (trainer.checkpoint.structure)."""
+        """This rank's files of `ckpt`, each checked against what it is loaded into (trainer.checkpoint.structure),
+        after the checkpoint's layer files against the whole model (no layer missing, none beyond it)."""
+        structure.layer_files(ckpt, self.identity.model["layers"])
         module = self.module
         wanted = [(module.layers[i], files.model_file(ckpt, files.layer_name(module.first_layer + i)))
                   for i in range(len(module.layers))]

@@ -1,18 +1,23 @@
 """What a checkpoint's files must hold, checked before anything is copied out of them.
 
 Checksums prove that the files are the ones the manifest lists, not that they fit: a tool that rewrites a file
-and its manifest entry (or a careless hand) gives files that verify and hold the wrong thing. So every file a
-resume reads is checked for structure first: every tensor's shape and dtype against the model and optimizer it
-is loaded into, every key present with the right type (train_state.json, optimizer state, RNG states). A
-problem is one CheckpointError naming the file and the tensor or key; nothing has been copied by then.
+and its manifest entry (or a careless hand) gives files that verify and hold the wrong thing, and a checkpoint of
+another model verifies too. So every checkpoint a command loads is checked for structure first, by every entry
+point (resume, and translate, evaluate, score, export, average through trainer.inference.loading, which also
+checks an exported model's weights here): its layer files against the model (each layer's there, none beyond:
+`layer_files`), every tensor's shape and dtype against the model and optimizer it is loaded into, every key
+present with the right type (train_state.json, optimizer state, RNG states). A problem is one CheckpointError
+naming the file and the tensor or key; nothing has been copied by then.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 import torch
 
-from trainer.checkpoint.files import CheckpointError
+from trainer.checkpoint.files import HEAD, CheckpointError, layer_name, model_file
 from trainer.checkpoint.optimizer import MASTER
 from trainer.checkpoint.state import TrainState
 
@@ -82,24 +87,45 @@ def _tensor(value, path: str, name: str) -> torch.Tensor:
     return value
 
 
-def weights(state, module, path: str) -> None:
-    """A weights file against the module it is loaded into: the same names, each a tensor of the module's shape
-    and a floating-point dtype (bf16 and fp32 load into each other: a run may change its precision)."""
+_LAYER_FILE = re.compile(r"^layer_([0-9]+)-")
+
+
+def layer_files(ckpt: str, pair_layers: int, needs: str = "this run's model") -> None:
+    """The layer files of `ckpt` against the model it is loaded into (`pair_layers`: its model.layers; layer_00 is
+    the embeddings, layer_01 .. the pair layers, then the head): each one's weights there, and no file of a layer
+    beyond them. Each layer is read by its own name, so a checkpoint of a deeper model loaded into this one would
+    lose its top layers without a word. `needs`: the model, in the error."""
+    names = sorted(os.listdir(ckpt))
+    beyond = [n for n in names if (m := _LAYER_FILE.match(n)) and int(m.group(1)) > pair_layers]
+    if beyond:
+        raise CheckpointError(f"{os.path.join(ckpt, beyond[0])}: a layer {needs} does not have (it has model.layers="
+                              f"{pair_layers}: layer_00 .. {layer_name(pair_layers)} and the head): the checkpoint "
+                              f"is of a deeper model")
+    for part in [*(layer_name(i) for i in range(pair_layers + 1)), HEAD]:
+        if not os.path.lexists(model_file(ckpt, part)):
+            raise CheckpointError(f"{model_file(ckpt, part)}: missing ({needs} has model.layers={pair_layers}: the "
+                                  f"checkpoint is incomplete, or of a shallower model)")
+
+
+def weights(state, module, path: str, needs: str = "this run's model") -> None:
+    """A weights file against the module it is loaded into (a meta-device one will do: only names, shapes and
+    dtypes are read): the same names, each a tensor of the module's shape and a floating-point dtype (bf16 and
+    fp32 load into each other: a run may change its precision). `needs`: the model, in the error."""
     if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: not a state dict")
+        raise CheckpointError(f"{path}: the weights are a {type(state).__name__}, not a state dict")
     want = module.state_dict()
     for name, tensor in want.items():
         if name not in state:
-            raise CheckpointError(f"{path}: no {name} (model.* differs from the checkpoint's?)")
+            raise CheckpointError(f"{path}: no {name}, which {needs} has (model.* differs from the checkpoint's?)")
         got = _tensor(state[name], path, name)
         if tuple(got.shape) != tuple(tensor.shape):
-            raise CheckpointError(f"{path}: {name} has shape {tuple(got.shape)}, this run's model needs "
+            raise CheckpointError(f"{path}: {name} has shape {tuple(got.shape)}, {needs} needs "
                                   f"{tuple(tensor.shape)} (another vocabulary or model.* size)")
         if got.is_floating_point() != tensor.is_floating_point():
-            raise CheckpointError(f"{path}: {name} has dtype {got.dtype}, this run's model needs {tensor.dtype}")
+            raise CheckpointError(f"{path}: {name} has dtype {got.dtype}, {needs} needs {tensor.dtype}")
     extra = sorted(set(state) - set(want))
     if extra:
-        raise CheckpointError(f"{path}: holds {extra[0]}, which this run's model does not have (model.* differs)")
+        raise CheckpointError(f"{path}: holds {extra[0]}, which {needs} does not have (model.* differs)")
 
 
 def optimizer(parts: dict, paths: dict, expected: dict, summary: dict) -> None:

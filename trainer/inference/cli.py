@@ -35,6 +35,7 @@ from typing import IO, Iterator
 from data_prep.dataformat import files
 
 INPUT_CHUNK = 256  # lines read before decoding when --buffer-size is not given
+MAX_BUFFER_LINES = 1_000_000  # --buffer-size: lines held in memory at once
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,11 +86,19 @@ def decode_flags(args: argparse.Namespace) -> dict:
 
 
 def one_command(main):
-    """`main` as one command of the file layer: its reads and protections are its own (files.command)."""
+    """`main` as one command of the file layer: its reads and protections are its own (files.command). Running
+    out of memory (sizes within their limits that this machine still cannot hold) is one line saying which flags
+    to lower, not the allocator's traceback."""
     @functools.wraps(main)
     def run(args) -> int:
         with files.command():
-            return main(args)
+            try:
+                return main(args)
+            except (MemoryError, RuntimeError) as e:
+                if not isinstance(e, MemoryError) and "allocate" not in str(e) and "out of memory" not in str(e):
+                    raise
+                said = (str(e).strip().splitlines() or [type(e).__name__])[0][-200:]
+                raise ValueError(f"out of memory ({said}): lower --batch-size, --max-tokens or --beam") from None
     return run
 
 
@@ -206,6 +215,9 @@ def format_result(index: int, hyps, n_best: int, alignments: bool) -> str:
 def translate_main(args) -> int:
     if args.n_best < 1:
         raise ValueError(f"--n-best {args.n_best}: must be >= 1")
+    if not 0 <= (args.buffer_size or 0) <= MAX_BUFFER_LINES:
+        raise ValueError(f"--buffer-size {args.buffer_size}: must be in 1 .. {MAX_BUFFER_LINES} (input lines read "
+                         f"before decoding; 0 = {INPUT_CHUNK})")
     stream, name, total = _open_input(args.input)
     try:
         translator = load_translator(Models.from_args(args), decode_flags(args))

@@ -3,8 +3,10 @@ exported model file, or several translators as one ensemble; and writing the exp
 Translator complete, once: the models, the text pipeline, the decoding options (the config's decode section with
 the `decode` flags given, checked: trainer.inference.options) and where it came from.
 
-Every file is a user file: checkpoints must verify (trainer.checkpoint.files) and everything is checked
-before the model is built (trainer.artifacts.model_files)."""
+Every file is a user file: checkpoints must verify (trainer.checkpoint.files), their layer files and every
+weight tensor are checked against the model the config describes by the checks a resume makes
+(trainer.checkpoint.structure), on a meta-device model before the real one is allocated, and everything else
+(config, SentencePiece models, normalisation flags) before the model is built (trainer.artifacts.model_files)."""
 from __future__ import annotations
 
 import os
@@ -13,14 +15,15 @@ from typing import NamedTuple
 import torch
 from omegaconf import OmegaConf
 
-from data_prep.dataformat import TrainingLimits, files
+from data_prep.dataformat import SPM_MODELS, TrainingLimits, files
 from trainer.artifacts import model_files, run_dir as run_names
-from trainer.checkpoint import files as checkpoint
-from trainer.config import load_config
+from trainer.checkpoint import files as checkpoint, structure
+from trainer.config import ConfigError, load_config
 from trainer.inference.options import DecodeOptions
 from trainer.inference.text import TextPipeline
 from trainer.inference.translator import Translator
 from trainer.metrics import manifest_lang
+from trainer.model.seq2seq import Seq2Seq, build_model
 
 
 class _Parts(NamedTuple):
@@ -46,22 +49,27 @@ def load_run(run_dir: str, which: str = "best", device=None, *, allow_unverified
 
 
 def _run_parts(run_dir: str, which: str, allow_unverified: bool) -> _Parts:
-    cfg = load_config(os.path.join(run_dir, run_names.CONFIG))
+    config_path = os.path.join(run_dir, run_names.CONFIG)
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as e:  # the run's own file (no overrides here): name it
+        message = str(e)
+        raise ConfigError(message if config_path in message else f"{config_path}: {message}") from None
     manifest_path = os.path.join(run_dir, run_names.DATA_MANIFEST)
     manifest = checkpoint.read_json(manifest_path)
     if not isinstance(manifest, dict):
         raise model_files.ModelFileError(f"{manifest_path}: not a prepare manifest (a JSON object)")
-    src_sp, tgt_sp = (model_files.sentencepiece(os.path.join(run_dir, n), path=os.path.join(run_dir, n))
-                      for n in run_names.RUN_FILES)
+    src_sp, tgt_sp = (model_files.sentencepiece(path, path=path, recorded_in=manifest_path,
+                                                sha256=model_files.recorded_sha256(manifest, side, manifest_path))
+                      for side, path in ((s, os.path.join(run_dir, SPM_MODELS[s])) for s in ("src", "tgt")))
     ckpt = checkpoint.resolve(run_dir, which)
     checkpoint.check_trusted(ckpt, allow_unverified=allow_unverified or checkpoint.is_unfinished_save(run_dir, ckpt))
+    needs = f"the run's config ({model_files.describe(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size())})"
+    _checked(structure.layer_files, ckpt, cfg.model.layers, needs)
     files = [checkpoint.model_file(ckpt, checkpoint.layer_name(i)) for i in range(cfg.model.layers + 1)]
     files.append(checkpoint.model_file(ckpt, checkpoint.HEAD))
-    for index, path in enumerate(files[:-1]):
-        if not os.path.lexists(path):
-            raise FileNotFoundError(f"{path}: missing layer {index} (checkpoint incomplete or model.layers differs)")
-    model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
-                                      ((path, checkpoint.load(path)) for path in files))
+    model = _build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
+                           [(path, checkpoint.load(path)) for path in files], needs)
     meta_path = os.path.join(ckpt, checkpoint.META)
     meta = checkpoint.read_json(meta_path) if os.path.lexists(meta_path) else {}
     meta = meta if isinstance(meta, dict) else {}
@@ -73,6 +81,37 @@ def _run_parts(run_dir: str, which: str, allow_unverified: bool) -> _Parts:
               "dev_bleu": meta.get("dev_bleu"), "data_checksum": manifest.get("checksum"),
               "config": OmegaConf.to_container(cfg)}
     return _Parts(cfg, model, text, origin)
+
+
+def _checked(check, *args) -> None:
+    """A structure check (trainer.checkpoint.structure) whose refusal is a model file's: a ModelFileError."""
+    try:
+        check(*args)
+    except checkpoint.CheckpointError as e:
+        raise model_files.ModelFileError(str(e)) from None
+
+
+def _build_checked(cfg, src_vocab: int, tgt_vocab: int, parts: list, needs: str, *, whole: bool = False) -> Seq2Seq:
+    """The model `cfg` describes, filled with `parts`: (where, state dict) per global layer then the head (a run's
+    checkpoint files), or, with `whole`, one (where, whole-model state dict) (an exported file). Every part is
+    checked as a resume checks it (structure.weights) against a meta-device model first: nothing of the config's
+    size is allocated before the weights agree with it (model.hidden=60000 beside weights of width 256 is one
+    line, not a 57 GB allocation)."""
+    with torch.device("meta"):
+        shape_model = build_model(cfg.model, src_vocab, tgt_vocab)
+    modules = [shape_model] if whole else [*shape_model.layers(), shape_model.head]
+    if len(parts) != len(modules):
+        raise model_files.ModelFileError(f"{parts[0][0] if parts else '?'}: {len(parts)} weight files for "
+                                         f"{len(modules)} parts of the model ({needs})")
+    for (where, state), module in zip(parts, modules):
+        _checked(structure.weights, state, module, where, needs)
+    model = build_model(cfg.model, src_vocab, tgt_vocab)
+    for (where, state), module in zip(parts, [model] if whole else [*model.layers(), model.head]):
+        try:
+            module.load_state_dict(state)
+        except RuntimeError as e:
+            raise model_files.ModelFileError(f"{where}: {str(e).splitlines()[0][:300]}") from None
+    return model
 
 
 def load_average(run_dir: str, checkpoints: list[str], device=None, decode: dict | None = None) -> Translator:
@@ -100,8 +139,9 @@ def load_export(path: str, device=None, decode: dict | None = None) -> Translato
     cfg = model_files.config_from(blob["config"], where)
     src_sp, tgt_sp = (model_files.sentencepiece(f"{where}: {k}", proto=model_files.tensor_bytes(blob[k], f"{where}: {k}"))
                       for k in ("spm_src", "spm_tgt"))
-    model = model_files.build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(),
-                                      [(where, blob["model"])], whole=True)
+    needs = f"the config ({model_files.describe(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size())})"
+    model = _build_checked(cfg, src_sp.get_piece_size(), tgt_sp.get_piece_size(), [(where, blob["model"])], needs,
+                           whole=True)
     limits = blob.get("limits") or {}
     if not isinstance(limits, dict):
         raise model_files.ModelFileError(f"{where}: limits: expected a mapping")

@@ -9,6 +9,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from trainer.config import DECODE_LIMITS
+
+FLAGS = {"beam": "--beam", "batch_size": "--batch-size", "max_tokens": "--max-tokens", "max_len_ratio": "--max-len-ratio",
+         "max_len_add": "decode.max_len_add"}  # the name a value is refused by (max_len_add has no flag)
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
@@ -33,6 +38,10 @@ class DecodeOptions:
                 raise ValueError(f"{flag} {value}: must be >= {least}")
         if self.max_line_bytes < 0:
             raise ValueError(f"--max-line-bytes {self.max_line_bytes}: must be >= 0 (0 = no cap)")
+        for name, flag in FLAGS.items():  # a size is bounded before it becomes an allocation
+            if getattr(self, name) > DECODE_LIMITS[name]:
+                raise ValueError(f"{flag} {getattr(self, name)}: at most {DECODE_LIMITS[name]} (larger sizes only ask "
+                                 f"for memory; decoding gains nothing from them)")
 
     @classmethod
     def from_config(cls, decode_cfg, **flags) -> "DecodeOptions":

@@ -21,6 +21,8 @@ from trainer.model.search import Ensemble, Hypothesis, beam_search_nbest
 from trainer.model.seq2seq import Seq2Seq
 from trainer.model.tensors import to_device
 
+MAX_HYPOTHESES = 8192  # a beam search batch holds at most this many (sentences x beam): rows of vocabulary scores
+
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -61,6 +63,7 @@ class Translator:
                       length_penalty: float, batch_size: int, max_tokens: int = 0,
                       n_best: int = 1) -> list[list[Hypothesis]]:
         out: list[list[Hypothesis]] = [[] for _ in src_ids]
+        batch_size = max(1, min(batch_size, MAX_HYPOTHESES // beam))  # the search's rows: sentences x beam
         for idx in self.batches([len(s) for s in src_ids], batch_size, max_tokens):
             lengths = np.array([len(src_ids[i]) + 1 for i in idx])  # with EOS; on the host, as the encoder wants
             src = np.full((len(idx), int(lengths.max())), PAD_ID, dtype=np.int64)

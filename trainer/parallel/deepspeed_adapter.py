@@ -32,6 +32,7 @@ import io
 import logging
 import math
 import types
+import typing
 import warnings
 from datetime import timedelta
 
@@ -363,6 +364,171 @@ def zero_optimizer_names() -> frozenset:
             name = name[len(prefix):] if name.startswith(prefix) else name
         names.add(name.lower())
     return frozenset(names)
+
+
+# ---- the keys DeepSpeed reads from the JSON ----
+# Read outside DeepSpeedConfig._initialize_params: by deepspeed.initialize (a sequence-parallel mesh) and by
+# DeepSpeedConfig's warning check.
+READ_ELSEWHERE = ("sequence_parallel_size", "data_parallel_size", "vocabulary_size")
+
+
+class UnreadKey(typing.NamedTuple):
+    """A key of a DeepSpeed JSON that DeepSpeed does not take: `refused` is DeepSpeed's own refusal (a removed
+    key, a section's model that forbids it, a value its reader rejects), None where it would ignore the key."""
+
+    key: str  # dotted: "gradient_clipping", "checkpoint.tag_validation", "zero_optimization.stage"
+    known: tuple  # the names DeepSpeed looked up beside it (for a suggestion)
+    refused: str | None = None
+
+
+class _Reading(dict):
+    """A section of the JSON that records which keys DeepSpeed's reader looks up (`log`: path -> keys; a section
+    it iterates or unpacks, `**section` into its pydantic models, is read whole). log[None]: the last top-level
+    key looked up, the section a model's refusal is about."""
+
+    def __init__(self, data: dict, path: tuple, log: dict):
+        super().__init__(data)
+        self._path, self._log = path, log
+        log.setdefault(path, set())
+
+    def _note(self, key) -> None:
+        self._log[self._path].add(key)
+        if not self._path:
+            self._log[None] = (key,)
+
+    def _value(self, key):
+        value = dict.__getitem__(self, key)
+        return _Reading(value, self._path + (key,), self._log) if type(value) is dict else value
+
+    def get(self, key, default=None):
+        self._note(key)
+        return self._value(key) if dict.__contains__(self, key) else default
+
+    def __getitem__(self, key):
+        self._note(key)
+        return self._value(key)
+
+    def __contains__(self, key):
+        self._note(key)
+        return dict.__contains__(self, key)
+
+    def keys(self):
+        return _ReadKeys(self)
+
+    def __iter__(self):
+        self._log[self._path].update(dict.keys(self))
+        return iter(list(dict.keys(self)))
+
+    def items(self):
+        return [(k, self._value(k)) for k in self]
+
+    def values(self):
+        return [v for _, v in self.items()]
+
+    def __copy__(self):
+        return _Reading(dict(dict.items(self)), self._path, self._log)
+
+
+class _ReadKeys:
+    """`section.keys()`: `key in section.keys()` is a look-up of that key; iterating it reads the section whole."""
+
+    def __init__(self, section: _Reading):
+        self._section = section
+
+    def __contains__(self, key):
+        return key in self._section
+
+    def __iter__(self):
+        return iter(self._section)
+
+    def __len__(self):
+        return dict.__len__(self._section)
+
+
+def unread_keys(ds: dict) -> list[UnreadKey]:
+    """The keys of a DeepSpeed JSON that DeepSpeed does not read, found by running its own config reader
+    (DeepSpeedConfig's removed-key check and `_initialize_params`) on `ds` while recording every key it looks
+    up: in a section it looks into key by key (the top level, checkpoint, data_types, the optimizer's type and
+    params, ...) any other key is one it would ignore. A section it hands on whole is not judged here: its
+    pydantic models (zero_optimization, bf16, fp16, ...) refuse unknown keys themselves, which is turned into an
+    UnreadKey now rather than a multi-line error after the model is built, and optimizer.params /
+    scheduler.params are the arguments of the optimizer's and the schedule's constructors."""
+    from deepspeed.runtime import config as ds_config
+
+    log: dict = {}
+    reading = _Reading(ds, (), log)
+    reader = ds_config.DeepSpeedConfig.__new__(ds_config.DeepSpeedConfig)
+    reader.global_rank, reader.world_size, reader._param_dict = 0, 1, reading
+    try:
+        ds_config._reject_removed_config_keys(reading)
+        reader._initialize_params(reading)
+    except Exception as e:  # what deepspeed.initialize would raise, after the model is built
+        return [_refusal(e, log.get(None, ()), log)]
+    log[()].update(READ_ELSEWHERE)
+    for section in ("optimizer", "scheduler"):
+        arguments = constructor_arguments(section, ds)
+        if arguments is not None and (ds.get(section) or {}).get("params"):
+            log[(section, "params")] = set(arguments)
+    return _unread(ds, (), log)
+
+
+# What DeepSpeed takes out of optimizer.params before the rest goes to the optimizer's constructor
+# (DeepSpeedEngine._configure_basic_optimizer, get_optimizer_configuration).
+ADAM_OWN_PARAMS = ("adam_w_mode", "torch_adam", "fp32_optimizer_states", "foreach")
+
+
+def constructor_arguments(section: str, ds: dict) -> tuple | None:
+    """The names `optimizer.params` or `scheduler.params` may hold: the arguments of the class DeepSpeed builds
+    from them (they are passed as keyword arguments, so any other name is a TypeError once the model is built);
+    None where that class is not known before it is built (DeepSpeed's fused or CPU optimizers) or takes any
+    name. For the optimizer, the torch classes: torch.optim.Adam(W) for Adam/AdamW with torch_adam, or the
+    torch.optim class the type names."""
+    import inspect
+
+    from deepspeed.runtime import lr_schedules
+
+    spec = ds.get(section) or {}
+    name, params = spec.get("type"), spec.get("params") or {}
+    if section == "scheduler":
+        cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
+        own: tuple = ()
+    elif str(name).lower() in ("adam", "adamw") and params.get("torch_adam"):
+        cls = torch.optim.AdamW if str(name).lower() == "adamw" or params.get("adam_w_mode", True) else torch.optim.Adam
+        own = ADAM_OWN_PARAMS
+    else:
+        cls, own = getattr(torch.optim, str(name), None), ()
+    if not isinstance(cls, type):
+        return None
+    arguments = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, the optimizer / parameters
+    if any(a.kind is inspect.Parameter.VAR_KEYWORD for a in arguments):
+        return None
+    return tuple(a.name for a in arguments) + own
+
+
+def _unread(section: dict, path: tuple, log: dict) -> list[UnreadKey]:
+    seen = log.get(path)
+    if seen is None or (path and not seen):  # never looked into, or handed on whole
+        return []
+    out = []
+    for key, value in section.items():
+        if key not in seen:
+            out.append(UnreadKey(".".join(map(str, path + (key,))), tuple(sorted(map(str, seen)))))
+        elif type(value) is dict:
+            out += _unread(value, path + (key,), log)
+    return out
+
+
+def _refusal(e: Exception, section: tuple, log: dict) -> UnreadKey:
+    """DeepSpeed's reader refused the JSON: the key (in `section`, the last one it looked up) and its reason."""
+    errors = e.errors() if callable(getattr(e, "errors", None)) else []
+    if errors:  # a section's pydantic model: the key inside that section
+        loc, forbidden = tuple(errors[0].get("loc", ())), errors[0].get("type") == "extra_forbidden"
+        if loc and loc[0] in log.get((), ()):  # a model over several sections (the monitors) names its section
+            section = ()
+        return UnreadKey(".".join(map(str, section + loc)), (),
+                         "not a key of this section" if forbidden else str(errors[0].get("msg", e)))
+    return UnreadKey(".".join(map(str, section)) or "(top level)", (),
+                     (str(e).strip().splitlines() or [type(e).__name__])[0][:300])
 
 
 def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_stages=None,

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.resume import RunIdentity
 from trainer.config import schedule_steps
-from trainer.data import BatchStream, ParallelData, Prefetcher, has_split, read_manifest
+from trainer.data import BatchStream, Prefetcher, RunData, load_run_data
 from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
 from trainer.metrics import dev_tokenize
 from trainer.model.flops import batch_flops
@@ -144,8 +144,8 @@ class Build:
     """Builds one training run: `trainer()` starts the runtime and builds every part. What it started stays here
     so that the caller can take it down after a failure (`abandon`) or a finished run (`close`)."""
 
-    def __init__(self, cfg, ds: dict, spec: LayoutSpec):
-        self.cfg, self.ds, self.spec = cfg, ds, spec
+    def __init__(self, cfg, ds: dict, spec: LayoutSpec, data: RunData | None = None):
+        self.cfg, self.ds, self.spec, self.data = cfg, ds, spec, data  # data: loaded here if not given
         self.runtime: ParallelRuntime | None = None
         self.runner: StepRunner | None = None
 
@@ -157,11 +157,12 @@ class Build:
         threads = set_threads(cfg.train.threads)
         pinned = pin_cores(cfg.train.pin_cores, threads, rt.device().type == "cpu")
         tf32 = tuning.set_tf32(cfg.train.tf32, rt.device())
-        manifest = read_manifest(cfg.data.dir)
+        data = self.data or load_run_data(cfg.data.dir, "none")
+        manifest = data.manifest
         bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
         multiple = tuning.length_multiple(cfg.data.length_multiple, rt.device())
-        train_data = ParallelData(cfg.data.dir, "train", multiple)
-        dev_data = ParallelData(cfg.data.dir, "dev", multiple) if has_split(cfg.data.dir, "dev") else None
+        train_data = data.train.padded(multiple)
+        dev_data = data.dev.padded(multiple) if data.dev is not None else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
         part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
                       *lstm_weight_notes(module, engine, cfg), *length_notes(multiple, cfg.data),

@@ -60,15 +60,15 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
 
 def train_main(config_path, overrides, ds_config_path) -> int:
     from trainer.config import check_threads, load_config
-    from trainer.data import read_manifest, verify as verify_data
+    from trainer.data import load_run_data
     from trainer.parallel.runtime import is_comm_failure
     from trainer.training.build import Build, plan
 
     cfg = load_config(config_path, overrides)
     check_threads(cfg.train.threads)
     ds, spec = plan(cfg, ds_config_path)  # a bad config or layout fails here, before any process talks
-    verify_data(cfg.data.dir, read_manifest(cfg.data.dir), cfg.data.verify)  # and damaged data
-    build = Build(cfg, ds, spec)
+    data = load_run_data(cfg.data.dir, cfg.data.verify)  # and damaged data: checked as it is loaded, once
+    build = Build(cfg, ds, spec, data)
     try:
         build.trainer().fit()
     except Exception as e:
