@@ -53,8 +53,8 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
     assert placement["deepspeed_accelerator"] == "cpu" and placement["trainer_device"] == "cpu" and placement["ok"]
     runs = {r["name"]: r for r in report["runs"]}
     assert set(runs) == {"enja-small_bf16", "enja-small_fp32", "paper-size_bf16", "paper-size_fp32",
-                         "enja-small_bf16_units", "patent_bf16", "patent_bf16_layers", "patent_fp32", "patent_tf32",
-                         "patent_fp16", "patent_bf16_b24", "patent_bf16_unpadded"}
+                         "enja-small_bf16_units", "patent_bf16", "patent_bf16_stacked", "patent_fp32", "patent_tf32",
+                         "patent_fp16", "patent_bf16_b24", "patent_bf16_padded"}
     for name, r in runs.items():
         assert r["exit"] == 0 and "error" not in r and r["finite"] and r["device"] == "cpu", name
         assert r["pairs_per_s"] > 0 and r["tokens_per_s"] > r["pairs_per_s"] and r["peak_memory_mib"] > 50
@@ -299,7 +299,7 @@ def test_speed_runs_are_neither_profiled_nor_logged_to_wandb_which_runs_last():
     sizes = gpu_check.SIZES["cuda"]
     plan = gpu_check.run_plan(sizes)
     runs = [s["name"] for s in plan["runs"]]
-    assert runs[:2] == ["patent_bf16", "patent_bf16_layers"]  # the goal and the stack's A/B first
+    assert runs[:2] == ["patent_bf16", "patent_bf16_stacked"]  # the goal and the stack's A/B first
     assert {"patent_fp32", "patent_tf32", "patent_fp16"} <= set(runs)
     for spec in plan["runs"] + plan["scan"]:
         assert not any("profile" in e for e in spec.get("extra", ())) and not spec.get("wandb")

@@ -93,7 +93,7 @@ def test_which_layers_can_be_one_call():
     # the stepwise kernel is a loop of its own
     stepwise = build_model(replace(BASE, lstm_kernel="stepwise"), 20, 30)
     assert [len(r) for r in runs_of_layers(list(stepwise.pairs), "enc", x)] == [1, 1, 1]
-    # train.stack_layers=false: a call per layer
+    # train.stack_layers=off: a call per layer
     apart = build_model(BASE, 20, 30)
     for pair in apart.pairs:
         pair.stack = False
@@ -164,3 +164,14 @@ def test_widths_padded_to_a_multiple_change_no_loss_or_gradient():
     for a, b in zip(g8, g1):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     assert padded_width(16, 8) == 16 and padded_width(17, 8) == 24 and padded_width(5, 1) == 5
+
+
+def test_train_stack_layers_auto_stacks_only_fp32_on_cuda():
+    from trainer.training.tuning import stack_layers
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert stack_layers("auto", cuda, "fp32")[0] is True
+    assert stack_layers("auto", cuda, "bf16")[0] is False and stack_layers("auto", cuda, "fp16")[0] is False
+    assert stack_layers("auto", cpu, "fp32")[0] is False
+    assert stack_layers("on", cpu, "bf16") == (True, "train.stack_layers=on")
+    assert stack_layers("off", cuda, "fp32") == (False, "train.stack_layers=off")

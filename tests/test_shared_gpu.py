@@ -72,3 +72,18 @@ def test_a_staged_stage_comm_sends_host_copies_and_receives_into_the_device(monk
 class _Done:
     def wait(self) -> None:
         pass
+
+
+def test_a_sharing_ranks_local_rank_becomes_its_gpus_index_for_deepspeed(monkeypatch):
+    """DeepSpeed places the pipeline's modules and the engine on GPU LOCAL_RANK: rank 1 of 2 on one GPU was
+    'invalid device ordinal' in the GPU check of 2026-12-04 (its second version)."""
+    from trainer.parallel.runtime import device_index
+
+    monkeypatch.setattr(dsa, "accelerator", lambda: _FakeCuda(1))
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    env = {"LOCAL_RANK": "1"}
+    assert device_index(_FakeCuda(1), env) == 0 and env == {"LOCAL_RANK": "0", "HNMT_LOCAL_RANK": "1"}
+    assert device_index(_FakeCuda(1), env) == 0 and env["HNMT_LOCAL_RANK"] == "1"  # asked again: the same
+    monkeypatch.setenv("LOCAL_SIZE", "1")
+    env = {"LOCAL_RANK": "0"}
+    assert device_index(_FakeCuda(1), env) == 0 and env == {"LOCAL_RANK": "0"}  # one rank per GPU: untouched

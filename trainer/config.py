@@ -60,9 +60,9 @@ class DataConfig:
     bucket_batches: int = _key(100, "length-sort windows of this many batches, then shuffle batches")
     min_batch_sentences: int = _key(8, "smallest batch; the same in every layout so runs stay comparable "
                                        "(a layout needs replicas x max(units, head shards))")
-    length_multiple: int = _key(0, "pad each batch's source and target width up to a multiple of this: fewer "
-                                    "distinct shapes (on a GPU each new one loads or tunes kernels); 0 = 8 on an "
-                                    "accelerator, 1 on a CPU (no padding)")
+    length_multiple: int = _key(1, "pad each batch's source and target width up to a multiple of this (1: no "
+                                    "padding): fewer distinct shapes for kernels, graphs and compilers, at the cost "
+                                    "of the padded positions' work (docs/gpu.md)")
     verify: str = _key("ids", "check the data at start: ids (pair counts and file sizes against the manifest; "
                               "cheap) | checksums (also each binarized file's sha256) | full (also the SentencePiece "
                               "models' and the manifest's checksum) | none. Whatever the mode, every token id is "
@@ -106,9 +106,10 @@ class TrainConfig:
                                         "train.loss_chunk_rows rows | whole = one GEMM over all rows, then the chunks' "
                                         "passes in place | auto = on a CPU the faster of the two, measured on this machine "
                                         "at the start (cached), whole on an accelerator")
-    stack_layers: bool = _key(True, "run a stage's consecutive LSTM layers as one multi-layer call where no "
-                                    "dropout sits between them (model.dropout=0, or evaluation): one call's host "
-                                    "cost per side, and cuDNN overlaps the layers; false: a call per layer")
+    stack_layers: str = _key("auto", "a stage's consecutive LSTM layers as one multi-layer call where no dropout "
+                                     "sits between them (model.dropout=0, or evaluation): on | off (a call per "
+                                     "layer) | auto (on for fp32 on CUDA, where cuDNN's stack was measured faster; "
+                                     "off elsewhere: docs/gpu.md)")
     tf32: bool = _key(False, "on a CUDA GPU, fp32 matmuls and cuDNN (the LSTMs) in TF32 (10-bit mantissa, "
                              "several times faster); false: true fp32. Said at start; bf16/fp16 are not affected")
     compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")
@@ -168,6 +169,7 @@ _CHOICES = {
     "train.step_timing": ("auto", "every"),
     "train.loss_projection": ("auto", "chunked", "whole"),
     "train.pin_cores": ("auto", "on", "off"),
+    "train.stack_layers": ("auto", "on", "off"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
     "data.verify": ("ids", "checksums", "full", "none"),
     "train.resume_schedule": ("keep", "stretch"),
@@ -180,7 +182,7 @@ _NON_NEGATIVE = ("data.max_tokens", "train.max_epochs", "train.save_every", "tra
                  "train.threads", "train.timeline_every", "train.profile_steps", "train.profile_from",
                  "train.loss_chunk_rows",
                  "decode.dev_max_sentences", "decode.max_len_add", "train.schedule_steps",
-                 "decode.max_tokens", "decode.max_line_bytes", "data.length_multiple")
+                 "decode.max_tokens", "decode.max_line_bytes")
 MAX_LENGTH_MULTIPLE = 256  # data.length_multiple: more pads most batches to twice their length
 MAX_SEED = 2 ** 32 - 1  # numpy's and torch's generators take it; larger ones overflow torch's
 # The largest decoding sizes (decode.*, and the flags of translate, evaluate and score, trainer.inference.options):
@@ -212,9 +214,9 @@ def validate(cfg: DictConfig) -> None:
     for key in ("model.dropout", "model.label_smoothing"):
         if not 0.0 <= _get(cfg, key) < 1.0:
             raise ConfigError(f"{key}={_get(cfg, key)}: must be in [0, 1)")
-    if cfg.data.length_multiple > MAX_LENGTH_MULTIPLE:
-        raise ConfigError(f"data.length_multiple={cfg.data.length_multiple}: at most {MAX_LENGTH_MULTIPLE} (0 = 8 on "
-                          f"an accelerator, 1 on a CPU)")
+    if not 1 <= cfg.data.length_multiple <= MAX_LENGTH_MULTIPLE:
+        raise ConfigError(f"data.length_multiple={cfg.data.length_multiple}: must be in 1 .. {MAX_LENGTH_MULTIPLE} "
+                          f"(1: no padding)")
     for name, limit in DECODE_LIMITS.items():
         if cfg.decode[name] > limit:
             raise ConfigError(f"decode.{name}={cfg.decode[name]}: at most {limit}")

@@ -40,9 +40,8 @@ class RankModule(nn.Module):
         groups = cudnn_weight_groups([m for m in self.layers if isinstance(m, EncoderDecoderLayer)], stacked)
         done = [len(g) for g in groups if flatten_for_cudnn(g)]
         if not done:
-            return "LSTM weights: as built (not on CUDA's cuDNN: nothing to flatten)"
-        return (f"LSTM weights: {len(done)} cuDNN buffer(s) of {'/'.join(map(str, done))} layer(s), read in place at "
-                f"every call")
+            return "weights as built (no cuDNN buffer: not on CUDA, or cuDNN refused the dtype)"
+        return f"weights in {len(done)} cuDNN buffer(s) of {'/'.join(map(str, done))} layer(s), read in place"
 
     def optimizer_parameters(self) -> list[nn.Parameter]:
         """What DeepSpeed's optimizer updates: everything but a head replica."""

@@ -112,12 +112,26 @@ def start_process_group(timeout_s: int) -> tuple[int, int]:
     if world == 1 or _is_loopback(os.environ["MASTER_ADDR"]):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: gloo's pair sockets on loopback
     accel = dsa.accelerator()
-    if accel.device_name() == "cuda":  # more local ranks than GPUs share them (dsa.gpus_shared: gloo, staged)
-        accel.set_device(int(os.environ["LOCAL_RANK"]) % max(1, accel.device_count()))
+    if accel.device_name() == "cuda":
+        accel.set_device(device_index(accel))
     dist.init_process_group(dsa.comm_backend(), store=_store(rank, world, timeout), rank=rank, world_size=world,
                             timeout=timeout)
     dsa.init_comm(timeout_s)
     return rank, world
+
+
+def device_index(accel, environ=os.environ) -> int:
+    """This rank's GPU: its local rank; where more local ranks than GPUs share them (dsa.gpus_shared: gloo, tensors
+    staged through host memory), local rank mod the GPU count. DeepSpeed places the pipeline's modules and the
+    engine on GPU LOCAL_RANK (PipelineModule, DeepSpeedEngine), so a sharing rank's LOCAL_RANK becomes that GPU's
+    index; the launcher's stays in HNMT_LOCAL_RANK."""
+    local = int(environ["LOCAL_RANK"])
+    if not dsa.gpus_shared():
+        return local
+    environ.setdefault("HNMT_LOCAL_RANK", str(local))
+    index = int(environ["HNMT_LOCAL_RANK"]) % max(1, accel.device_count())
+    environ["LOCAL_RANK"] = str(index)
+    return index
 
 
 @dataclass

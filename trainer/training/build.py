@@ -101,22 +101,21 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
     return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
 
 
-def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg) -> list[str]:
-    """train.stack_layers, and on CUDA the LSTM weights in cuDNN's flat layout, by the groups their calls read (one
-    stack per side where no dropout sits between the layers); not under ZeRO, whose own flat buffer holds them."""
+def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg, device) -> list[str]:
+    """train.stack_layers as it applies, and on CUDA the LSTM weights in cuDNN's flat layout, by the groups their
+    calls read (one stack per side where no dropout sits between the layers); not under ZeRO, whose own flat buffer
+    holds them."""
+    stacked, why = tuning.stack_layers(cfg.train.stack_layers, device, engine.precision)
     for layer in module.layers:
         if isinstance(layer, EncoderDecoderLayer):
-            layer.stack = cfg.train.stack_layers
+            layer.stack = stacked
     if engine.zero_stage:
-        return ["LSTM weights: views of ZeRO's flat buffer (cuDNN copies them at each call)"]
-    return [module.pack_lstm_weights(stacked=cfg.model.dropout == 0 and cfg.train.stack_layers)]
+        return [f"LSTM calls: {why}; weights: views of ZeRO's flat buffer (cuDNN copies them at each call)"]
+    return [f"LSTM calls: {why}; " + module.pack_lstm_weights(stacked=cfg.model.dropout == 0 and stacked)]
 
 
-def length_notes(multiple: int, data_cfg) -> list[str]:
-    if multiple == 1:
-        return []
-    origin = "data.length_multiple" if data_cfg.length_multiple else "data.length_multiple=0: on an accelerator"
-    return [f"batch widths: padded up to a multiple of {multiple} ({origin})"]
+def length_notes(multiple: int) -> list[str]:
+    return [] if multiple == 1 else [f"batch widths: padded up to a multiple of {multiple} (data.length_multiple)"]
 
 
 def schedule_notes(ds: dict) -> list[str]:
@@ -160,12 +159,12 @@ class Build:
         data = self.data or load_run_data(cfg.data.dir, "none")
         manifest = data.manifest
         bleu_tokenize = dev_tokenize(cfg.decode.bleu_tokenize, manifest, cfg.data.dir)  # can it run? before any step
-        multiple = tuning.length_multiple(cfg.data.length_multiple, rt.device())
+        multiple = cfg.data.length_multiple
         train_data = data.train.padded(multiple)
         dev_data = data.dev.padded(multiple) if data.dev is not None else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
         part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
-                      *lstm_weight_notes(module, engine, cfg), *length_notes(multiple, cfg.data),
+                      *lstm_weight_notes(module, engine, cfg, rt.device()), *length_notes(multiple),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
         stream = Prefetcher(BatchStream(train_data, max_sentences=global_micro, max_tokens=cfg.data.max_tokens,

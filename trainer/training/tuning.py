@@ -209,15 +209,16 @@ def precision_notes(device: torch.device, precision: str, width: int) -> list[st
             f"\"bf16\": {{\"enabled\": false}} in the DeepSpeed JSON may train faster"]
 
 
-ACCELERATOR_LENGTH_MULTIPLE = 8  # data.length_multiple=0 on an accelerator
-
-
-def length_multiple(configured: int, device: torch.device) -> int:
-    """data.length_multiple as it applies: as set, or (0) 8 on an accelerator and 1 (no padding) on a CPU, where a
-    new shape costs a oneDNN primitive of a few ms once and padding costs work at every step."""
-    if configured:
-        return configured
-    return 1 if device.type == "cpu" else ACCELERATOR_LENGTH_MULTIPLE
+def stack_layers(configured: str, device: torch.device, precision: str) -> tuple[bool, str]:
+    """train.stack_layers as it applies, and why. auto: one call per side for fp32 on CUDA, where cuDNN's 4-layer
+    stack took 30.5 ms forward and backward against 36.1 for the layers one at a time; a call per layer elsewhere:
+    in bf16 the stack launched 20% more kernels on a host-bound step (19.9 against 17.0-18.3 ms; the patent run
+    35.0 against 30.8 ms per step), and on a CPU they are level (H200 and Intel Xeon, 2026-12-04:
+    benchmarks/results/gpu/2026-12-04-v2, docs/gpu.md)."""
+    if configured != "auto":
+        return configured == "on", f"train.stack_layers={configured}"
+    on = device.type == "cuda" and precision == "fp32"
+    return on, f"train.stack_layers=auto: {'stacked' if on else 'by layer'} for {precision} on {device.type}"
 
 
 def set_tf32(on: bool, device: torch.device) -> list[str]:

@@ -1,0 +1,104 @@
+"""Each rank's CPU work per step against one process's: the fixed costs a layout cannot divide.
+
+    python -m benchmarks.scaling.rank_cpu [--work /tmp/hybrid-nmt-bench] [--steps 40] [--rounds 2]
+                                          [--precision bf16 fp32] [--layouts data_2 hybrid_2] [--extra K=V ...]
+
+enja-small (64 pairs per step, ds_configs/single.json, data_2.json, hybrid_2.json as shipped), 1 thread per rank,
+through the real CLI (benchmarks/common.py::train), the runs of a round one after another: one process, then each
+layout on 2 ranks. For every rank, the CPU ms per step of its main and autograd threads after the warm-up
+(RUN_DIR/timing/rank*.json, trainer/observe/cpu_threads.py) as a fraction of one process's: a rank that does
+half the work is 0.5; the goal of the device-paced issue is at most 0.6 for every rank of hybrid_2 and data_2, in
+bf16 and in fp32. CPU time, not wall time: what a rank computes, not what it waits for (a rank's waits show in its
+wall ms, printed beside). With --rounds R every run is repeated R times, interleaved, and the median round is
+reported. Prints a table and writes WORK/rank_cpu.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.common import cpu_model, ds_variant, prepare_enja, train
+
+GOAL = 0.6
+THREADS = ("main", "pt_autograd")
+
+
+def rank_cpu(summary: dict) -> dict[int, float]:
+    """rank -> its main + autograd threads' CPU ms per step (a run's summarise()['cpu'])."""
+    return {int(rank): sum(v for k, v in threads.items() if k == "main" or k.startswith("pt_autograd"))
+            for rank, threads in summary["cpu"].items()}
+
+
+def one_round(work: Path, data: Path, steps: int, precisions: list, layouts: list, extra: tuple) -> dict:
+    out = {}
+    for precision in precisions:
+        bf16 = {"enabled": precision == "bf16"}
+        runs = {"single": (ds_variant(work, "single", f"rank_cpu_single_{precision}", bf16=bf16), 1)}
+        runs.update({name: (ds_variant(work, name, f"rank_cpu_{name}_{precision}", bf16=bf16), 2)
+                     for name in layouts})
+        for name, (ds, ranks) in runs.items():
+            s = train(work, f"rank_cpu_{name}_{precision}", ds, ranks, 1, steps, data, extra=extra)
+            out[f"{name} {precision}"] = {"cpu_ms": rank_cpu(s), "wall_ms": s["step_ms_mean"],
+                                          "pairs_per_s": s["pairs_per_s"]}
+    return out
+
+
+def fractions(result: dict) -> dict:
+    """Each layout's ranks' CPU ms as fractions of the same precision's single."""
+    table = {}
+    for key, r in result.items():
+        name, precision = key.rsplit(" ", 1)
+        base = result[f"single {precision}"]["cpu_ms"][0]
+        table[key] = {rank: round(ms / base, 3) for rank, ms in r["cpu_ms"].items()}
+    return table
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """Per run, the round whose ranks' worst fraction is the median."""
+    fr = [fractions(r) for r in rounds]
+    out = {}
+    for key in rounds[0]:
+        order = sorted(range(len(rounds)), key=lambda i: max(fr[i][key].values()))
+        out[key] = {**rounds[order[len(order) // 2]][key], "fractions_by_round": [fr[i][key] for i in range(len(fr))]}
+    return out
+
+
+def report(result: dict, cpu: str, steps: int) -> None:
+    fr = fractions(result)
+    print(f"{cpu}; enja-small, 64 pairs per step, 1 thread per rank, {steps} steps (CPU ms after the warm-up)")
+    print("| run | rank | main + autograd CPU ms per step | of single's | wall ms per step | goal (<= 0.6) |")
+    print("|---|---:|---:|---:|---:|---|")
+    for key, r in result.items():
+        for rank, ms in sorted(r["cpu_ms"].items()):
+            frac = fr[key][rank]
+            goal = "" if key.startswith("single") else ("met" if frac <= GOAL else "**not met**")
+            print(f"| {key} | {rank} | {ms:.1f} | {frac:.2f} | {r['wall_ms']:.1f} | {goal} |")
+        if "fractions_by_round" in r:
+            print(f"|  | rounds | {r['fractions_by_round']} |  |  |  |")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=Path("/tmp/hybrid-nmt-bench"))
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--precision", nargs="+", default=["bf16", "fp32"], choices=("bf16", "fp32"))
+    p.add_argument("--layouts", nargs="+", default=["data_2", "hybrid_2"])
+    p.add_argument("--extra", nargs="*", default=[], help="key=value overrides for every run")
+    args = p.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    data = prepare_enja(args.work)
+    rounds = [one_round(args.work, data, args.steps, args.precision, args.layouts, tuple(args.extra))
+              for _ in range(args.rounds)]
+    result = median_round(rounds) if len(rounds) > 1 else rounds[0]
+    cpu = cpu_model()
+    report(result, cpu, args.steps)
+    (args.work / "rank_cpu.json").write_text(json.dumps({"cpu": cpu, "steps": args.steps, "extra": args.extra,
+                                                         "result": result, "rounds": rounds}, indent=1))
+    worst = {k: max(v.values()) for k, v in fractions(result).items() if not k.startswith("single")}
+    print(f"worst rank per run: {json.dumps(worst)}; goal met: {all(w <= GOAL for w in worst.values())}")
+
+
+if __name__ == "__main__":
+    main()
