@@ -121,7 +121,7 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
 def test_a_run_killed_by_its_timeout_leaves_the_report_and_its_files(tmp_path, prepared):
     out = tmp_path / "out"
     proc = run_cli([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--device", "cpu", "--out", str(out), "--work",
-                    str(tmp_path / "work"), "--data-root", str(prepared), "--stages", "environment,data,runs",
+                    str(tmp_path / "work"), "--data-root", str(prepared), "--stages", "environment,data,short",
                     "--runs", "enja-small_bf16", "--run-timeout-s", "3",
                     # a run that outlasts 3 s on any CPU: a million steps, not the CPU size's 6
                     "--steps", "1000000"], timeout=300, check=False)
@@ -301,12 +301,13 @@ def test_speed_runs_are_neither_profiled_nor_logged_to_wandb_which_runs_last():
     runs = [s["name"] for s in plan["runs"]]
     assert runs[:2] == ["patent_bf16", "patent_bf16_stacked"]  # the goal and the stack's A/B first
     assert {"patent_fp32", "patent_tf32", "patent_fp16"} <= set(runs)
-    for spec in plan["runs"] + plan["scan"]:
+    for spec in plan["runs"] + plan["short"] + plan["scan"]:
         assert not any("profile" in e for e in spec.get("extra", ())) and not spec.get("wandb")
     assert all(any("profile_steps" in e for e in s["extra"]) for s in plan["profiled"])
-    assert [s["micro"] for s in plan["scan"]] == [256, 512, 1024]
+    assert [s["micro"] for s in plan["scan"]] == [512, 1024]
+    assert "enja-small_bf16" in [s["name"] for s in plan["short"]]
     assert [a["ours"] for a in plan["anchor"]] == ["patent_bf16", "patent_bf16_b1024", "enja-small_bf16"]
-    order = [gpu_check.STAGES.index(s) for s in ("runs", "anchor", "profiled", "scan", "resume", "compile")]
+    order = [gpu_check.STAGES.index(s) for s in ("runs", "anchor", "profiled", "scan", "short", "resume", "compile")]
     assert gpu_check.STAGES.index("wandb") > max(order) and gpu_check.STAGES.index("profiled") > order[0]
     assert gpu_check.STAGES[-1] == "planner"  # host CPU only: what the deadline may cut, done here from OUT
     # steady state: at least 100 unlogged steps after the warm-up, in the runs and in the scan

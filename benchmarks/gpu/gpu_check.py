@@ -24,25 +24,26 @@ Stages, in order (the most wanted first: a deadline cuts the end):
  6. runs, through the real CLI (`python launch/train.py`, one process): the paper-size model (4+4 LSTM layers of
     1024, 32k joint BPE) at patent length (sentences 4x as long, no dropout) in bf16 at 128 pairs (the goal: 2x the
     first check's 373,080 tokens/s), the same with each side's LSTM layers as one call (train.stack_layers=on: the
-    stack's A/B), in fp32 with TF32 off, in TF32 (train.tf32=true) and in fp16 (DeepSpeed's loss scaling); then enja-small
-    and paper-size at the short lengths in bf16 and fp32, and enja-small as a world-of-one hybrid of 2 units and 2
-    time chunks. Each: pairs/s, tokens/s, steady ms per step, the host threads' CPU ms per step, peak memory,
-    model TFLOP/s and MFU against the peak of the precision its matrix work ran in (gpu_report.py), the gates;
-    after the first enja-small run, `resume` (5 more steps, train.resume=auto) and `portability` (translate on
-    the CPU from its checkpoint);
+    stack's A/B), in fp32 with TF32 off, in TF32 (train.tf32=true) and in fp16 (DeepSpeed's loss scaling). Each:
+    pairs/s, tokens/s, steady ms per step, the host threads' CPU ms per step, peak memory, model TFLOP/s and MFU
+    against the peak of the precision its matrix work ran in (gpu_report.py), the gates;
  7. anchor: the minimal PyTorch program for the same model (gpu_anchor.py: nn.LSTM per side, autocast bf16, fused
-    Adam) on the same data and batches, at patent length (128 and the scan's largest batch) and enja-small, each
-    beside our run of that data, batch and precision;
+    Adam) on the same data and batches, after our run of that data, batch and precision (patent at 128 pairs, the
+    scan's largest batch, enja-small);
  8. profiled: patent bf16 profiled in the steady state (steps 121-123: the device busy fraction, the union of
-    its kernels over the wall), and enja-small bf16 early (as the first check did), each a run of its own;
+    its kernels over the wall), a run of its own (and, late, enja-small bf16 early, as the first check did);
  9. shared_gpu: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both ranks on the one GPU (gloo,
     tensors through host memory: NCCL refuses two ranks on one device) against one process, fp32, every step's
     loss and grad norm: the multi-rank CUDA path once;
-10. scan: the patent bf16 run at 256, 512 and 1024 pairs (150 steps, 30 of warm-up);
-11. compile: the head's loss compiled against eager on the device, same batches (gpu_gates.compiled_eager_pair;
+10. compile: the head's loss compiled against eager on the device, same batches (gpu_gates.compiled_eager_pair;
     train.compile_head stays refused on CUDA until this passes there);
-12. wandb: a short enja-small run logging to wandb offline, the last run and alone;
-13. planner (host CPU only, so last): launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the
+11. scan: the patent bf16 run at 512 and 1024 pairs (150 steps, 30 of warm-up; 256 was measured on 2026-12-04);
+12. short: enja-small and paper-size at the short lengths in bf16 (after the first, `resume`: 5 more steps with
+    train.resume=auto, and `portability`: translate on the CPU from its checkpoint), patent bf16 with its widths
+    padded to multiples of 8 (data.length_multiple=8: the shape buckets' A/B), enja-small as a world-of-one hybrid
+    of 2 units and 2 time chunks, the fp32 twins;
+13. wandb: a short enja-small run logging to wandb offline, the last run and alone;
+14. planner (host CPU only, so last): launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the
     shipped estimates and from planner_profile.json, beside the patent run's measured step.
 The summary ends with the goals of the device-paced step (gpu_report.goals): met, not met, or not measured.
 
@@ -79,9 +80,9 @@ SIZES = {
                    "paper-size": (PAPER, 128, "enja32k_joint"),
                    "patent": ({**PAPER, "dropout": 0.0}, 128, "patent")},
         "steps": 200, "log_every": 25, "warmup": 50, "gate_min_steps": 100,
-        "scan": [256, 512, 1024], "scan_steps": 150, "scan_log_every": 30, "scan_warmup": 30,
+        "scan": [512, 1024], "scan_steps": 150, "scan_log_every": 30, "scan_warmup": 30,
         "anchor_steps": 200, "anchor_warmup": 50,
-        "profile_from": 5, "patent_profile_from": 120, "dev_sentences": 64, "reps": 20,
+        "profile_from": 5, "patent_profile_from": 120, "dev_sentences": 16, "reps": 20,
         "copy_mib": 1024, "patent_repeat": 4, "planner_overrides": [], "planner_steps": 2, "planner_timeout": 150,
         "compile": {"hidden": 256, "vocab": 8000},
         "gemm": [(2048, 4096, 1024), (128, 4096, 1024), (2048, 32000, 1024), (8192, 8192, 8192)],
@@ -102,8 +103,8 @@ SIZES = {
         "lstm": [(8, 8, 16, 16), (16, 8, 32, 32)],
     },
 }
-STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "anchor", "profiled", "shared_gpu", "scan",
-          "resume", "portability", "compile", "wandb", "planner")
+STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "anchor", "profiled", "shared_gpu",
+          "compile", "scan", "short", "resume", "portability", "wandb", "planner")
 SHARED_STEPS = 8  # the 2-rank hybrid on one GPU and its single-process twin, every step logged
 SHARED_TOLERANCE = 1e-3  # relative, of each step's loss and grad norm (fp32, TF32 off; cuDNN's own order)
 
@@ -328,12 +329,12 @@ def run_plan(sizes: dict) -> dict[str, list[dict]]:
         return {"name": name or f"{model}_{precision}", "model": model, "precision": precision, **kw}
 
     runs = [spec("patent", "bf16"), spec("patent", "bf16", "patent_bf16_stacked", extra=("train.stack_layers=on",)),
-            spec("patent", "fp32"), spec("patent", "tf32"), spec("patent", "fp16"),
-            spec("enja-small", "bf16"), spec("paper-size", "bf16"), spec("enja-small", "fp32"),
-            spec("paper-size", "fp32"),
-            spec("enja-small", "bf16", "enja-small_bf16_units",
-                 layout={"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
-            spec("patent", "bf16", "patent_bf16_padded", extra=("data.length_multiple=8",))]
+            spec("patent", "fp32"), spec("patent", "tf32"), spec("patent", "fp16")]
+    short = [spec("enja-small", "bf16"), spec("paper-size", "bf16"),
+             spec("patent", "bf16", "patent_bf16_padded", extra=("data.length_multiple=8",)),
+             spec("enja-small", "bf16", "enja-small_bf16_units",
+                  layout={"mode": "hybrid", "num_pp": 1, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}),
+             spec("enja-small", "fp32"), spec("paper-size", "fp32")]
     scan = [spec("patent", "bf16", f"patent_bf16_b{b}", micro=b, steps=sizes["scan_steps"],
                  log_every=sizes["scan_log_every"], warmup=sizes["scan_warmup"]) for b in sizes["scan"]]
     start = sizes["patent_profile_from"]
@@ -348,7 +349,7 @@ def run_plan(sizes: dict) -> dict[str, list[dict]]:
     shared = [spec("enja-small", "fp32", f"enja-small_fp32_{name}", steps=SHARED_STEPS, log_every=1, warmup=1,
                    layout=layout) for name, layout in (("single", None), ("hybrid2_shared", {
                        "mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}))]
-    return {"runs": runs, "scan": scan, "profiled": profiled, "anchor": anchors, "shared_gpu": shared}
+    return {"runs": runs, "short": short, "scan": scan, "profiled": profiled, "anchor": anchors, "shared_gpu": shared}
 
 
 class GpuCheck:
@@ -392,30 +393,40 @@ class GpuCheck:
         return self.finish()
 
     def stages_in_order(self) -> None:
-        args, report = self.args, self.report
-        first_key = True
-        for spec in self.plan["runs"]:
-            if "runs" in args.stages and (not args.runs or spec["name"] in args.runs.split(",")):
-                report["runs"].append(self.train(spec))
-                if spec["name"] == "patent_bf16" and "anchor" in args.stages:
-                    self.anchor(self.plan["anchor"][0])
-                if spec["model"] == "enja-small" and first_key:
-                    first_key = False
-                    self.after_first_run(report["runs"][-1])
+        args, report, plan = self.args, self.report, self.plan
+        self.train_runs("runs")
         if "profiled" in args.stages:
-            for spec in self.plan["profiled"]:
-                report[spec["report"]] = self.train(spec, stage=spec["name"])
+            report[plan["profiled"][0]["report"]] = self.train(plan["profiled"][0], stage=plan["profiled"][0]["name"])
         if "shared_gpu" in args.stages:
             report["shared_gpu"] = self.shared_gpu()
-        if "scan" in args.stages:
-            for spec in self.plan["scan"]:
-                report["runs"].append(self.train(spec))
-        if "anchor" in args.stages:
-            for spec in self.plan["anchor"][1:]:
-                self.anchor(spec)
         if "compile" in args.stages:
             report["compile_gate"] = self.check.stage("compile", self.compile_gate, 240, need=60)
+        if "scan" in args.stages:
+            for spec in plan["scan"]:
+                report["runs"].append(self.train(spec))
+            if "anchor" in args.stages:
+                self.anchor(plan["anchor"][1])
+        self.train_runs("short")
+        if "profiled" in args.stages:
+            for spec in plan["profiled"][1:]:
+                report[spec["report"]] = self.train(spec, stage=spec["name"])
         self.wandb_run()
+
+    def train_runs(self, stage: str) -> None:
+        """The runs of `stage` (runs: at patent length; short: the short-sentence runs) that --runs selects; each
+        first run of a data set is followed by its anchor, the first enja-small run by resume and portability."""
+        args, report = self.args, self.report
+        if stage not in args.stages:
+            return
+        for spec in self.plan[stage]:
+            if args.runs and spec["name"] not in args.runs.split(","):
+                continue
+            report["runs"].append(self.train(spec))
+            anchor = next((a for a in self.plan["anchor"] if a["ours"] == spec["name"]), None)
+            if anchor is not None and anchor is not self.plan["anchor"][1] and "anchor" in args.stages:
+                self.anchor(anchor)
+            if spec["name"] == "enja-small_bf16":
+                self.after_first_run(report["runs"][-1])
 
     def data(self) -> bool:
         args, sizes = self.args, self.sizes
