@@ -21,7 +21,9 @@ from pathlib import Path
 from benchmarks.common import cpu_model, ds_variant, prepare_enja, train
 
 GOAL = 0.6
-THREADS = ("main", "pt_autograd")
+# --layouts beyond the shipped JSONs: (base JSON, its top-level changes)
+VARIANTS = {"data_2_zero1": ("data_2", {"zero_optimization": {"stage": 1}}),
+            "hybrid_2_zero1": ("hybrid_2", {"zero_optimization": {"stage": 1}})}
 
 
 def rank_cpu(summary: dict) -> dict[int, float]:
@@ -35,8 +37,9 @@ def one_round(work: Path, data: Path, steps: int, precisions: list, layouts: lis
     for precision in precisions:
         bf16 = {"enabled": precision == "bf16"}
         runs = {"single": (ds_variant(work, "single", f"rank_cpu_single_{precision}", bf16=bf16), 1)}
-        runs.update({name: (ds_variant(work, name, f"rank_cpu_{name}_{precision}", bf16=bf16), 2)
-                     for name in layouts})
+        for name in layouts:
+            base, changes = VARIANTS.get(name, (name, {}))
+            runs[name] = (ds_variant(work, base, f"rank_cpu_{name}_{precision}", bf16=bf16, **changes), 2)
         for name, (ds, ranks) in runs.items():
             s = train(work, f"rank_cpu_{name}_{precision}", ds, ranks, 1, steps, data, extra=extra)
             out[f"{name} {precision}"] = {"cpu_ms": rank_cpu(s), "wall_ms": s["step_ms_mean"],
@@ -84,7 +87,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--precision", nargs="+", default=["bf16", "fp32"], choices=("bf16", "fp32"))
-    p.add_argument("--layouts", nargs="+", default=["data_2", "hybrid_2"])
+    p.add_argument("--layouts", nargs="+", default=["data_2", "hybrid_2"],
+                   help=f"ds_configs/NAME.json, or one of {', '.join(VARIANTS)}")
     p.add_argument("--extra", nargs="*", default=[], help="key=value overrides for every run")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
