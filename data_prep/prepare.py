@@ -451,14 +451,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     position = Position()
 
     def stop(signum, frame) -> None:
-        position.stop_signal = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        position.stop_signal = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if not (position.publishing or position.in_pool):
             raise Stopped(position.stop_signal)
 
-    handled = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
-    previous = {signum: signal.signal(signum, stop) for signum in handled}
+    handled = files.STOP_SIGNALS if threading.current_thread() is threading.main_thread() else ()
+    previous = {signum: signal.signal(signum, stop) for signum in handled  # SIGHUP: a closed terminal, a lost ssh
+                if signal.getsignal(signum) is not signal.SIG_IGN}  # (left ignored under nohup)
     try:
-        with files.command():
+        with files.command(signals=False):  # its own: a stop waits for the renames of the publish
             manifest = prepare(args, position)
     except PrepareError as e:
         return _error(str(e), 2)
@@ -469,7 +470,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (Stopped, KeyboardInterrupt):
         signame = position.stop_signal or "Ctrl-C"
         return _error(f"by {signame} while {position}; {args.out} is as it was before",
-                      143 if signame == "SIGTERM" else 130, "stopped")
+                      128 + (signal.SIGINT if signame == "Ctrl-C" else signal.Signals[signame]), "stopped")
     except MemoryError:
         return _error(f"out of memory while {position} (lower --workers, or check the input there)", 1)
     except Exception as e:  # a bug, or input we did not foresee: one line, how far we got
