@@ -297,26 +297,44 @@ def reading_stdin() -> None:
 def _check_streams() -> None:
     """Refuse (FileError) when this command's stdout or stderr is a file it reads or protects (`>> IN` of the input:
     a translation of its own output, without end; `>> RUN/config.yaml`), compared by identity (fstat of the
-    descriptor)."""
-    now = _commands[-1]
-    if not now.remembers_reads:
+    descriptor). A refused stream is first pointed elsewhere (`_keep_off`), so that not even the refusal's own
+    line lands in that file."""
+    if not _commands[-1].remembers_reads:
         return
-    for fd, stream in _STREAMS:
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        read_as = now.read.get(_identity(st))
-        if read_as is not None:
-            raise FileError(errno.EPERM, f"refused: redirected onto {read_as}, a file this command reads; "
-                                         f"what it writes would change its own input: redirect {stream} elsewhere",
-                            stream)
-        hit = _stream_protection(fd, st)
-        if hit is not None:
-            raise FileError(errno.EPERM, f"refused: redirected {'onto' if hit[2] else 'inside'} "
-                                         f"{hit[0]}, {hit[1]}: redirect {stream} elsewhere", stream)
+    refused = [(fd, stream, why) for fd, stream in _STREAMS if (why := _stream_refusal(fd, stream))]
+    if refused:
+        _keep_off([fd for fd, _, _ in refused])
+        _, stream, why = refused[0]
+        raise FileError(errno.EPERM, why, stream)
+
+
+def _stream_refusal(fd: int, stream: str) -> Optional[str]:
+    """Why the descriptor `fd` may not be written (a file this command reads or protects), or None."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    read_as = _commands[-1].read.get(_identity(st))
+    if read_as is not None:
+        return (f"refused: redirected onto {read_as}, a file this command reads; what it writes would change its own "
+                f"input: redirect {stream} elsewhere")
+    hit = _stream_protection(fd, st)
+    if hit is not None:
+        return f"refused: redirected {'onto' if hit[2] else 'inside'} {hit[0]}, {hit[1]}: redirect {stream} elsewhere"
+    return None
+
+
+def _keep_off(fds: list[int]) -> None:
+    """Point the refused descriptors elsewhere: stderr at stdout when stdout is not refused (the refusal is still
+    seen), otherwise at /dev/null."""
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for fd in fds:
+            os.dup2(1 if fd == 2 and 1 not in fds else null, fd)
+    finally:
+        os.close(null)
 
 
 def _stream_protection(fd: int, st: os.stat_result) -> Optional[tuple[str, str, bool]]:

@@ -436,18 +436,25 @@ def test_stdout_onto_what_the_command_reads_or_protects_is_refused(run_and_input
     assert {p: p.read_bytes() for p in kept} == kept and not (tmp_path / "m.pt").exists()
 
 
-@pytest.mark.parametrize("redirect", [">> IN", "< IN >> IN"])
+@pytest.mark.parametrize("redirect", [">> IN", "< IN >> IN", "2>> IN", ">> IN 2>&1"])
 def test_translate_never_reads_its_own_output_through_a_redirection(run_and_input, redirect):
-    """The issue's, as a shell runs it: a translate reading IN with its stdout appended to IN ran until killed."""
+    """The issue's, as a shell runs it: a translate reading IN with its stdout appended to IN ran until killed.
+    Variants: stdin from IN; stderr onto IN (the refusal's own line then goes to stdout), and both (to nowhere: the
+    exit status says it)."""
     run, source = run_and_input
     before = source.read_bytes()
-    with open(source, "ab") as out, open(source, "rb") as stdin:
-        args = ["--input", source] if redirect == ">> IN" else []
+    with open(source, "ab") as appended, open(source, "rb") as stdin:
+        args = [] if redirect.startswith("<") else ["--input", source]
         r = subprocess.run([sys.executable, "launch/translate.py", "--run", run, "--buffer-size", "1", *args],
-                           cwd=REPO, stdin=stdin, stdout=out, stderr=subprocess.PIPE, text=True, timeout=120,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert r.returncode == 2 and _one_line(r.stderr).startswith("error: stdout: refused: redirected onto ")
-    assert source.read_bytes() == before
+                           cwd=REPO, stdin=stdin, stdout=subprocess.PIPE if redirect == "2>> IN" else appended,
+                           stderr=subprocess.STDOUT if redirect.endswith("2>&1") else
+                           appended if redirect == "2>> IN" else subprocess.PIPE,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and source.read_bytes() == before, (r.stdout, r.stderr)
+    said = r.stdout if redirect == "2>> IN" else r.stderr
+    if said is not None:
+        stream = "stderr" if redirect == "2>> IN" else "stdout"
+        assert _one_line(said).startswith(f"error: {stream}: refused: redirected onto "), said
 
 
 # ---- stop signals (issue 42 item 7): the temporary removed, one line, 128 + the signal ---------------------------
