@@ -476,14 +476,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_words < MIN_TOKENS:
         parser.error(f"--max-words {args.max_words}: must be at least {MIN_TOKENS}")
     sizes = dict(pairs=args.pairs, seed=args.seed, dev=args.dev, test=args.test, max_tokens=args.max_words)
-    corpus = generate(**sizes)
     try:
-        if args.out:
-            write_corpus(args.out, ja_spaces=args.ja_spaces, corpus=corpus, en_tokens=args.en_tokens)
-        if args.baseline_out:
-            hyps = monotone_baseline([en for en, _ in corpus["test"]])
-            with files.replace(args.baseline_out, "the baseline translations", flag="--baseline-out") as f:
-                f.writelines((h if args.ja_spaces else raw_japanese(h)) + "\n" for h in hyps)
+        with files.command():  # a stop signal: one line, the file under way removed
+            corpus = generate(**sizes)
+            if args.out:
+                write_corpus(args.out, ja_spaces=args.ja_spaces, corpus=corpus, en_tokens=args.en_tokens)
+            if args.baseline_out:
+                hyps = monotone_baseline([en for en, _ in corpus["test"]])
+                with files.replace(args.baseline_out, "the baseline translations", flag="--baseline-out") as f:
+                    f.writelines((h if args.ja_spaces else raw_japanese(h)) + "\n" for h in hyps)
     except OSError as e:  # the file layer's one line
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     if args.report:

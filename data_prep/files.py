@@ -10,18 +10,28 @@ Reading
 Writing
     replace(path, what)              a context manager yielding a file: written to a new temporary file in the
                                      target's directory, fsynced and renamed over the target at the end (a reader
-                                     never sees half a file; a failure leaves the old file and no temporary). The
-                                     target may be missing or a regular file: never a link (nothing is written
-                                     through one), a FIFO, a device or a directory; never a file this command read
-                                     (by device and inode: another name, a hard link or `..` does not hide it);
-                                     never inside what the command `protect`s; and, where the caller can tell its
-                                     own files (`ours`), never over a file it did not write. `own=True`: the
-                                     program's own file, rewritten (a pointer, a cache), which it may have read.
+                                     never sees half a file; a failure or a stop signal leaves the old file and no
+                                     temporary). The target may be missing or a regular file: never a link (nothing
+                                     is written through one), a FIFO, a device or a directory; never a file this
+                                     command read; never inside what the command `protect`s; and, where the caller
+                                     can tell its own files (`ours`), never over a file it did not write. `own=True`:
+                                     the program's own file, rewritten (a pointer, a cache), which it may have read.
     open_in(root, relpath)           a file written where it is (an appended log, the lock), reached from `root`
                                      without following a link at any step, a regular file of one name only
     create(path, what)               a new file in a directory the program made for itself (prepare's staging
                                      directory), its failures named like the others
-    make_dirs(path, what), fsync_dir(path), protect(path, why), command()
+    make_dirs(path, what), fsync_dir(path), protect(path, why), command(), same_file(a, b)
+
+Identity, not spelling: "the same file" and "inside what is protected" are decided by what a path resolves to, as
+the kernel resolves it: the device and inode of an existing file; for a name about to be created, the directory it
+would be created in (opened as the kernel walks the path, so `D/lnk/../x` is beside lnk's target, not in D) and the
+directories above it (walked up through `..`). `replace` checks and writes through that one open directory, so the
+file checked is the file written. A command's own stdout and stderr are files too: redirected onto a file it reads
+(`>> IN`, `< IN >> IN`) or protects, the command is refused when it reads or protects that file.
+
+Signals: inside a `command()`, SIGTERM, SIGINT and SIGHUP raise `Stopped`; every `replace` under way removes its
+temporary file, and the command ends with one line (`stopped by SIGTERM: --output F not written ...`) and status
+128 + the signal's number, never a traceback (an ignored signal, e.g. under nohup, stays ignored).
 
 Every failure is a `FileError` (an OSError and a ValueError): one line naming the path and what was being done, e.g.
 "out.txt: cannot write: No space left on device"; a missing file is a `MissingFile` (a FileNotFoundError too).
@@ -34,8 +44,11 @@ import errno
 import io
 import os
 import secrets
+import signal
 import stat
-from contextlib import contextmanager
+import sys
+import threading
+from contextlib import contextmanager, nullcontext
 from typing import BinaryIO, Callable, Iterator, Optional
 
 TEMP_PATTERN = ".*.tmp"  # the temporary name of `replace` (fnmatch): ".NAME.XXXXXXXX.tmp" beside its target
@@ -101,6 +114,10 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+_STREAMS = ((1, "stdout"), (2, "stderr"))  # where a command's own lines go: never onto what it reads or protects
+_MAX_DEPTH = 4096  # directories walked up from a target (a loop of bind mounts cannot hold the walk)
+
+
 class _Command:
     """What one command read (by device and inode) and what it protects."""
 
@@ -108,51 +125,143 @@ class _Command:
         self.remembers_reads = remembers_reads
         self.read: dict[tuple[int, int], str] = {}  # (device, inode) -> the path it was read as
         self.protected: dict[tuple[int, int], tuple[str, str]] = {}  # of a file or directory -> (path, why)
-        self.protected_names: dict[str, tuple[str, str]] = {}  # the same by real path, for names not (yet) there
+        self.protected_entries: dict[tuple[int, int, str], tuple[str, str]] = {}  # (its directory's identity,
+        # its name) -> (path, why): a name protected whether or not something is there yet
+        self.discarded: list[str] = []  # outputs whose temporary file a stop signal removed
 
 
 _commands = [_Command(remembers_reads=False)]  # the process outside any command (the trainer), then nested ones
 
 
+class Stopped(BaseException):
+    """A stop signal (SIGTERM, SIGINT, SIGHUP) inside a `command()`: raised where the program is, so that every
+    `replace` under way removes its temporary file on the way out. A BaseException, as KeyboardInterrupt, so that
+    no `except Exception` holds it up."""
+
+    def __init__(self, signum: int):
+        self.signum, self.name = signum, signal.Signals(signum).name
+        super().__init__(self.name)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _on_stop(signum, frame) -> None:
+    for sig in STOP_SIGNALS:  # one stop is enough: a second signal must not cut the cleanup short
+        if signal.getsignal(sig) is _on_stop:
+            signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
 @contextmanager
-def command() -> Iterator[None]:
-    """One command (a CLI's main): the files it reads are remembered, and what it read or protected is forgotten at
-    its end, so commands run one after another in one process (tests) do not see each other's. Outside a command
-    (the trainer, a long process that rewrites its own files) no read is remembered."""
-    _commands.append(_Command(remembers_reads=True))
+def stop_signals() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP raise `Stopped` in the main thread for the length of the block (a signal that
+    is ignored, as `nohup` ignores SIGHUP, stays ignored); the dispositions before are restored after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
+        for sig, handler in before.items():
+            if handler is not signal.SIG_IGN:
+                signal.signal(sig, _on_stop)
         yield
     finally:
-        _commands.pop()
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def command(*, signals: bool = True) -> Iterator[None]:
+    """One command (a CLI's main): the files it reads are remembered, and what it read or protected is forgotten at
+    its end, so commands run one after another in one process (tests) do not see each other's. Outside a command
+    (the trainer, a long process that rewrites its own files) no read is remembered. `signals`: a stop signal ends
+    the command with one line on stderr and exit status 128 + the signal's number (130 for Ctrl-C, 143 for
+    SIGTERM, 129 for SIGHUP), its outputs under way discarded (a caller with its own handling says False)."""
+    now = _Command(remembers_reads=True)
+    _commands.append(now)
+    try:
+        with stop_signals() if signals else nullcontext():
+            yield
+    except Stopped as e:
+        _say_stopped(e, now.discarded)
+        raise SystemExit(128 + e.signum) from None
+    finally:
+        _commands.remove(now)
+
+
+def _say_stopped(e: Stopped, discarded: list[str]) -> None:
+    left = (f"{', '.join(discarded)} not written (its temporary file removed; a file there before is unchanged)"
+            if discarded else "no output file was written")
+    try:
+        print(f"stopped by {e.name}: {left}", file=sys.stderr, flush=True)
+    except OSError:  # a terminal that hung up (SIGHUP): nobody to tell
+        pass
 
 
 def protect(path: str, why: str) -> None:
-    """No `replace` of this command writes `path` or, for a directory, anything below it (`why`: whose it is)."""
+    """No `replace` of this command writes `path` or, for a directory, anything below it (`why`: whose it is).
+    Held by identity: the file or directory `path` resolves to (device and inode) and, whether or not anything is
+    there yet, the name in the directory its parent resolves to."""
     now = _commands[-1]
-    now.protected_names[os.path.realpath(path)] = (path, why)
+    path = path.rstrip(os.sep) or path
+    directory, name = os.path.split(path)
     try:
         now.protected[_identity(os.stat(path))] = (path, why)
     except OSError:
         pass
+    try:
+        now.protected_entries[(*_identity(os.stat(directory or ".")), name)] = (path, why)
+    except OSError:
+        pass
+    _check_streams()
 
 
-def _protection(path: str) -> Optional[tuple[str, str]]:
-    """(protected path, why) if `path` is protected or below a protected directory."""
+def _protection_at(dir_fd: int, name: str, st: Optional[os.stat_result]) -> Optional[tuple[str, str, bool]]:
+    """(protected path, why, whether the target is that path itself) if the entry `name` of the directory `dir_fd`
+    (`st`: what is there, None if nothing) is protected or below a protected directory: by identity, walking up
+    through `..` as the kernel does."""
     now = _commands[-1]
-    probe = os.path.realpath(path)
-    while True:
-        hit = now.protected_names.get(probe)
-        if hit is None:
+    if not (now.protected or now.protected_entries):
+        return None
+    here = os.fstat(dir_fd)
+    hit = now.protected_entries.get((*_identity(here), name)) or (now.protected.get(_identity(st)) if st else None)
+    if hit is not None:
+        return (*hit, True)
+    fd = os.dup(dir_fd)
+    try:
+        for _ in range(_MAX_DEPTH):
+            hit = now.protected.get(_identity(here))
+            if hit is not None:
+                return (*hit, False)
             try:
-                hit = now.protected.get(_identity(os.stat(probe)))
+                parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:  # a directory above that cannot be searched: nothing protected found so far
+                return None
+            os.close(fd)
+            fd = parent
+            above = os.fstat(fd)
+            hit = _entry_of(now, fd, above, here)
+            if hit is not None:
+                return (*hit, False)
+            if _identity(above) == _identity(here):  # the root
+                return None
+            here = above
+        return None
+    finally:
+        os.close(fd)
+
+
+def _entry_of(now: _Command, parent_fd: int, parent: os.stat_result, child: os.stat_result):
+    """A protected name of the directory `parent` that is now the directory `child` (made after it was protected)."""
+    for (dev, ino, name), hit in now.protected_entries.items():
+        if (dev, ino) == _identity(parent):
+            try:
+                if _identity(os.stat(name, dir_fd=parent_fd, follow_symlinks=False)) == _identity(child):
+                    return hit
             except OSError:
                 pass
-        if hit is not None:
-            return hit
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            return None
-        probe = parent
+    return None
 
 
 def was_read(path: str) -> Optional[str]:
@@ -161,6 +270,92 @@ def was_read(path: str) -> Optional[str]:
         return _commands[-1].read.get(_identity(os.stat(path)))
     except OSError:
         return None
+
+
+def same_file(a: str, b: str) -> bool:
+    """`a` and `b` resolve to the same file or directory (device and inode, links followed as the kernel does);
+    False if either cannot be reached."""
+    try:
+        return _identity(os.stat(a)) == _identity(os.stat(b))
+    except OSError:
+        return False
+
+
+def reading_stdin() -> None:
+    """The command reads standard input: a regular file there (`< IN`) is remembered as read, as `open_read`
+    remembers a named input, so that no output (stdout among them: `>> IN`) lands on it."""
+    now = _commands[-1]
+    try:
+        st = os.fstat(0)
+    except OSError:
+        return
+    if now.remembers_reads and stat.S_ISREG(st.st_mode):
+        now.read.setdefault(_identity(st), "stdin")
+        _check_streams()
+
+
+def _check_streams() -> None:
+    """Refuse (FileError) when this command's stdout or stderr is a file it reads or protects (`>> IN` of the input:
+    a translation of its own output, without end; `>> RUN/config.yaml`), compared by identity (fstat of the
+    descriptor). A refused stream is first pointed elsewhere (`_keep_off`), so that not even the refusal's own
+    line lands in that file."""
+    if not _commands[-1].remembers_reads:
+        return
+    refused = [(fd, stream, why) for fd, stream in _STREAMS if (why := _stream_refusal(fd, stream))]
+    if refused:
+        _keep_off([fd for fd, _, _ in refused])
+        _, stream, why = refused[0]
+        raise FileError(errno.EPERM, why, stream)
+
+
+def _stream_refusal(fd: int, stream: str) -> Optional[str]:
+    """Why the descriptor `fd` may not be written (a file this command reads or protects), or None."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    read_as = _commands[-1].read.get(_identity(st))
+    if read_as is not None:
+        return (f"refused: redirected onto {read_as}, a file this command reads; what it writes would change its own "
+                f"input: redirect {stream} elsewhere")
+    hit = _stream_protection(fd, st)
+    if hit is not None:
+        return f"refused: redirected {'onto' if hit[2] else 'inside'} {hit[0]}, {hit[1]}: redirect {stream} elsewhere"
+    return None
+
+
+def _keep_off(fds: list[int]) -> None:
+    """Point the refused descriptors elsewhere: stderr at stdout when stdout is not refused (the refusal is still
+    seen), otherwise at /dev/null."""
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for fd in fds:
+            os.dup2(1 if fd == 2 and 1 not in fds else null, fd)
+    finally:
+        os.close(null)
+
+
+def _stream_protection(fd: int, st: os.stat_result) -> Optional[tuple[str, str, bool]]:
+    """_protection_at for the file open as `fd`: its directory from /proc/self/fd (Linux), if that still names it."""
+    now = _commands[-1]
+    if not (now.protected or now.protected_entries):
+        return None
+    hit = now.protected.get(_identity(st))
+    if hit is not None:
+        return (*hit, True)
+    try:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if not (os.path.isabs(path) and same_file(path, f"/proc/self/fd/{fd}")):
+            return None
+        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _protection_at(dir_fd, os.path.basename(path), st)
+    finally:
+        os.close(dir_fd)
 
 
 # ---- reading ----
@@ -216,6 +411,7 @@ def open_read(path: str, what: str = "a file", flag: Optional[str] = None, *, re
         os.set_blocking(fd, True)
         if remember and _commands[-1].remembers_reads:
             _commands[-1].read[_identity(st)] = path
+            _check_streams()
         return _reader(fd, path, flag)
     except BaseException:
         os.close(fd)
@@ -256,15 +452,63 @@ def _raw_of(f) -> _Raw:
     return (f.buffer if isinstance(f, io.TextIOWrapper) else f).raw
 
 
+def _open_dir_of(path: str, what: str, flag: Optional[str]) -> tuple[int, str]:
+    """An fd of the directory `path` is in, as the kernel resolves it (`D/lnk/../x` is in the directory above lnk's
+    target, not in D), and the name in it; what `replace` checks and writes through, so the file checked is the file
+    written."""
+    directory, name = os.path.split(path)
+    if name in ("", ".", ".."):
+        raise FileError(errno.EISDIR, f"refused: not a file name; {what} must name a file", path, flag)
+    try:
+        return os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), name
+    except FileNotFoundError as e:
+        _refuse_protected_missing(directory, path, what, flag)
+        raise failed(directory or ".", f"open the directory of {what}", e, flag) from None
+    except OSError as e:
+        raise failed(directory or ".", f"open the directory of {what}", e, flag) from None
+
+
+def _refuse_protected_missing(directory: str, path: str, what: str, flag: Optional[str]) -> None:
+    """A directory of `path` that does not exist yet may still be a protected name (the run's timing/ before its
+    first run): refused as such rather than as missing, from the nearest directory on the way that exists."""
+    for _ in range(_MAX_DEPTH):
+        above, name = os.path.split(directory)
+        if not name or name in (".", ".."):
+            return
+        try:
+            fd = os.open(above or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            directory = above
+            continue
+        try:
+            protected = _protection_at(fd, name, None)
+        finally:
+            os.close(fd)
+        if protected is not None:
+            where, why, itself = protected
+            raise FileError(errno.EPERM, f"refused: inside {where}, {why}; write {what} elsewhere", path, flag)
+        return
+
+
 def check_target(path: str, what: str = "the output", *, flag: Optional[str] = None, own: bool = False,
                  ours: Optional[Callable[[str], bool]] = None) -> None:
     """Refuse (FileError) to write `path` unless it is missing or a regular file that this command neither read
     (unless `own`) nor protects, and that `ours` (when given) says the program wrote."""
+    dir_fd, name = _open_dir_of(path, what, flag)
+    try:
+        _check_at(dir_fd, name, path, what, flag=flag, own=own, ours=ours)
+    finally:
+        os.close(dir_fd)
+
+
+def _check_at(dir_fd: int, name: str, path: str, what: str, *, flag: Optional[str], own: bool,
+              ours: Optional[Callable[[str], bool]]) -> None:
+    """check_target for the entry `name` of the directory `dir_fd` (`path`: how the user named it)."""
     def refuse(reason: str) -> FileError:
         return FileError(errno.EPERM, f"refused: {reason}", path, flag)
 
     try:
-        st = os.lstat(path)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
     except OSError as e:
@@ -274,47 +518,53 @@ def check_target(path: str, what: str = "the output", *, flag: Optional[str] = N
                      f"the link)")
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise refuse(f"{describe(path)}; {what} may replace only a regular file")
-    read_as = was_read(path) if st is not None and not own else None
+    read_as = _commands[-1].read.get(_identity(st)) if st is not None and not own else None
     if read_as is not None:
-        same = "" if os.path.abspath(read_as) == os.path.abspath(path) else f" (the same file as {read_as})"
+        same = "" if read_as == path else f" (the same file as {read_as})"
         raise refuse(f"a file this command reads{same}; writing {what} there would destroy it, choose another name")
-    protected = None if own else _protection(path)
+    protected = None if own else _protection_at(dir_fd, name, st)
     if protected is not None:
-        where, why = protected
-        inside = "" if os.path.realpath(where) == os.path.realpath(path) else f"inside {where}, "
-        raise refuse(f"{inside}{why}; write {what} elsewhere")
+        where, why, itself = protected
+        raise refuse(f"{'' if itself else f'inside {where}, '}{why}; write {what} elsewhere")
     if st is not None and ours is not None and not ours(path):
         raise refuse(f"exists and is not {what} written by this program; remove it, or choose another name")
+
+
+_STOP_MASK = set(STOP_SIGNALS)
 
 
 @contextmanager
 def replace(path: str, what: str = "the output", *, flag: Optional[str] = None, binary: bool = False,
             own: bool = False, ours: Optional[Callable[[str], bool]] = None):
     """A file to write that replaces `path` when the block ends without an error (see the module docstring)."""
-    check_target(path, what, flag=flag, own=own, ours=ours)
-    directory, name = os.path.split(os.path.abspath(path))
-    with errors(directory, f"open the directory of {what}", flag):
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    tmp = f".{name[:200]}.{secrets.token_hex(4)}.tmp"
+    dir_fd, name = _open_dir_of(path, what, flag)
     try:
-        with errors(os.path.join(directory, tmp), f"create a temporary file for {what}", flag):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
-                         dir_fd=dir_fd)
-        f = _writer(fd, path, flag, binary)
+        _check_at(dir_fd, name, path, what, flag=flag, own=own, ours=ours)
+        tmp = f".{name[:200]}.{secrets.token_hex(4)}.tmp"
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_MASK)  # no stop between its creation and `try`
+        try:
+            with errors(os.path.join(os.path.dirname(path), tmp), f"create a temporary file for {what}", flag):
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666,
+                             dir_fd=dir_fd)
+            f = _writer(fd, path, flag, binary)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         try:
             yield f
             f.flush()
             _raw_of(f).sync()
             f.close()
-            check_target(path, what, flag=flag, own=own, ours=ours)  # not swapped for a link meanwhile
+            _check_at(dir_fd, name, path, what, flag=flag, own=own, ours=ours)  # not swapped for a link meanwhile
             with errors(path, f"rename {what} into place", flag):
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             _sync_dir(dir_fd)
         except BaseException as e:
             failure = _raw_of(f).failure
             _discard(f, tmp, dir_fd)
-            if failure is not None and not isinstance(e, FileError):  # torch.save's RuntimeError for a full disk
-                raise failure from None
+            if isinstance(e, Stopped):
+                _commands[-1].discarded.append(f"{flag + ' ' if flag else ''}{path}")
+            if failure is not None and not isinstance(e, (FileError, Stopped)):  # torch.save's RuntimeError (a full
+                raise failure from None                                         # disk)
             raise
     finally:
         os.close(dir_fd)
@@ -458,3 +708,4 @@ def sync(f) -> None:
     """Flush a file of this layer and fsync it (its failure names the file)."""
     f.flush()
     _raw_of(f).sync()
+

@@ -30,8 +30,11 @@ A pair is counted under the first reason that rejects it, in the order of `filte
 explains the ratio rule); rejects.tsv holds the raw text for malformed / invalid_utf8 and the normalised
 text otherwise. Dev/test pairs are repaired like training pairs but only checked for malformed and empty
 input: they are evaluation sets. Everything is built in DATA_DIR/.prepare-tmp and moved
-into place at the end (manifest.json last), so a failed or interrupted run (an error, Ctrl-C, SIGTERM)
-leaves the previous dataset untouched and no staging directory behind.
+into place at the end (manifest.json removed first and written last), so a failed or interrupted run (an error,
+Ctrl-C, SIGTERM, SIGHUP) leaves the previous dataset untouched and no staging directory behind. One prepare at a
+time: it holds DATA_DIR/.prepare.lock (data_prep.lock) from before it reads its inputs to its end; a second prepare
+into the same --out is refused in one line naming the holder (it does not wait), never touching the first's
+staging directory, and the trainer refuses a data.dir while a prepare holds it.
 
 Every input is possibly hostile (docs/RELIABILITY.md, "Hostile input"): lines and TMX segments longer
 than --max-line-bytes are rejected as "oversized" without being read whole, compressed input that
@@ -56,8 +59,9 @@ from typing import Iterator, Optional
 
 import sentencepiece as spm
 
-from . import files, numbers, vocab
+from . import files, lock, numbers, vocab
 from .binary import SIDES, file_sha256, files_checksum, side_paths
+from .dataformat import PREPARE_LOCK
 from .outdir import OutputDirError, check_output_dir, json_marker
 from .clean import CleaningOptions, add_cleaning_arguments, base_lang
 from .dedup import Deduplicator
@@ -74,7 +78,8 @@ SPLITS = ("train", "dev", "test")
 MANIFEST_VERSION = 1
 STAGE = ".prepare-tmp"
 # Every name prepare writes into DATA_DIR (data_prep.outdir: anything else there is not ours).
-OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", files.TEMP_PATTERN, "rejects.tsv", STAGE, "spm.src.model",
+OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", files.TEMP_PATTERN, "rejects.tsv", STAGE, PREPARE_LOCK,
+                "spm.src.model",
                 "spm.src.vocab", "spm.tgt.model", "spm.tgt.vocab",
                 *(f"{split}.{side}.{ext}" for split in SPLITS for side in SIDES for ext in ("bin", "idx")),
                 *(f"{split}.{side}.txt" for split in SPLITS[1:] for side in SIDES))
@@ -154,7 +159,8 @@ def check_out(args: argparse.Namespace) -> None:
     try:
         check_output_dir(args.out, owned=OUTPUT_NAMES, marker="manifest.json",
                          is_marker_ours=json_marker(["pairs_read", "checksum_files", "checksum"]),
-                         overwrite=args.overwrite, flag="--overwrite", program="prepare", leftovers=[STAGE])
+                         overwrite=args.overwrite, flag="--overwrite", program="prepare",
+                         leftovers=[STAGE, PREPARE_LOCK])
     except OutputDirError as e:
         raise PrepareError(f"--out {e}") from None
 
@@ -176,26 +182,62 @@ def prepare(args: argparse.Namespace, position: Optional[Position] = None) -> di
     `position` follows the work, for the message of an unexpected error."""
     position = position or Position()
     validate(args)
-    check_out(args)
-    readers = split_readers(args)
-    inputs = [dict(split=split, **file_info(p)) for split, r in readers.items() for p in r.paths]
-    check_inputs_kept(args.out)
+    check_out(args)  # before anything is written into --out (the lock file is written there)
     created_out = not os.path.isdir(args.out)
-    files.make_dirs(args.out, "the data directory", "--out")
-    stage = os.path.join(args.out, STAGE)
-    shutil.rmtree(stage, ignore_errors=True)
-    files.make_dirs(os.path.join(stage, "tmp"), "the staging directory")
+    held, former = hold_out(args.out)
     try:
-        manifest = build(args, readers, inputs, stage, position)
-        position.check_stop()
-        position.step, position.origin, position.publishing = f"writing {args.out}", "", True
-        publish(stage, args.out, manifest)  # a few renames; never left half done by a signal
-        return manifest
+        check_out(args)  # again: another prepare may have published into it before we held it
+        readers = split_readers(args)
+        inputs = [dict(split=split, **file_info(p)) for split, r in readers.items() for p in r.paths]
+        check_inputs_kept(args.out)
+        stage = make_stage(args.out, former)
+        try:
+            manifest = build(args, readers, inputs, stage, position)
+            position.check_stop()
+            position.step, position.origin, position.publishing = f"writing {args.out}", "", True
+            publish(stage, args.out, manifest)  # a few renames; never left half done by a signal
+            return manifest
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        if created_out and not os.listdir(args.out):
+        if created_out and os.listdir(args.out) == [PREPARE_LOCK]:  # ours alone: gone again, while still held
+            os.unlink(os.path.join(args.out, PREPARE_LOCK))
             os.rmdir(args.out)
         raise
+    finally:
+        lock.release(held)
+
+
+def hold_out(out: str):
+    """--out for this prepare alone, until it ends (an exclusive lock on --out/.prepare.lock, naming this process):
+    a second prepare into it is refused in one line naming the holder (it does not wait: the first may run for
+    hours); the trainer refuses a data.dir while it is held. Returns the open lock file and the holder a killed
+    prepare left named there (None if none)."""
+    files.make_dirs(out, "the data directory", "--out")
+    try:
+        return lock.hold(out, PREPARE_LOCK, where="--out", owner="prepare")
+    except lock.Busy as e:
+        holder = e.holder or "a process that did not say who it is"
+        raise PrepareError(f"--out {out}: another prepare is writing it ({holder}); wait for it to end, or choose "
+                           f"another --out") from None
+
+
+def make_stage(out: str, former: Optional[str]) -> str:
+    """This run's staging directory. One found there was left by a prepare that was killed (a live one would hold
+    the lock this run holds): removed, saying so. Another prepare's staging directory is never touched: no
+    other prepare runs while this one holds --out."""
+    stage = os.path.join(out, STAGE)
+    if os.path.lexists(stage):
+        killed = f" ({former})" if former else ""
+        print(f"prepare: {stage}: left by a prepare that was killed{killed}; removed", file=sys.stderr, flush=True)
+        with files.errors(stage, "remove a killed prepare's staging directory"):
+            if os.path.isdir(stage) and not os.path.islink(stage):
+                shutil.rmtree(stage)
+            else:
+                os.unlink(stage)
+    files.make_dirs(os.path.join(stage, "tmp"), "the staging directory")
+    return stage
 
 
 def build(args: argparse.Namespace, readers: dict[str, Reader], inputs: list[dict], stage: str,
@@ -451,14 +493,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     position = Position()
 
     def stop(signum, frame) -> None:
-        position.stop_signal = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        position.stop_signal = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if not (position.publishing or position.in_pool):
             raise Stopped(position.stop_signal)
 
-    handled = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
-    previous = {signum: signal.signal(signum, stop) for signum in handled}
+    handled = files.STOP_SIGNALS if threading.current_thread() is threading.main_thread() else ()
+    previous = {signum: signal.signal(signum, stop) for signum in handled  # SIGHUP: a closed terminal, a lost ssh
+                if signal.getsignal(signum) is not signal.SIG_IGN}  # (left ignored under nohup)
     try:
-        with files.command():
+        with files.command(signals=False):  # its own: a stop waits for the renames of the publish
             manifest = prepare(args, position)
     except PrepareError as e:
         return _error(str(e), 2)
@@ -469,7 +512,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (Stopped, KeyboardInterrupt):
         signame = position.stop_signal or "Ctrl-C"
         return _error(f"by {signame} while {position}; {args.out} is as it was before",
-                      143 if signame == "SIGTERM" else 130, "stopped")
+                      128 + (signal.SIGINT if signame == "Ctrl-C" else signal.Signals[signame]), "stopped")
     except MemoryError:
         return _error(f"out of memory while {position} (lower --workers, or check the input there)", 1)
     except Exception as e:  # a bug, or input we did not foresee: one line, how far we got

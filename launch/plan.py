@@ -7,10 +7,12 @@ from trainer.entry import fail
 
 
 def main(argv=None):
+    from data_prep.dataformat import files
     from trainer.planner.cli import main as plan_main
 
     try:
-        sys.exit(plan_main(argv))
+        with files.command():  # its reads remembered, a stop signal one line with the output under way removed
+            sys.exit(plan_main(argv))
     except (ValueError, OSError) as e:  # OSError: the file layer's one line (files.FileError)
         fail(e)
 

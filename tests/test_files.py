@@ -12,10 +12,14 @@ from __future__ import annotations
 import ast
 import errno
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,7 @@ from data_prep.files import FileError
 from tests.conftest import REPO, launch_main, run_cli
 from tests.test_hostile import fake_run, good_pairs, moses, prepare, step_dir
 from trainer.checkpoint import files as ck
+from trainer.inference.loading import load_run
 
 
 @pytest.fixture(autouse=True)
@@ -319,6 +324,190 @@ def test_prepare_never_publishes_over_one_of_its_inputs(tmp_path, capsys):
     assert {p: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept
 
 
+# ---- identity, not spelling (issue 42 item 7): a path is what the kernel resolves it to ------------------------
+
+@pytest.fixture
+def linked(tmp_path):
+    """D/in.txt (the input) and D/lnk, a link to a directory elsewhere (other/inner): D/lnk/.. is other/, not D/."""
+    (tmp_path / "D").mkdir()
+    (tmp_path / "other" / "inner").mkdir(parents=True)
+    (tmp_path / "D" / "lnk").symlink_to(tmp_path / "other" / "inner")
+    source = tmp_path / "D" / "in.txt"
+    source.write_text("the cat sees the tree\nthe dog sees the car\n")
+    return source
+
+
+def test_a_write_lands_where_the_kernel_resolves_its_path_not_where_its_spelling_points(linked, tmp_path):
+    """The issue's: the checks followed the link, the writer undid `lnk/..` by spelling (abspath) and replaced the
+    input. Now both use the one directory the kernel opens: D/lnk/../in.txt is other/in.txt, a new file; a spelling
+    that does reach the input, through the link and back (or through two links), is refused as the input."""
+    with files.open_read(str(linked), "the input"):
+        pass
+    with files.replace(f"{tmp_path}/D/lnk/../in.txt", "the output") as f:
+        f.write("new\n")
+    assert (tmp_path / "other" / "in.txt").read_text() == "new\n" and linked.read_text().startswith("the cat")
+    (tmp_path / "other" / "inner" / "back").symlink_to(tmp_path / "D" / "lnk")  # a second link on the way
+    for spelled in (f"{tmp_path}/D/lnk/../../D/in.txt", f"{tmp_path}/D/lnk/back/../../D/in.txt"):
+        with pytest.raises(FileError, match="refused: a file this command reads"):
+            with files.replace(spelled, "the output") as f:
+                f.write("x")
+    assert linked.read_text().startswith("the cat") and _temporaries(tmp_path / "D") == []
+
+
+def test_translate_and_export_reach_into_neither_their_input_nor_their_run_by_a_spelling(linked, tmp_path, capsys):
+    """The issue's three: translate --output D/lnk/../in.txt (the input replaced by its translation, exit 0),
+    translate --output LNK/../run/config.yaml and export --out LNK/../run/checkpoints/step_N/new.pt (both wrote into
+    the run they read). Each now writes where the kernel resolves the path (other/...), or cannot, and the input and
+    the run are untouched (the checkpoint still verifies)."""
+    run = fake_run(tmp_path / "run")
+    (tmp_path / "lnk").symlink_to(tmp_path / "other" / "inner")
+    (tmp_path / "other" / "run").mkdir()
+    before = {p: p.read_bytes() for p in [linked, *run.rglob("*")] if p.is_file()}
+    code, _, err = launch_main("translate", ["--run", run, "--input", linked, "--output",
+                                             f"{tmp_path}/D/lnk/../in.txt"], capsys)
+    assert code == 0 and len((tmp_path / "other" / "in.txt").read_text().splitlines()) == 2, err
+    code, _, err = launch_main("translate", ["--run", run, "--input", linked, "--output",
+                                             f"{tmp_path}/lnk/../run/config.yaml"], capsys)
+    assert code == 0 and (tmp_path / "other" / "run" / "config.yaml").exists(), err
+    out = f"{tmp_path}/lnk/../run/checkpoints/step_00000005/new.pt"
+    _refused("export", ["--run", run, "--out", out], capsys,
+             f"--out {tmp_path}/lnk/../run/checkpoints/step_00000005: cannot open the directory of the model file: "
+             f"No such file or directory", {})
+    assert {p: p.read_bytes() for p in [linked, *run.rglob("*")] if p.is_file()} == before
+    assert ck.verify(str(step_dir(run))) == []
+
+
+def test_the_runs_own_unfinished_save_is_told_by_identity_not_by_spelling(tmp_path):
+    """A step_N.tmp (loaded without a manifest, as the trainer's dev decode does) is the run's own only if its
+    directory is the run's checkpoints/: `LNK/../run/checkpoints/step_N.tmp` names another run's, elsewhere."""
+    run = fake_run(tmp_path / "run")
+    theirs = tmp_path / "other" / "run" / "checkpoints" / "step_00000007.tmp"
+    shutil.copytree(step_dir(run), theirs)
+    (theirs / ck.MANIFEST).unlink()
+    (tmp_path / "other" / "inner").mkdir()
+    (tmp_path / "lnk").symlink_to(tmp_path / "other" / "inner")
+    spelled = f"{tmp_path}/lnk/../run/checkpoints/step_00000007.tmp"
+    assert not ck.is_unfinished_save(str(run), spelled) and not ck.is_unfinished_save(str(run), spelled + "/")
+    with pytest.raises(ck.CheckpointError, match="missing"):
+        load_run(str(run), spelled)
+    ours = run / "checkpoints" / "step_00000007.tmp"
+    shutil.copytree(theirs, ours)
+    assert ck.is_unfinished_save(str(run), f"{tmp_path}/lnk/../../run/checkpoints/step_00000007.tmp/")
+
+
+@contextmanager
+def _stream_onto(fd: int, path: Path):
+    """fd 1 or 2 of this process appended to `path` for the block (what `>> path` gives a command)."""
+    saved, target = os.dup(fd), os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(target, fd)
+    os.close(target)
+    try:
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+@pytest.mark.parametrize("case", ["input", "output-dev-stdout", "stderr", "run-config", "inside-checkpoint"])
+def test_stdout_onto_what_the_command_reads_or_protects_is_refused(run_and_input, tmp_path, capsys, case):
+    """The issue's: `translate --input IN >> IN` translated its own output until killed. Variants: --output
+    /dev/stdout, stderr onto the input, and an export's stdout onto the run's config.yaml or into a checkpoint.
+    Compared by identity (fstat of the descriptor), when the file is read or protected."""
+    run, source = run_and_input
+    stream, target = 1, source
+    argv = ["translate", ["--run", run, "--input", source, "--buffer-size", 1]]
+    if case == "output-dev-stdout":
+        argv[1] += ["--output", "/dev/stdout"]
+    elif case == "stderr":
+        stream = 2
+    elif case in ("run-config", "inside-checkpoint"):
+        argv = ["export", ["--run", run, "--out", tmp_path / "m.pt"]]
+        target = run / "config.yaml" if case == "run-config" else step_dir(run) / "notes.txt"
+        target.touch()
+    kept = {target: target.read_bytes()}
+    with _stream_onto(stream, target):
+        code, _, err = launch_main(*argv, capsys)
+    expected = {"input": f"redirected onto {source}, a file this command reads",
+                "run-config": f"redirected onto {run / 'config.yaml'}, a file of the run",
+                "inside-checkpoint": f"redirected inside {run / 'checkpoints'}, the run's checkpoints/"}
+    line = _one_line(err)
+    assert code == 2 and line.startswith(f"error: {'stderr' if stream == 2 else 'stdout'}: refused: "), err
+    assert expected.get(case, expected["input"]) in line
+    assert {p: p.read_bytes() for p in kept} == kept and not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize("redirect", [">> IN", "< IN >> IN", "2>> IN", ">> IN 2>&1"])
+def test_translate_never_reads_its_own_output_through_a_redirection(run_and_input, redirect):
+    """The issue's, as a shell runs it: a translate reading IN with its stdout appended to IN ran until killed.
+    Variants: stdin from IN; stderr onto IN (the refusal's own line then goes to stdout), and both (to nowhere: the
+    exit status says it)."""
+    run, source = run_and_input
+    before = source.read_bytes()
+    with open(source, "ab") as appended, open(source, "rb") as stdin:
+        args = [] if redirect.startswith("<") else ["--input", source]
+        r = subprocess.run([sys.executable, "launch/translate.py", "--run", run, "--buffer-size", "1", *args],
+                           cwd=REPO, stdin=stdin, stdout=subprocess.PIPE if redirect == "2>> IN" else appended,
+                           stderr=subprocess.STDOUT if redirect.endswith("2>&1") else
+                           appended if redirect == "2>> IN" else subprocess.PIPE,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 2 and source.read_bytes() == before, (r.stdout, r.stderr)
+    said = r.stdout if redirect == "2>> IN" else r.stderr
+    if said is not None:
+        stream = "stderr" if redirect == "2>> IN" else "stdout"
+        assert _one_line(said).startswith(f"error: {stream}: refused: redirected onto "), said
+
+
+# ---- stop signals (issue 42 item 7): the temporary removed, one line, 128 + the signal ---------------------------
+
+def test_a_stop_signal_inside_a_command_removes_the_temporary_and_says_one_line(tmp_path, capsys):
+    """The issue's: Ctrl-C gave a KeyboardInterrupt traceback (SIGTERM left `.out.txt.<hex>.tmp`, test below)."""
+    out = tmp_path / "out.txt"
+    out.write_text("an earlier translation\n")
+    with pytest.raises(SystemExit) as e:
+        with files.command():
+            with files.replace(str(out), "the translations", flag="--output") as f:
+                f.write("half\n")
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)  # the handler runs in this thread at the next bytecode
+    assert e.value.code == 130 and out.read_text() == "an earlier translation\n" and _temporaries(tmp_path) == []
+    assert _one_line(capsys.readouterr().err) == (f"stopped by SIGINT: --output {out} not written (its temporary file "
+                                                  f"removed; a file there before is unchanged)")
+    before, outside = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.getsignal(signal.SIGTERM)  # as nohup
+    try:
+        with files.command():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN  # a closed terminal does not stop it
+        assert signal.getsignal(signal.SIGTERM) is outside and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_stopped_translate_leaves_no_temporary_and_no_traceback(run_and_input, tmp_path, sig):
+    """The issue's: SIGTERM left `.out.txt.<hex>.tmp` beside the output, SIGINT printed a traceback, SIGHUP (a
+    closed terminal) killed it without a word. Sent while the output's temporary file is being written."""
+    run, source = run_and_input
+    source.write_text("the cat sees the tree\n" * 400)
+    out = tmp_path / "out.txt"
+    proc = subprocess.Popen([sys.executable, "launch/translate.py", "--run", run, "--input", source, "--output", out,
+                             "--buffer-size", "1"], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.time() + 120
+        while not _temporaries(tmp_path) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert _temporaries(tmp_path), "translate never began its output"
+        proc.send_signal(getattr(signal, sig))
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + getattr(signal, sig), err
+    assert _one_line(err.replace("\r", "\n").splitlines()[-1]) == (
+        f"stopped by {sig}: --output {out} not written (its temporary file removed; a file there before is "
+        f"unchanged)"), err
+    assert "Traceback" not in err and _temporaries(tmp_path) == [] and not out.exists()
+
+
 # ---- A2: errors that were tracebacks or named no file ------------------------------------------------------------
 
 class _Rank0:
@@ -461,7 +650,8 @@ ALLOWED = {  # (file, access): (how many, why)
     ("trainer/observe/timeline.py", "open"): (1, "the kernel's /proc/self/statm"),
     ("trainer/parallel/shm_sum.py", "os.open"): (1, "its own new file in /dev/shm (O_EXCL, 0600), unlinked once mapped"),
     ("trainer/training/job_control.py", "open"): (1, "the kernel's /proc/PID/cmdline"),
-    ("trainer/training/job_control.py", "os.open"): (1, "the controlling terminal, /dev/tty"),
+    ("trainer/training/job_control.py", "os.open"): (2, "the controlling terminal, /dev/tty; /dev/null over the "
+                                                        "streams of a terminal that hung up (SIGHUP)"),
     ("trainer/training/tuning.py", "open"): (1, "the kernel's /proc/cpuinfo"),
 }
 

@@ -542,7 +542,8 @@ def test_empty_dev_set_is_refused_at_prepare_and_at_training_start(tmp_path, cap
         ParallelData(str(tmp_path), "dev")
 
 
-@pytest.mark.parametrize("signame,code,said", [("SIGTERM", 143, "SIGTERM"), ("SIGINT", 130, "Ctrl-C")])
+@pytest.mark.parametrize("signame,code,said", [("SIGTERM", 143, "SIGTERM"), ("SIGINT", 130, "Ctrl-C"),
+                                               ("SIGHUP", 129, "SIGHUP")])  # SIGHUP: a closed terminal
 def test_sigterm_during_prepare_leaves_no_staging_directory(tmp_path, signame, code, said):
     import signal
     import subprocess
@@ -565,6 +566,89 @@ def test_sigterm_during_prepare_leaves_no_staging_directory(tmp_path, signame, c
     assert proc.returncode == code, err
     assert f"prepare: stopped: by {said} while reading train" in err and "Traceback" not in err
     assert not out.exists()  # it was created by this run and is empty again: removed
+
+
+def _prepared(tmp_path: Path, out: str, vocab_size: int = 60) -> Path:
+    from data_prep.prepare import main
+    train, dev = moses(tmp_path, "train", good_pairs(400)), moses(tmp_path, "dev", good_pairs(400)[:8])
+    assert main([str(a) for a in ("--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--dev-src",
+                                  dev[0], "--dev-tgt", dev[1], "--out", tmp_path / out, "--vocab-size", vocab_size,
+                                  "--workers", 1)]) == 0
+    return tmp_path / out
+
+
+def test_a_prepare_into_an_out_another_prepare_holds_is_refused_and_touches_nothing(tmp_path, capsys):
+    """The issue's: two prepares into one --out at once, each removing the other's staging directory; one published a
+    mixed data dir. --out is held now (DATA_DIR/.prepare.lock): a second prepare is refused in one line naming the
+    holder, and neither its staging directory nor its files are touched; the trainer refuses the data dir while a
+    prepare holds it. Once the holder is gone, its staging directory is a killed prepare's leftover: removed, said."""
+    import socket
+
+    from data_prep import lock
+    from data_prep.dataformat import PREPARE_LOCK
+    from trainer.data import read_manifest
+    out = _prepared(tmp_path, "data")
+    capsys.readouterr()
+    held, _ = lock.hold(str(out), PREPARE_LOCK, where="--out", owner="prepare")  # another prepare, at work
+    (out / ".prepare-tmp").mkdir()
+    (out / ".prepare-tmp" / "its-work").write_text("x")
+    kept = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != PREPARE_LOCK}
+    try:
+        train = moses(tmp_path, "train", good_pairs(40))
+        assert prepare("--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--out", out) == 2
+        line = capsys.readouterr().err.strip()
+        assert "\n" not in line and line.startswith(f"prepare: error: --out {out}: another prepare is writing it (pid "
+                                                    f"{os.getpid()} on {socket.gethostname()} since ")
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != PREPARE_LOCK} == kept
+        with pytest.raises(ValueError, match=rf"^data.dir={out}: data_prep.prepare is writing it \(pid {os.getpid()} "):
+            read_manifest(str(out))
+    finally:
+        lock.release(held)
+    assert read_manifest(str(out))["vocab"]["src_size"] > 0
+    assert prepare("--format", "moses", "--train-src", train[0], "--train-tgt", train[1], "--out", out) == 0
+    assert f"{out / '.prepare-tmp'}: left by a prepare that was killed; removed" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [PREPARE_LOCK]
+
+
+@pytest.mark.parametrize("mode", ["ids", "checksums", "full"])
+def test_a_data_dir_whose_vocabulary_disagrees_with_its_manifest_is_refused_at_training_start(tmp_path, mode):
+    """The issue's mixed data dir: a manifest of one prepare (src_size 400) beside the SentencePiece model of another
+    (304 pieces), whose sha256 the manifest recorded (it hashed the shared staging directory), was accepted with
+    data.verify=full. Each model's size is now compared with the manifest in every mode but none."""
+    from data_prep.binary import file_sha256
+    from trainer.data import read_manifest, verify
+    ours, theirs = _prepared(tmp_path, "ours"), _prepared(tmp_path, "theirs", vocab_size=330)
+    shutil.copyfile(theirs / "spm.src.model", ours / "spm.src.model")
+    m = json.loads((ours / "manifest.json").read_text())
+    m["vocab"]["src_model_sha256"] = file_sha256(str(ours / "spm.src.model"))
+    (ours / "manifest.json").write_text(json.dumps(m))
+    have, want = json.loads((theirs / "manifest.json").read_text())["vocab"]["src_size"], m["vocab"]["src_size"]
+    assert have != want
+    with pytest.raises(ValueError, match=rf"^{ours / 'spm.src.model'}: {have} pieces where the data manifest says "
+                                         rf"{want} \(src_size\)"):
+        verify(str(ours), read_manifest(str(ours)), mode)
+    verify(str(ours), read_manifest(str(ours)), "none")  # the user's choice: nothing is checked
+
+
+def test_two_prepares_into_one_out_at_once_leave_one_consistent_data_dir(tmp_path):
+    """The issue's race, as it ran: both started at once. One is refused naming the other (or, had they not
+    overlapped, both finish one after the other); the data dir is whole (data.verify=full), no temporary left."""
+    import subprocess
+
+    from trainer.data import read_manifest, verify
+    train = moses(tmp_path, "train", good_pairs(400))
+    out = tmp_path / "data"
+    procs = [subprocess.Popen([sys.executable, "-m", "data_prep.prepare", "--format", "moses", "--train-src",
+                               train[0], "--train-tgt", train[1], "--out", out, "--vocab-size", size, "--workers", "1"],
+                              cwd=Path(__file__).parents[1], stderr=subprocess.PIPE, text=True)
+             for size in ("60", "330")]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes in ([0, 0], [0, 2]), results
+    refused = [err for code, err in results if code == 2]
+    assert all(f"prepare: error: --out {out}: another prepare is writing it (pid " in err for err in refused), results
+    verify(str(out), read_manifest(str(out)), "full")
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")] and not (out / ".prepare-tmp").exists()
 
 
 def test_an_unexpected_error_is_one_line_with_the_position(tmp_path, capsys, monkeypatch):

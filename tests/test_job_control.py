@@ -200,25 +200,52 @@ def terminal():
 
 
 # ---- stop requests and the launcher watch, in small processes --------------------------------------------------
-def test_a_stop_signal_before_training_leaves_at_once_and_once_training_is_a_request():
+@pytest.fixture
+def installed(monkeypatch):
+    """job_control.install() in this process, its signal dispositions and stop requests undone after the test. The
+    hung-up terminal's streams are not sent to /dev/null (recorded instead: this may be a real terminal)."""
     from trainer.training import job_control
 
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    hung = []
+    monkeypatch.setattr(job_control, "_leave_hung_up_terminal", lambda: hung.append(1))
+    saved = {sig: signal.getsignal(sig) for sig in job_control.STOP_SIGNALS}
     job_control.install()
     try:
-        with pytest.raises(job_control.Interrupted, match="SIGTERM"):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler runs in this thread at the next bytecode
-        said = []
-        assert job_control.STOP.begin_training(said.append) is None
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.1)
-        assert job_control.STOP.reason == "SIGINT" and said == ["SIGINT"]  # the first request counts, once
+        yield job_control, hung
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
         job_control.STOP = job_control.StopRequests()
+
+
+def test_a_stop_signal_before_training_leaves_at_once_and_once_training_is_a_request(installed):
+    job_control, _ = installed
+    with pytest.raises(job_control.Interrupted, match="SIGTERM"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler runs in this thread at the next bytecode
+    said = []
+    assert job_control.STOP.begin_training(said.append) is None
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.1)
+    assert job_control.STOP.reason == "SIGINT" and said == ["SIGINT"]  # the first request counts, once
+
+
+def test_sighup_is_a_stop_request_like_sigterm_and_stays_ignored_under_nohup(installed):
+    """The issue's: SIGHUP (a closed terminal, a dropped ssh) killed a training run without a save or a word. It is a
+    stop request now (the run saves its step: tests/test_reliability.py), its terminal's streams are let go, and
+    under nohup (ignored) it stays ignored."""
+    job_control, hung = installed
+    with pytest.raises(job_control.Interrupted, match="SIGHUP"):
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(1)
+    assert job_control.STOP.begin_training(lambda reason: None) is None
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(0.1)
+    assert job_control.STOP.reason == "SIGHUP" and hung == [1, 1]
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    job_control.install()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
 def test_a_signal_names_the_stop_even_after_the_launcher_watch_recorded_the_launchers_exit():

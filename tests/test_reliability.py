@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -246,6 +248,43 @@ def test_sigterm_saves_and_exits_0(tiny_data, tmp_path):
     train(tiny_data, run, 1, ds_config(tmp_path, SINGLE, total_steps=100000), f"train.max_steps={last + 2}",
           "train.resume=auto")
     assert sorted(losses(run)) == list(range(1, last + 3))
+
+
+def test_sighup_of_a_closed_terminal_saves_and_exits_0(tiny_data, tmp_path):
+    """The issue's: SIGHUP (a closed terminal, a dropped ssh) killed a training run without a save or a word. Now as
+    SIGTERM: the step in progress finishes and is saved, exit 0. Its stdout and stderr are a terminal that then goes
+    away (its master closed: a write would fail with EIO and break the save), so they go to /dev/null."""
+    run = tmp_path / "run"
+    ds = ds_config(tmp_path, SINGLE, total_steps=100000)
+    cmd = train_cmd(tiny_data, run, 1, ds, "train.max_steps=100000", "train.eval_every=100000", "train.save_every=0")
+    master, slave = os.openpty()
+    job = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)),
+                           stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    said, done = [], threading.Event()
+
+    def drain():  # the terminal's reader: a full terminal would block the run
+        while not done.is_set():
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    said.append(os.read(master, 1 << 16))
+                except OSError:
+                    return
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        _wait_for_step(job, run, 3)
+        job.send_signal(signal.SIGHUP)
+    finally:
+        done.set()
+        reader.join()
+        os.close(master)  # the terminal is gone
+    _wait_exit(job, 60)
+    text = b"".join(said).decode(errors="replace")
+    assert job.returncode == 0, text[-2000:]
+    last = max(losses(run))
+    assert checkpoint.read_pointer(str(run), "latest") == checkpoint.step_name(last), text[-2000:]
+    _assert_checkpoints_trustworthy(run)
 
 
 def test_sigterm_to_the_launched_job_saves_on_every_rank(tiny_data, tmp_path):

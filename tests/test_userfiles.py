@@ -131,7 +131,7 @@ def test_the_data_manifest_refuses_repeated_keys_and_deep_nesting(tmp_path, text
 
 def test_run_files_with_deep_or_repeated_json_are_refused_without_a_traceback(tmp_path):
     from data_prep.outdir import json_marker
-    from trainer.artifacts.run_files import _holder
+    from data_prep.lock import holder
     from trainer.observe.plots import read_metrics
     from trainer.observe.logger import truncate_metrics
 
@@ -150,9 +150,9 @@ def test_run_files_with_deep_or_repeated_json_are_refused_without_a_traceback(tm
     assert json_marker(["checksum"])(str(marker)) is False
     lock = tmp_path / "train.lock"
     lock.write_text("[" * 2000 + "]" * 2000)
-    assert _holder(str(lock)) is None
+    assert holder(str(lock)) is None
     lock.write_text('{"pid": 1, "host": "h", "since": "t"}')
-    assert _holder(str(lock)) == "pid 1 on h since t"
+    assert holder(str(lock)) == "pid 1 on h since t"
 
 
 def test_every_shipped_json_and_yaml_passes_the_strict_reader():

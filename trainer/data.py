@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data_prep.dataformat import (BOS_ID, EOS_ID, MANIFEST, OFFSET_DTYPE, PAD_ID, SIDES, SPM_MODELS, TOKEN_DTYPE,
-                                  TokenArray, file_sha256, files_checksum, first_out_of_range, has_split, load_pair,
-                                  open_data, side_paths)
+from data_prep.dataformat import (BOS_ID, EOS_ID, MANIFEST, MAX_SPM_BYTES, OFFSET_DTYPE, PAD_ID, PREPARE_LOCK, SIDES,
+                                  SPM_MODELS, TOKEN_DTYPE, TokenArray, file_sha256, files, files_checksum,
+                                  first_out_of_range, has_split, load_pair, lock, open_data, side_paths)
 from trainer.model.tensors import round_count, to_device
 
 
@@ -417,6 +417,9 @@ def read_manifest(data_dir: str) -> dict:
     from trainer.checkpoint.files import read_json
 
     path = os.path.join(data_dir, MANIFEST)
+    writer = lock.held_by(os.path.join(data_dir, PREPARE_LOCK))
+    if writer is not None:  # its files would be part old, part new
+        raise ValueError(f"data.dir={data_dir}: data_prep.prepare is writing it ({writer}); wait for it to end")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: not found; data.dir must be a directory written by data_prep.prepare")
     manifest = read_json(path)
@@ -431,15 +434,17 @@ def read_manifest(data_dir: str) -> dict:
 def verify(data_dir: str, manifest: dict, mode: str = "ids") -> None:
     """Refuse data that disagrees with its manifest before anything is built (`data.verify`), naming the file:
     every mode but "none" compares each split's pair count and each file's size with the manifest (a stat per
-    file); "checksums" also compares every binarized file with the sha256 prepare recorded (the whole manifest
-    checksum for older manifests); "full" also the SentencePiece models' sha256 and the manifest's checksum over
-    all the binarized files: every byte the manifest vouches for. (The token ids, which a flipped byte almost
-    always puts outside the vocabulary, are checked whatever the mode, on the arrays loaded: ParallelData.)"""
+    file) and each SentencePiece model's size with the manifest's vocabulary (check_vocabulary); "checksums" also
+    compares every binarized file with the sha256 prepare recorded (the whole manifest checksum for older
+    manifests); "full" also the SentencePiece models' sha256 and the manifest's checksum over all the binarized
+    files: every byte the manifest vouches for. (The token ids, which a flipped byte almost always puts outside the
+    vocabulary, are checked whatever the mode, on the arrays loaded: ParallelData.)"""
     if mode == "none":
         return
     check_sizes(data_dir, manifest)
     if mode in ("checksums", "full"):
         _verify_checksums(data_dir, manifest, whole=mode == "full")
+    check_vocabulary(data_dir, manifest)
 
 
 def check_sizes(data_dir: str, manifest: dict) -> None:
@@ -471,6 +476,29 @@ def check_sizes(data_dir: str, manifest: dict) -> None:
                 _check_size(bin_path, tokens[side] * TOKEN_DTYPE.itemsize,
                             lambda n: f"holds {n // TOKEN_DTYPE.itemsize} tokens where the data manifest says "
                                       f"{tokens[side]}")
+
+
+def check_vocabulary(data_dir: str, manifest: dict) -> None:
+    """Each side's SentencePiece model holds as many pieces as the manifest's vocabulary size, which sizes the model
+    and bounds its token ids: a data dir mixed from two prepares (a manifest of 400 pieces beside a model of 304) is
+    refused naming the file and both sizes, in every data.verify mode but none (full's sha256 of the models
+    compares them only with the hash the same manifest recorded)."""
+    import sentencepiece as spm
+
+    for side in SIDES:
+        path = os.path.join(data_dir, os.path.basename(str(manifest["vocab"].get(f"{side}_model") or SPM_MODELS[side])))
+        if not os.path.lexists(path):
+            raise ValueError(f"{path}: missing (the data manifest lists its vocabulary); prepare the data again")
+        proto = files.read_bytes(path, MAX_SPM_BYTES, "a SentencePiece model of data.dir")
+        try:
+            pieces = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+        except (RuntimeError, OSError, ValueError):
+            raise ValueError(f"{path}: not a SentencePiece model; prepare the data again") from None
+        want = manifest["vocab"][f"{side}_size"]
+        if pieces != want:
+            raise ValueError(f"{path}: {pieces} pieces where the data manifest says {want} ({side}_size): the "
+                             f"vocabulary is not the one the data was encoded with (two prepares into one --out?); "
+                             f"prepare the data again")
 
 
 def _check_size(path: str, want: int, says) -> None:

@@ -17,14 +17,12 @@ out.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 
-from data_prep.dataformat import files
+from data_prep.dataformat import MAX_SPM_BYTES, files, lock
 from trainer.artifacts.run_dir import LOCK_FILE
 
-MAX_SPM_BYTES = 64 << 20  # a SentencePiece model: ~1 MB for 32k pieces, a few MB for the largest vocabularies
 
 
 def _refuse(path: str) -> files.FileError:
@@ -88,44 +86,18 @@ class RunDirBusy(ValueError):
     """run.dir is held by another live trainer; the message names it (host, pid, since when)."""
 
 
-def _holder(path: str) -> str | None:
-    """Who the lock file says holds it ('pid N on HOST since TIME'), None if it names nobody."""
-    from data_prep.dataformat import userfiles
-
-    try:
-        data = userfiles.parse_json(files.read_bytes(path, 4096, "the run.dir lock").decode("utf-8"), path)
-        return f"pid {int(data['pid'])} on {str(data['host'])[:100]} since {str(data['since'])[:40]}"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
 def lock_run_dir(run_dir: str) -> str | None:
     """Hold run.dir for the life of this process (rank 0 of a run): an exclusive flock on
-    RUN_DIR/train.lock, whose content names the holder. Raises RunDirBusy while another live trainer
+    RUN_DIR/train.lock, whose content names the holder (lock.hold). Raises RunDirBusy while another live trainer
     holds it. The kernel drops the lock when its holder ends, however it ends, so the file a killed run
     left behind is no obstacle: returns a note naming that former holder (None if there was none)."""
-    import json
-    import socket
-    import time
-
     make_dirs(run_dir, "")
-    f = open_write(run_dir, LOCK_FILE, append=True)  # not emptied before we hold it
-    path = os.path.join(run_dir, LOCK_FILE)
     try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        holder = _holder(path) or "its holder did not say who it is"
+        f, former = lock.hold(run_dir, LOCK_FILE, where="run.dir", owner="the trainer")
+    except lock.Busy as e:
+        holder = e.holder or "its holder did not say who it is"
         raise RunDirBusy(f"run.dir={run_dir} is in use by another trainer ({holder}); wait for it to end, or "
                          f"choose another run.dir") from None
-    except BaseException:
-        f.close()
-        raise
-    former = _holder(path)
-    f.truncate(0)
-    f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                        "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
-    f.flush()
     _held.append(f)
     return (f"run.dir: the lock of an earlier trainer ({former}) was stale: that trainer was killed; taken over"
             if former else None)
@@ -135,9 +107,4 @@ def release_run_dir() -> None:
     """At a trainer's own end (not a kill): empty the lock file, so that the next run does not take it for
     the lock of a killed run, and drop the lock."""
     while _held:
-        f = _held.pop()
-        try:
-            f.truncate(0)
-            f.close()
-        except OSError:
-            pass
+        lock.release(_held.pop())

@@ -309,9 +309,10 @@ def resolve(run_dir: str, which: str = "best") -> str:
 def is_unfinished_save(run_dir: str, ckpt: str) -> bool:
     """`ckpt` is this run's own save in progress (checkpoints/step_N.tmp): its manifest is written only
     after the trainer's dev decode has read the weights, so it cannot be verified yet."""
-    name = os.path.basename(os.path.normpath(ckpt))
+    ckpt = ckpt.rstrip(os.sep) or ckpt
+    name = os.path.basename(ckpt)  # its directory by identity, as the kernel resolves it (`lnk/..` is not undone)
     return (name.endswith(".tmp") and bool(_STEP_DIR.match(name[:-4]))
-            and os.path.realpath(os.path.dirname(os.path.normpath(ckpt))) == os.path.realpath(root(run_dir)))
+            and files.same_file(os.path.dirname(ckpt) or ".", root(run_dir)))
 
 
 def check_trusted(ckpt: str, *, allow_unverified: bool = False) -> None:

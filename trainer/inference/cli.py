@@ -182,6 +182,7 @@ def read_chunks(stream: IO[bytes], name: str, size: int, cap: int = 0) -> Iterat
 
 def _open_input(path):
     if path in (None, "-", "/dev/stdin"):
+        files.reading_stdin()  # `< IN >> IN`: stdout onto the input is refused like --output onto it
         return sys.stdin.buffer, "stdin", None
     if not os.path.lexists(path):
         raise FileNotFoundError(f"--input {path}: no such file")

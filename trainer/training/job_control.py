@@ -7,8 +7,9 @@ job: the runner dies at once with a KeyboardInterrupt traceback (exit 130), the 
 *and every process below the ranks* (wandb's service among them), waits 30 s and exits 1. A launcher that
 is killed leaves its ranks training, orphaned, to the end. So:
 
-* `install`: SIGTERM and SIGINT only record a stop request (`STOP`); the training loop agrees on it across
-  ranks after each step, saves that step and exits 0. Before the loop has begun there is nothing to save:
+* `install`: SIGTERM, SIGINT and SIGHUP only record a stop request (`STOP`); the training loop agrees on it
+  across ranks after each step, saves that step and exits 0 (after SIGHUP, the streams that were the closed
+  terminal go to /dev/null; under `nohup`, SIGHUP stays ignored). Before the loop has begun there is nothing to save:
   they raise `Interrupted`, and the process leaves at once.
 * `take_terminal`: in a terminal, the node's first rank moves into a process group of its own and makes it
   the terminal's foreground, so a Ctrl-C reaches that rank alone: the ranks stop together and exit 0, and
@@ -74,18 +75,41 @@ class StopRequests:
 STOP = StopRequests()  # process-wide, as the signal dispositions that feed it
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def install() -> None:
-    """SIGTERM and SIGINT become stop requests (from here on: before this, during the first imports,
-    Python's own handling applies)."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _on_stop_signal)
+    """SIGTERM, SIGINT and SIGHUP (a closed terminal, a dropped ssh) become stop requests (from here on: before
+    this, during the first imports, Python's own handling applies). A signal that is ignored stays ignored:
+    under `nohup`, a closed terminal does not stop the run."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _on_stop_signal)
 
 
 def _on_stop_signal(signum, frame) -> None:
     name = signal.Signals(signum).name
+    if signum == signal.SIGHUP:
+        _leave_hung_up_terminal()
     if not STOP.training:
         raise Interrupted(name)
     STOP.request(name, by_signal=True)
+
+
+def _leave_hung_up_terminal() -> None:
+    """After SIGHUP the terminal is gone: a write to it fails (EIO), which would break the save that follows. The
+    standard streams that are a terminal go to /dev/null from here on (as nohup sends them to a file);
+    metrics.jsonl and the checkpoint keep the record."""
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        for fd in (1, 2):
+            try:
+                if os.isatty(fd):
+                    os.dup2(null, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(null)
 
 
 def start(environ=os.environ) -> None:
