@@ -172,3 +172,13 @@ def test_every_key_deepspeed_reads_is_accepted(tmp_path, change):
 def test_every_shipped_deepspeed_json_holds_only_keys_deepspeed_reads():
     for path in sorted((REPO / "ds_configs").glob("*.json")):
         load_ds_config(str(path), 100)
+
+
+def test_a_json_without_a_scheduler_or_its_type_is_read_without_one():
+    """No `scheduler` (a constant learning rate), or one without a type: nothing is built from its params, so they
+    name no constructor (a TypeError in every parity job before the fix)."""
+    from trainer.parallel.deepspeed_adapter import constructor_arguments
+
+    assert constructor_arguments("scheduler", {}) is None
+    assert constructor_arguments("scheduler", {"scheduler": {"params": {"warmup_num_steps": 3}}}) is None
+    assert constructor_arguments("optimizer", {"optimizer": None}) is None

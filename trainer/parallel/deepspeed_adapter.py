@@ -489,6 +489,8 @@ def constructor_arguments(section: str, ds: dict) -> tuple | None:
 
     spec = ds.get(section) or {}
     name, params = spec.get("type"), spec.get("params") or {}
+    if not isinstance(name, str):  # no section, or no type: nothing is built from its params
+        return None
     if section == "scheduler":
         cls = getattr(lr_schedules, name, None) or getattr(torch.optim.lr_scheduler, name, None)
         own: tuple = ()
