@@ -109,6 +109,8 @@ def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg, device) -> li
     for layer in module.layers:
         if isinstance(layer, EncoderDecoderLayer):
             layer.stack = stacked
+    if device.type != "cuda":
+        return [f"LSTM calls: {why}"]
     if engine.zero_stage:
         return [f"LSTM calls: {why}; weights: views of ZeRO's flat buffer (cuDNN copies them at each call)"]
     return [f"LSTM calls: {why}; " + module.pack_lstm_weights(stacked=cfg.model.dropout == 0 and stacked)]
