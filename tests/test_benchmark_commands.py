@@ -33,7 +33,7 @@ print(json.dumps({"exit": code, "heavy": [m for m in %r if m in sys.modules]}), 
 
 
 def citing_files() -> list:
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")),
             *sorted(p for p in (REPO / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")),
             *sorted(p for p in (REPO / "trainer").rglob("*") if p.suffix in (".py", ".yaml"))]
 
@@ -72,7 +72,7 @@ def test_every_cited_benchmark_path_and_module_exists():
 
 
 def test_the_docs_cite_the_benchmarks_and_the_finder_sees_them():
-    docs = "".join(p.read_text(encoding="utf-8") for p in [REPO / "README.md", *(REPO / "docs").glob("*.md")])
+    docs = "".join(p.read_text(encoding="utf-8") for p in [REPO / "README.md", *(REPO / "docs").rglob("*.md")])
     modules, entries = cited(MODULE, docs), set(entry_points())
     assert {"benchmarks.scaling", "benchmarks.planner", "benchmarks.gpu.gpu_profile"} <= modules
     assert modules <= entries, f"cited modules that are no benchmark: {sorted(modules - entries)}"
