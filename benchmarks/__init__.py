@@ -2,7 +2,7 @@
 repository root as a module (`python -m benchmarks.scaling`, `python -m benchmarks.micro.peak`, ...), and
 its --help says what it measures:
 
-    scaling      the parallel layouts side by side, issue 23's goals, one process alone (python -m benchmarks.scaling)
+    scaling      the parallel layouts side by side, the scaling goals, one process alone (python -m benchmarks.scaling)
     peers        OpenNMT-py beside ours on the same model and batches
     planner      the layout planner against measured runs, and its predictions for GPUs (python -m benchmarks.planner)
     gpu          the GPU check for a lent device, its wheels and data, the device profile
@@ -13,5 +13,6 @@ its --help says what it measures:
     reliability  resume across layouts, failing nodes, hostile inputs, memory over a long run
 
 What the scripts share (the enja-small data, running the real training CLI, reading its metrics, a free
-port, the CPU's name) is in benchmarks/common.py, once.
+port, the CPU's name) is in benchmarks/common.py, once; every result is written as a record through
+benchmarks/results (`python -m benchmarks.results render` makes docs/BENCHMARKS.md of them).
 """

@@ -346,22 +346,23 @@ def test_goals_are_ratios_within_a_round_and_met_only_in_every_round(tmp_path, c
     assert scaling_goals.shipped_layout("wide") == {"micro_batches": 1, "time_chunks": 4, "head_split": "time"}
     assert table["ceiling"]["min"] == pytest.approx(200 / 110) and table["ceiling"]["max"] == pytest.approx(1.9)
     assert table["ceiling"]["met"] is None  # reported, no target
-    assert table["2"]["min"] == pytest.approx(0.88) and table["2"]["max"] == pytest.approx(0.947, abs=1e-3)
-    assert not table["2"]["met"]  # 0.9 of the ceiling is reached in one round only
-    assert table["3"]["min"] == pytest.approx(0.8) and not table["3"]["met"]  # 160/200
-    assert table["4"]["min"] == pytest.approx(180 / 170) and not table["4"]["met"]  # the wide model's target: 1.2x
+    assert table["hybrid_2 of the ceiling"]["min"] == pytest.approx(0.88) and table["hybrid_2 of the ceiling"]["max"] == pytest.approx(0.947, abs=1e-3)
+    assert not table["hybrid_2 of the ceiling"]["met"]  # 0.9 of the ceiling is reached in one round only
+    assert table["data_2 of the ceiling"]["min"] == pytest.approx(0.8) and not table["data_2 of the ceiling"]["met"]  # 160/200
+    assert table["hybrid_2 over data_2"]["min"] == pytest.approx(180 / 170) and not table["hybrid_2 over data_2"]["met"]  # the wide model's target: 1.2x
     # what halving the batch costs by itself, and what data_2 loses beyond it: reported, no target
     assert table["half batch"]["min"] == pytest.approx(0.789, abs=1e-3) and table["half batch"]["met"] is None
-    assert table["3 beyond"]["max"] == pytest.approx(170 / 150) and table["3 beyond"]["min"] == pytest.approx(1.0)
+    assert table["data_2 of the half-batch ceiling"]["max"] == pytest.approx(170 / 150) and table["data_2 of the half-batch ceiling"]["min"] == pytest.approx(1.0)
     older = {k: v for k, v in rows.items() if k != "ceiling half batch"}  # a result from before that row
-    assert {g["goal"] for g in scaling_goals.goals_table({"wide": {"bf16": older}})} == set(table) - {"half batch",
-                                                                                                       "3 beyond"}
-    g = scaling_goals.gap(rows, "2", 0.9, 0)  # round 1: 180 tok/s at 500 ms against 0.9 x 190
+    assert {g["goal"] for g in scaling_goals.goals_table({"wide": {"bf16": older}})} == set(table) - {
+        "half batch", "data_2 of the half-batch ceiling"}
+    g = scaling_goals.gap(rows, "hybrid_2 of the ceiling", 0.9, 0)  # round 1: 180 tok/s at 500 ms against 0.9 x 190
     assert g["needed_ms"] == pytest.approx(500 * 180 / (0.9 * 190)) and g["gap_ms"] == pytest.approx(500 - g["needed_ms"])
     assert scaling_goals.from_json(json.loads(json.dumps(results))) == results  # --report-only reads them back
     out = scaling_goals.report(results, 2)
-    assert set(out["gaps"]) == {"2_wide_bf16", "3_wide_bf16", "4_wide_bf16"}
-    where = out["gaps"]["2_wide_bf16"]
+    assert set(out["gaps"]) == {"hybrid_2 of the ceiling_wide_bf16", "data_2 of the ceiling_wide_bf16",
+                                 "hybrid_2 over data_2_wide_bf16"}
+    where = out["gaps"]["hybrid_2 of the ceiling_wide_bf16"]
     assert where["round"] == 2  # the median round (of equal steps, the later)
     assert set(where["ranks"]) == {0, 1} and where["cpu"]["ceiling run"] == {"main": 470.0}
     assert where["half_batch_step_ms"] == 290.0  # the median round's half-batch run, printed beside the ranks

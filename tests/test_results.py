@@ -5,6 +5,7 @@ record. Nothing is measured here."""
 from __future__ import annotations
 
 import copy
+import sys
 import json
 import re
 
@@ -159,3 +160,35 @@ def test_a_gpu_checks_files_become_records(tmp_path):
         ("runs", "NVIDIA H200", "2026-12-04", "0286383"), ("latency", "NVIDIA H200", "2026-12-04", "0286383")]
     assert recs[0]["figures"]["host_cpu_ms_per_step"] == pytest.approx(29.9)
     assert recs[0]["settings"]["pairs_per_step"] == 128 and recs[0]["ratios"]["mfu_datasheet"] == 0.11
+
+
+def test_the_benchmarks_write_records_the_page_reads(monkeypatch):
+    """What the scaling goals and the OpenNMT-py peer write (their to_records) lands in the page's tables: the goal
+    names are the page's, the runs' figures its columns."""
+    import argparse
+
+    from benchmarks.peers import opennmt_peer
+    from benchmarks.results import page
+    from benchmarks.scaling import goals
+
+    monkeypatch.setattr(sys, "argv", ["x", "--goals"])
+    run = lambda tps, kernel="fused": {"tokens_per_s": tps, "pairs_per_s": tps / 21, "step_ms_median": 500.0,  # noqa: E731
+                                       "kernel": kernel}
+    rows = {"single 1 thread fused": [run(100)], "single 1 thread stepwise": [run(90, "stepwise")],
+            "ceiling": [run(190)], "ceiling half batch": [run(150)], "single 2 threads": [run(150)],
+            "data_2": [run(170)], "pipeline_2 units=4": [run(100)], "hybrid_2 shipped": [run(180)]}
+    recs = goals.to_records({"wide": {"bf16": rows}}, "python -m benchmarks.scaling --goals")
+    assert {r["settings"]["goal"] for r in recs if r["table"] == "goals"} == set(page.GOALS)
+    peer = lambda p: {"pairs_per_s": p, "rounds_pairs_per_s": [p], "step_ms_median": 64000 / p,  # noqa: E731
+                      "tokens_per_pair": 21.0}
+    results = {("OpenNMT-py, no input feeding", "fp32"): peer(300.0), ("OpenNMT-py, input feeding", "fp32"): peer(200.0),
+               ("ours single", "fp32"): peer(360.0), ("ours single", "bf16"): peer(500.0)}
+    recs += opennmt_peer.to_records(results, argparse.Namespace(threads=2, ours=[]), busy=False)
+    for r in recs:
+        check(r)
+    text = render(recs)
+    assert "| hybrid_2 / ceiling | **0.95x** | not measured | not measured | not measured | >= 0.90x |" in text
+    front = text.split("## Parity")[0]
+    assert "| wide | bf16 | hybrid_2 (shipped) | 64 | 8.57 | 180 |" in front  # 180 / 21 pairs/s, as the run gave them
+    assert "| enja-small | fp32 | single 2 threads | 64 | 360 | 7,560 † | 177.8 | 300 / 200 | 1.20x / 1.80x |" in front
+    assert "ceiling" not in front.split("| machine |")[1]  # the ceiling is a limit, in Scaling, not a layout

@@ -32,7 +32,9 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks import results as records
 from benchmarks.common import ENJA, REPO
+from data_prep.dataformat import MANIFEST
 
 POLL_S = 0.05
 
@@ -123,7 +125,7 @@ def main() -> None:
                 "--src-lang", "en", "--tgt-lang", "ja", "--vocab-size", "8000", "--model-type", "bpe",
                 "--workers", str(args.workers), *args.extra]
         r = run_prepare(argv)
-        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
         r.update(pairs=pairs, source=args.source, pairs_per_s=manifest["pairs_read"] / r["wall_s"],
                  pairs_kept=manifest["pairs_kept"], rejected={k: v for k, v in manifest["rejected"].items() if v},
                  workers=manifest["options"]["workers"], command=f"python -m data_prep.prepare {' '.join(argv)}")
@@ -151,6 +153,18 @@ def main() -> None:
     path = work / f"prepare_scale_{args.source}_workers{args.workers}{tag}.json"
     path.write_text(json.dumps(results, indent=1))
     print(f"results: {path}")
+    records.write([to_record(r, args) for r in results])
+
+
+def to_record(r: dict, args) -> dict:
+    """One prepare run as a record of the data question."""
+    corpus = f"{args.source}, " + (" ".join(args.extra) if args.extra else "defaults")
+    return records.record("data", "prepare at scale", command=records.command("benchmarks.data.prepare_scale"),
+                          settings={"corpus": corpus, "pairs": r["pairs"], "workers": r["workers"]},
+                          figures={"wall_s": r["wall_s"], "pairs_per_s": r["pairs_per_s"], "cpu_s": r["cpu_s"],
+                                   "peak_pss_tree_mb": r["peak_pss_mb"], "peak_rss_largest_process_mb": r["max_process_rss_mb"],
+                                   "pairs_kept": r["pairs_kept"], "load_before": r["load_before"][0],
+                                   "load_after": r["load_after"][0]})
 
 
 if __name__ == "__main__":

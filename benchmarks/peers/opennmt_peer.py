@@ -52,7 +52,9 @@ import sys
 from pathlib import Path
 
 
+from benchmarks import results as records
 from benchmarks.common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, prepare_enja, summarise, train
+from trainer.artifacts.run_dir import PROFILE_DIR, TIMING_DIR, rank_file
 
 RUNNER = Path(__file__).resolve().parent / "opennmt_runner.py"
 MARKER = ".hybrid-nmt-peer.json"
@@ -63,6 +65,7 @@ PEER_PACKAGES = ("opennmt-py==3.5.1", "pyonmttok==1.37.1", "numpy==2.4.6", "pyya
                  "tabulate==0.9.0", "colorama==0.4.6", "lxml==6.0.2", "rapidfuzz==3.14.3",
                  "pyahocorasick==2.2.0", "fasttext-wheel==0.9.2")
 ATTENTION = {"dot": "dot", "general": "general", "concat": "mlp"}  # ours -> OpenNMT-py global_attention
+PEER = "OpenNMT-py 3.5.1"  # as the records name the peer
 
 
 class PeerError(RuntimeError):
@@ -246,7 +249,7 @@ def op_group(name: str) -> str:
 
 
 def profiled_pair(python: Path, root: Path, options: dict, args, data: Path) -> dict:
-    """One profiled run of each side of goal 5 (fp32): their profile files' contents."""
+    """One profiled run of each side of the goal, ours over OpenNMT-py (fp32): their profile files' contents."""
     window = args.steps - args.warmup
     run = train_peer(python, root, "input_feed0_profiled", {**options, "input_feed": 0}, args.threads, args.steps,
                      args.warmup, profile=(args.warmup, window))
@@ -256,8 +259,8 @@ def profiled_pair(python: Path, root: Path, options: dict, args, data: Path) -> 
     cfg = ds_variant(args.work, "single", name, bf16={"enabled": False})
     train(args.work, name, cfg, 1, args.threads, args.steps, data, config=str(args.config),
           extra=(*args.ours, f"train.profile_from={args.warmup}", f"train.profile_steps={window}"))
-    ours = json.loads((args.work / "runs" / name / "profile" / "rank0.json").read_text())
-    timing = json.loads((args.work / "runs" / name / "timing" / "rank0.json").read_text())["seconds_per_step"]
+    ours = json.loads((args.work / "runs" / name / PROFILE_DIR / rank_file(0)).read_text())
+    timing = json.loads((args.work / "runs" / name / TIMING_DIR / rank_file(0)).read_text())["seconds_per_step"]
     ours["phases"] = {k: 1000 * v for k, v in timing.items() if v >= 0.0005}
     ours["pairs_per_s"] = summarise(args.work / "runs" / name, warmup=args.warmup)["pairs_per_s"]
     return {"OpenNMT-py": peer, "ours": ours}
@@ -271,7 +274,7 @@ def report_profiles(profiles: dict, results: dict, top: int = 12) -> dict:
     # pairs per step are the same (the batch size); the goal in ms per step of ours at the rounds' speed:
     need_ms = 1000 * 64 / (1.2 * no_feed["pairs_per_s"])
     have_ms = 1000 * 64 / mine["pairs_per_s"]
-    print(f"\ngoal 5 in milliseconds (median round, fp32): ours {have_ms:.1f} ms per 64 pairs against "
+    print(f"\nours over OpenNMT-py in milliseconds (median round, fp32): ours {have_ms:.1f} ms per 64 pairs against "
           f"{need_ms:.1f} for 1.2x OpenNMT-py ({1000 * 64 / no_feed['pairs_per_s']:.1f}): "
           + (f"{have_ms - need_ms:.1f} ms to remove" if have_ms > need_ms else "met"))
     print(f"\nunder torch.profiler (fp32, steps {ours['steps'][0]}-{ours['steps'][1]}): ms per step")
@@ -313,7 +316,7 @@ def median_round(rounds: list[dict]) -> dict:
     return {**ordered[(len(ordered) - 1) // 2], "rounds_pairs_per_s": [r["pairs_per_s"] for r in rounds]}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/hybrid-nmt-bench"))
     p.add_argument("--venv", type=Path, help="the peer's virtual environment (default WORK/onmt-venv)")
@@ -327,20 +330,18 @@ def main() -> None:
     p.add_argument("--ours-b", nargs="+", default=None, metavar="KEY=VALUE",
                    help="one more fp32 run of ours single in every round, with these overrides on top of --ours: an "
                         "A/B of a setting, side by side with the rest (e.g. train.loss_projection=chunked)")
-    p.add_argument("--profile", action="store_true",
-                   help="after the rounds, profile one fp32 run of each side of goal 5 and print where the steps differ")
+    p.add_argument("--profile", action="store_true", help="after the rounds, profile one fp32 run of each side "
+                   "of the goal (ours over OpenNMT-py) and print where the steps differ")
     args = p.parse_args()
     if args.steps <= args.warmup:
         sys.exit(f"--steps {args.steps}: must be more than --warmup {args.warmup}")
     args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
-    try:
-        python = peer_venv((args.venv or args.work / "onmt-venv").resolve())
-        options = peer_options(args.config, REPO / "ds_configs" / "single.json")
-        root = peer_data(python, args.work)
-    except PeerError as e:
-        sys.exit(f"opennmt_peer: {e}")
-    data = prepare_enja(args.work)
+    return args
+
+
+def rounds_of(args, python: Path, options: dict, root: Path, data: Path) -> tuple[dict, list[float]]:
+    """Every run in every round, interleaved: {(label, precision): [summary per round]}, and the load averages."""
     load = [os.getloadavg()[0]]
     runs = [("OpenNMT-py, no input feeding", "fp32", 0), ("OpenNMT-py, input feeding", "fp32", 1),
             ("ours single", "fp32", None), ("ours single", "bf16", None)]
@@ -350,11 +351,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for label, precision, feed in runs:
             if feed in (0, 1):
-                try:
-                    r = train_peer(python, root, f"input_feed{feed}", {**options, "input_feed": feed}, args.threads,
-                                   args.steps, args.warmup)
-                except PeerError as e:
-                    sys.exit(f"opennmt_peer: {e}")
+                r = train_peer(python, root, f"input_feed{feed}", {**options, "input_feed": feed}, args.threads,
+                               args.steps, args.warmup)
             else:
                 name = f"peer_ours_{precision}" + ("_b" if feed == "b" else "")
                 cfg = ds_variant(args.work, "single", name, bf16={"enabled": precision == "bf16"})
@@ -366,13 +364,20 @@ def main() -> None:
             load.append(os.getloadavg()[0])
             print(f"{label} ({precision}): {r['pairs_per_s']:.0f} pairs/s, median step {r['step_ms_median']:.0f} ms",
                   flush=True)
-    results = {key: median_round(rs) for key, rs in rounds.items()}
-    profiled = None
-    if args.profile:
-        try:
-            profiled = profiled_pair(python, root, options, args, data)
-        except PeerError as e:
-            sys.exit(f"opennmt_peer: {e}")
+    return {key: median_round(rs) for key, rs in rounds.items()}, load
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        python = peer_venv((args.venv or args.work / "onmt-venv").resolve())
+        options = peer_options(args.config, REPO / "ds_configs" / "single.json")
+        root = peer_data(python, args.work)
+        data = prepare_enja(args.work)
+        results, load = rounds_of(args, python, options, root, data)
+        profiled = profiled_pair(python, root, options, args, data) if args.profile else None
+    except PeerError as e:
+        sys.exit(f"opennmt_peer: {e}")
     out = {"command": " ".join(sys.argv), "cpu": cpu_model(), "threads": args.threads, "steps": args.steps,
            "warmup": args.warmup, "load_average_1min": load, "busy": report(results, load, args),
            "peer_packages": [torch_pin(), *PEER_PACKAGES], "peer_options": options,
@@ -381,10 +386,34 @@ def main() -> None:
         out["profile"] = report_profiles(profiled, results)
     (args.work / "opennmt_peer.json").write_text(json.dumps(out, indent=1))
     print(f"wrote {args.work / 'opennmt_peer.json'}")
+    records.write(to_records(results, args, busy=out["busy"]))
+
+
+def to_records(results: dict, args, busy: bool) -> list[dict]:
+    """Each run's median round as a record of the peers question: who, precision, pairs/s (each round's too), ms per
+    step, src+tgt tokens per pair, and ours over OpenNMT-py without and with input feeding, measured side by side."""
+    no_feed = results["OpenNMT-py, no input feeding", "fp32"]["pairs_per_s"]
+    feed = results["OpenNMT-py, input feeding", "fp32"]["pairs_per_s"]
+    out = []
+    for (label, precision), r in results.items():
+        peer = label.startswith("OpenNMT-py")
+        settings = {"system": f"{PEER}, {label.split(', ', 1)[1]}" if peer else "ours",
+                    "model": "enja-small", "precision": precision, "layout": f"single {args.threads} threads",
+                    "threads": args.threads, "pairs_per_step": 64}
+        overrides = [*args.ours, *(label.split(", ", 1)[1].split() if label.startswith("ours single, ") else [])]
+        if overrides and not peer:
+            settings["overrides"] = " ".join(overrides)
+        out.append(records.record("peers", "runs", command=records.command("benchmarks.peers.opennmt_peer"),
+                                  settings=settings, note="a busy machine: not a measurement of record" if busy else None,
+                                  figures={"pairs_per_s": r["pairs_per_s"], "pairs_per_s_by_round": r["rounds_pairs_per_s"],
+                                           "step_ms_median": r["step_ms_median"], "tokens_per_pair": r.get("tokens_per_pair")},
+                                  ratios={"over_opennmt_no_input_feeding": r["pairs_per_s"] / no_feed,
+                                          "over_opennmt_input_feeding": r["pairs_per_s"] / feed}))
+    return out
 
 
 def report(results: dict, load: list[float], args) -> bool:
-    """Print the table and the issue's goal 3; True when the machine was busy during the runs."""
+    """Print the table and the goals against OpenNMT-py; True when the machine was busy during the runs."""
     no_feed = results["OpenNMT-py, no input feeding", "fp32"]["pairs_per_s"]
     feed = results["OpenNMT-py, input feeding", "fp32"]["pairs_per_s"]
     print(f"\n{cpu_model()}, {args.threads} threads, {args.steps} steps of 64 pairs ({args.warmup} warm-up), "
@@ -396,7 +425,7 @@ def report(results: dict, load: list[float], args) -> bool:
         print(f"| {label} | {precision} | {r['pairs_per_s']:.0f} | {r['step_ms_median']:.0f} | "
               f"{r['tokens_per_pair']:.1f} | {r['pairs_per_s'] / no_feed:.2f}x | {r['pairs_per_s'] / feed:.2f}x |")
     fp32, bf16 = results["ours single", "fp32"]["pairs_per_s"], results["ours single", "bf16"]["pairs_per_s"]
-    print(f"\nissue 14 goal 3 and issue 28 goal 5: fp32 >= 1.2x OpenNMT-py without input feeding: {fp32 / no_feed:.2f}x "
+    print(f"\nours over OpenNMT-py: fp32 >= 1.2x OpenNMT-py without input feeding: {fp32 / no_feed:.2f}x "
           f"({'met' if fp32 >= 1.2 * no_feed else 'not met'}); bf16 >= 2x OpenNMT-py with input feeding: "
           f"{bf16 / feed:.2f}x ({'met' if bf16 >= 2 * feed else 'not met'})")
     ours, peer = results["ours single", "fp32"], results["OpenNMT-py, no input feeding", "fp32"]

@@ -25,8 +25,7 @@ Writes everything to WORK/plan_validation.json. Numbers taken on a busy machine 
 load average is printed before and after. `--rescore` trains nothing: it predicts the runs an earlier
 validate left in WORK/runs again, with WORK/cpu_profile.json (or --profile), after a change to the planner.
 
-`predict`: the planner's prediction for the paper-size model on GPUs (issue 10: RQ3, how to split the
-model). trainer/configs/paper_size.yaml (emb/hidden 1024, 4+4 LSTM layers, general attention) with batches
+`predict`: the planner's prediction for the paper-size model on GPUs (the paper's RQ3: how to split the model). trainer/configs/paper_size.yaml (emb/hidden 1024, 4+4 LSTM layers, general attention) with batches
 of 128 pairs (ds_configs/single.json's optimizer and bf16, train_micro_batch_size_per_gpu 128), on real
 batches of small_parallel_enja prepared with one joint 32k BPE vocabulary (both embeddings and the
 softmax have 32,000 rows; the corpus supports at most ~17k/21k pieces per side alone). For each number
@@ -55,7 +54,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja, rank_skew, summarise, train
+from data_prep.dataformat import MANIFEST
+from trainer.artifacts.run_dir import DS_CONFIG, METRICS
 
 VALIDATE_CONFIG = "trainer/configs/enja_small.yaml"
 PREDICT_CONFIG = "trainer/configs/paper_size.yaml"
@@ -104,33 +106,13 @@ def validate(args: argparse.Namespace) -> None:
     cfg = load_config(str(REPO / config), [f"data.dir={data}"])
     rows = [(precision, *row) for precision in args.precision for row in validation_rows()
             if not args.only or any(row[0].startswith(o) for o in args.only)]
-    runs: dict = {}  # (precision, label) -> [(run_dir, summary)] by round
-    rounds = args.rounds
-    if args.rescore:  # as many rounds as an earlier validate left
-        rounds = 1
-        while any(run_name(prec, row[0], rounds, args.work).exists() for prec, *row in rows):
-            rounds += 1
-    for rnd in range(rounds):  # interleaved: a row's round 2 runs after every row's round 1 (the machine's drift spreads)
-        for precision, label, base, ranks, threads, layout in rows:
-            run_dir = run_name(precision, label, rnd, args.work)
-            if args.rescore:
-                if not (run_dir / "metrics.jsonl").exists():
-                    if rnd == 0:
-                        sys.exit(f"--rescore: no run {run_dir} (run validate without --rescore first)")
-                    continue
-                measured = summarise(run_dir)
-            else:
-                ds_path = ds_variant(args.work, base, run_dir.name, layout=layout,
-                                     bf16={"enabled": precision == "bf16"})
-                measured = train(args.work, run_dir.name, ds_path, ranks, threads, args.steps, data, config=config)
-            runs.setdefault((precision, label), []).append((run_dir, measured))
-            print(f"round {rnd + 1}: {precision} {label:28s} measured {measured['step_ms_mean']:7.1f} ms", flush=True)
+    runs = measure_rows(args, rows, data, config)
     results = []
     for precision, label, base, ranks, threads, layout in rows:
         done = runs[(precision, label)]
         run_dir = done[0][0]
         steps = max(r["step"] for r in metrics(run_dir))
-        ds = load_ds_config(str(run_dir / "ds_config.json"), steps)  # what the runs trained with
+        ds = load_ds_config(str(run_dir / DS_CONFIG), steps)  # what the runs trained with
         spec = LayoutSpec.from_ds_config(ds, ranks)
         work = plan.workload(cfg, ds, steps=steps - WARMUP, skip=WARMUP)
         pred = plan.predict(Candidate(spec, ranks, threads), work, profile)
@@ -147,6 +129,47 @@ def validate(args: argparse.Namespace) -> None:
     out = args.work / ("plan_rescore.json" if args.rescore else "plan_validation.json")
     out.write_text(json.dumps({"profile": str(profile_path), "load_end": load_end, "rescored": args.rescore,
                                "rounds": max(len(v) for v in runs.values()), "rows": results}, indent=1))
+    records.write(validation_records(results, args, max(len(v) for v in runs.values())))
+
+
+def measure_rows(args: argparse.Namespace, rows: list, data: Path, config: str) -> dict:
+    """(precision, label) -> [(run_dir, summary)] by round: each row trained (or, with --rescore, read back)."""
+    runs: dict = {}
+    rounds = args.rounds
+    if args.rescore:  # as many rounds as an earlier validate left
+        rounds = 1
+        while any(run_name(prec, row[0], rounds, args.work).exists() for prec, *row in rows):
+            rounds += 1
+    for rnd in range(rounds):  # interleaved: a row's round 2 runs after every row's round 1 (the machine's drift spreads)
+        for precision, label, base, ranks, threads, layout in rows:
+            run_dir = run_name(precision, label, rnd, args.work)
+            if args.rescore:
+                if not (run_dir / METRICS).exists():
+                    if rnd == 0:
+                        sys.exit(f"--rescore: no run {run_dir} (run validate without --rescore first)")
+                    continue
+                measured = summarise(run_dir)
+            else:
+                ds_path = ds_variant(args.work, base, run_dir.name, layout=layout,
+                                     bf16={"enabled": precision == "bf16"})
+                measured = train(args.work, run_dir.name, ds_path, ranks, threads, args.steps, data, config=config)
+            runs.setdefault((precision, label), []).append((run_dir, measured))
+            print(f"round {rnd + 1}: {precision} {label:28s} measured {measured['step_ms_mean']:7.1f} ms", flush=True)
+    return runs
+
+
+def validation_records(results: list[dict], args: argparse.Namespace, rounds: int) -> list[dict]:
+    """Each row's predicted and measured step as a record, and the rows within 10% as one more."""
+    command = records.command("benchmarks.planner")
+    out = [records.record("planner", "validation", command=command, settings={
+        "precision": r["precision"], "layout": r["label"], "model": "enja-small", "pairs_per_step": 64},
+        figures={"measured_step_ms": r["measured_ms"], "predicted_step_ms": r["predicted_ms"],
+                 "error_pct": 100 * r["error"], "step_error_median_pct": 100 * r["step_error_median"],
+                 "errors_by_round_pct": [100 * e for e in r["errors_by_round"]]}) for r in results]
+    within = lambda key: sum(abs(r[key]) <= 0.10 for r in results)  # noqa: E731
+    settings = {"model": "enja-small", "rows": len(results), "rounds": rounds, **({"rescored": True} if args.rescore else {})}
+    return out + [records.record("planner", "validation summary", command=command, settings=settings, figures={
+        "rows_within_10_pct": within("error"), "rows_within_10_pct_per_step_median": within("step_error_median")})]
 
 
 def run_name(precision: str, label: str, rnd: int, work: Path) -> Path:
@@ -219,7 +242,7 @@ def validation_report(results: list[dict]) -> None:
 # ---- predict: the paper-size model on GPUs ----
 def prepare_joint32k(work: Path) -> Path:
     data = work / "enja32k_joint"
-    if (data / "manifest.json").exists():
+    if (data / MANIFEST).exists():
         return data
     args = ["--format", "moses", "--out", data, "--vocab-size", "32000", "--model-type", "bpe", "--joint-vocab"]
     for split in ("train", "dev", "test"):
@@ -276,6 +299,14 @@ def predict(args: argparse.Namespace) -> None:
         print(f"| {r['scenario']} | {r['link']} | {r['devices']} | {r['one_gpu_ms']:.1f} | {cell('hybrid')} | "
               f"{cell('data')} | {cell('pipeline')} | {r['pick']} | {r['pick_ms']:.1f} |")
     (args.work / "plan_predict.json").write_text(json.dumps(rows, indent=1))
+    records.write([records.record(
+        "planner", "prediction", command=records.command("benchmarks.planner"), prediction=True,
+        machine_name=load(profile_path).get("device", {}).get("name") or str(args.profile), settings={
+            "model": "paper-size", "scenario": r["scenario"], "link": r["link"], "devices": r["devices"],
+            "pairs_per_step": 128, "precision": "bf16", "profile": str(args.profile)},
+        figures={"one_gpu_step_ms": r["one_gpu_ms"], "pick": r["pick"], "pick_step_ms": r["pick_ms"]},
+        ratios={f"{m}_speedup": r[f"{m}_speedup"] for m in ("hybrid", "data", "pipeline") if f"{m}_speedup" in r})
+        for r in rows])
 
 
 def prediction_row(ranking, scenario: str, link: str, n: int) -> dict:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja
 
 
@@ -29,7 +30,7 @@ def _train(cmd_prefix: list[str], cfg: Path, data: Path, run_dir: Path, steps: i
     subprocess.run(merge_overrides([*cmd_prefix, "launch/train.py", "--deepspeed_config", str(cfg), "--config",
                     "trainer/configs/enja_small.yaml", f"data.dir={data}", f"run.dir={run_dir}",
                     f"train.max_steps={steps}", "train.eval_every=1000", "train.keep_last=20", "logging.wandb_mode=offline",
-                    "decode.bleu_tokenize=13a",  # the rows of docs/BENCHMARKS.md section 4 (benchmarks/quality/recipes.py: ja-mecab)
+                    "decode.bleu_tokenize=13a",  # as the first enja-small rows (benchmarks/quality/recipes.py: ja-mecab)
                     "logging.progress=false"], extra), cwd=REPO, check=True)
 
 
@@ -67,10 +68,31 @@ def main() -> None:
            data, hybrid_run, steps, ["train.threads=1"])
     rows = metrics(hybrid_run)
     result["hybrid_2"] = {"steps": rows[-1]["step"], "dev_bleu": {r["step"]: r["dev_bleu"] for r in rows if "dev_bleu" in r}}
-    ckpt = f"step_{args.compare_step:08d}"
+    from trainer.artifacts.run_dir import CKPT_DIR
+    from trainer.checkpoint.files import step_name
+
     for name, run in (("single", single_run), ("hybrid_2", hybrid_run)):
-        result[name][f"test_at_{args.compare_step}"] = _evaluate(run, str(run / "checkpoints" / ckpt))
+        ckpt = run / CKPT_DIR / step_name(args.compare_step)
+        result[name][f"test_at_{args.compare_step}"] = _evaluate(run, str(ckpt))
     print(json.dumps(result, indent=1))
+    records.write(to_records(result, args.compare_step))
+
+
+def to_records(result: dict, compare_step: int) -> list[dict]:
+    """Test BLEU and chrF of both layouts at the compared step, and of single's best checkpoint, as records."""
+    command = records.command("benchmarks.quality.bleu")
+    corpus, tokenize = "small_parallel_enja (500 test sentences, beam 5)", "13a"
+    out = []
+    for layout, which in (("single", f"test_at_{compare_step}"), ("hybrid_2", f"test_at_{compare_step}"),
+                          ("single", "test_best")):
+        r = result[layout][which]
+        steps = compare_step if which != "test_best" else result[layout]["steps"]
+        out.append(records.record("bleu", "scores", command=command, settings={
+            "what": f"enja-small, {layout}, bf16, " + ("best checkpoint" if which == "test_best" else f"at step {steps}"),
+            "corpus": corpus, "tokenize": tokenize, "steps": steps, "layout": layout},
+            figures={"test_bleu": r.get("bleu"), "test_chrf": r.get("chrf"),
+                     "dev_bleu_greedy_by_eval": list(result[layout]["dev_bleu"].values())}))
+    return out
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ def number(v, digits: int | None = None) -> str:
         return " / ".join(number(x, digits) for x in v)
     if isinstance(v, str):
         return v
+    if isinstance(v, int) and digits is None:
+        return f"{v:,}"
     if digits is None:
         digits = 0 if abs(v) >= 100 else 1 if abs(v) >= 10 else 2 if abs(v) >= 0.1 else 3
     text = f"{v:,.{digits}f}"
@@ -95,6 +97,12 @@ def commands(records: list[dict]) -> list[str]:
     cmds = list(dict.fromkeys(r["command"] for r in records))
     return ["", "Commands (each row's record names its own, with its commit):", "",
             *(f"- `{c}`" for c in cmds)] if cmds else []
+
+
+def by_machine(records: list[dict]) -> list[dict]:
+    """Records in the page's machine order (GPUs, then CPUs, newest first), each machine's in written order."""
+    every = machines(records)
+    return sorted(records, key=lambda r: every.index(r["machine"]))
 
 
 def not_measured(records: list[dict], every: list[str], note: str = "") -> list[str]:
@@ -227,8 +235,16 @@ def in_short(ours: list[dict], every: list[str]) -> list[str]:
 
 
 # ---- one table per question ----------------------------------------------------------------------------------------------------------
-GOALS = ("ceiling", "hybrid_2 of the ceiling", "data_2 of the ceiling", "hybrid_2 over data_2", "half batch",
-         "data_2 of the half-batch ceiling", "hybrid_2 over one process", "hybrid_2 over pipeline_2")
+GOALS = {  # the scaling goals by name (benchmarks/scaling/goals.py), as the table words them
+    "ceiling": "ceiling: two singles at once / one alone",
+    "hybrid_2 of the ceiling": "hybrid_2 / ceiling",
+    "data_2 of the ceiling": "data_2 / ceiling",
+    "hybrid_2 over data_2": "hybrid_2 / data_2",
+    "half batch": "half batch: two half-batch singles at once / ceiling",
+    "data_2 of the half-batch ceiling": "data_2 / half-batch ceiling",
+    "hybrid_2 over one process": "hybrid_2 / one process, 1 thread",
+    "hybrid_2 over pipeline_2": "hybrid_2 / pipeline_2 units=4",
+}
 COMBOS = (("wide", "bf16"), ("wide", "fp32"), ("enja-small", "bf16"), ("enja-small", "fp32"))
 
 
@@ -236,7 +252,8 @@ def _goal_cell(r: dict | None) -> str:
     if r is None:
         return "not measured"
     q, target = r["ratios"], r["settings"].get("target")
-    text = ratio(q["measured"]) + (f" ({q['min']:.2f}-{q['max']:.2f})" if "min" in q else "")
+    spread = "min" in q and round(q["min"], 2) != round(q["max"], 2)
+    text = ratio(q["measured"]) + (f" ({q['min']:.2f}-{q['max']:.2f})" if spread else "")
     return f"**{text}**" if target and q["measured"] >= target else text
 
 
@@ -252,7 +269,7 @@ def scaling(records: list[dict]) -> tuple[list[str], list[dict]]:
                 continue
             first = next(r for r in got if r)
             target = {r["settings"].get("target") for r in got if r and r["settings"].get("target")}
-            rows.append([m, first["settings"]["what"], *(_goal_cell(r) for r in got),
+            rows.append([m, GOALS[goal], *(_goal_cell(r) for r in got),
                          " / ".join(f">= {t:.2f}x" for t in sorted(target)) or "-",
                          ", ".join(sorted({stamp(r) for r in got if r})), link(first)])
     head = ["machine", "goal", "wide bf16", "wide fp32", "small bf16", "small fp32", "target (bold: met)", "measured",
@@ -266,7 +283,7 @@ def scaling(records: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 def parity(records: list[dict]) -> tuple[list[str], list[dict]]:
-    shown = latest(records, lambda r: (r["machine"], r["settings"]["what"], r["settings"].get("layouts")))
+    shown = by_machine(latest(records, lambda r: (r["machine"], r["settings"]["what"], r["settings"].get("layouts"))))
     rows = [[r["settings"]["what"], r["settings"].get("layouts"), r["settings"].get("precision"),
              number(r["figures"].get("max_abs_difference")), number(r["figures"].get("tolerance")), r["machine"],
              stamp(r), link(r)] for r in shown]
@@ -278,8 +295,8 @@ def parity(records: list[dict]) -> tuple[list[str], list[dict]]:
 
 def peers(records: list[dict]) -> tuple[list[str], list[dict]]:
     runs = [r for r in records if r["table"] == "runs"]
-    shown = latest(runs, lambda r: (r["machine"], r["settings"]["system"], r["settings"]["precision"],
-                                    r["settings"].get("overrides")))
+    shown = by_machine(latest(runs, lambda r: (r["machine"], r["settings"]["system"], r["settings"]["precision"],
+                                               r["settings"].get("overrides"))))
     rows = [[r["machine"], r["settings"]["system"], r["settings"]["precision"], r["settings"].get("overrides", "-"),
              number(r["figures"].get("pairs_per_s")), number(r["figures"].get("pairs_per_s_by_round")),
              peer_cells(r, [])[1], stamp(r), link(r)] for r in shown]
@@ -291,7 +308,8 @@ def peers(records: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 def bleu(records: list[dict]) -> tuple[list[str], list[dict]]:
-    shown = latest([r for r in records if r["table"] == "scores"], lambda r: (r["machine"], r["settings"]["what"]))
+    shown = by_machine(latest([r for r in records if r["table"] == "scores"],
+                              lambda r: (r["machine"], r["settings"]["what"])))
     rows = []
     for r in shown:
         f, s = r["figures"], r["settings"]
@@ -306,8 +324,9 @@ def bleu(records: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 def planner(records: list[dict]) -> tuple[list[str], list[dict]]:
-    summaries = latest([r for r in records if r["table"] == "validation summary"],
-                       lambda r: (r["machine"], r["settings"].get("rounds", 1), r["settings"].get("rescored", False)))
+    summaries = by_machine(latest([r for r in records if r["table"] == "validation summary"],
+                                  lambda r: (r["machine"], r["settings"].get("rounds", 1),
+                                             r["settings"].get("rescored", False))))
     rows = [[r["machine"], number(r["figures"].get("rows_within_10_pct")),
              number(r["figures"].get("rows_within_10_pct_per_step_median")), r["settings"]["rows"],
              r["settings"].get("rounds", 1), "yes" if r["settings"].get("rescored") else "no", stamp(r), link(r)]

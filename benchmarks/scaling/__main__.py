@@ -21,10 +21,13 @@ idle fractions (metrics.jsonl) and ms per step by category, and for the hybrid r
 sampled step by where each ms falls. Each run's Gantt chart of one step is copied to
 WORK/scaling/<precision>_<run>.png. Everything goes to WORK/scaling.json (WORK/scaling_wide.json).
 
+Each mode writes its results as records too (benchmarks/results: `--goals` to scaling.jsonl's goals and runs,
+the layouts to its layouts, `--throughput` to its runs).
+
 `--goals` (benchmarks/scaling/goals.py): the scaling goals from one command, both sizes and both precisions: the
 ceiling (two single-rank runs at once, each on its own core: the most a 2-rank layout can reach on this machine),
 every 2-rank layout as a fraction of it, which goals are met in each round, and for each one not met the
-milliseconds and CPU seconds per thread that stand between; goal 5 (against OpenNMT-py) from
+milliseconds and CPU seconds per thread that stand between; "ours over OpenNMT-py" from
 WORK/opennmt_peer.json when python -m benchmarks.peers.opennmt_peer wrote one; to WORK/scaling_goals.json
 (--model, --only, --precision, --lstm-kernel, --steps are not used). With --report-only it measures nothing and
 reports the runs WORK/scaling_goals.json names again (they must still be in WORK/runs).
@@ -44,6 +47,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.common import matmul_peak, prepare_enja
 from benchmarks.scaling import goals, layouts, throughput
 
@@ -87,7 +91,8 @@ def main() -> None:
             out = goals.report(results, done, args.work / "opennmt_peer.json")
             (args.work / "scaling_goals.json").write_text(json.dumps({"peak": peak, **out, "results": results},
                                                                      indent=1))
-        goals.measure(args.work, data, layouts.MODELS, args.rounds, pngs, on_round=write)
+        measured = goals.measure(args.work, data, layouts.MODELS, args.rounds, pngs, on_round=write)
+        records.write(goals.to_records(measured, records.command("benchmarks.scaling")))
         return
     layouts.run(args, args.steps or DEFAULT_STEPS["layouts"], data, peak, pngs)
 

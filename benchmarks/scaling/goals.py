@@ -1,4 +1,4 @@
-"""The issue's goals from one command: `python -m benchmarks.scaling --goals [--rounds 2]`.
+"""The scaling goals from one command: `python -m benchmarks.scaling --goals [--rounds 2]`.
 
 Both model sizes, both precisions, every rank with 1 thread, side by side in each round:
 
@@ -12,10 +12,10 @@ Both model sizes, both precisions, every rank with 1 thread, side by side in eac
     data_2, pipeline_2     the strongest alternatives, same global batch  } the strongest baselines
     hybrid_2 shipped       ds_configs/hybrid_2.json (enja-small), hybrid_2_wide.json (wide), the model's kernel
 
-Goals (issue 28), each a ratio of tokens/s within a round, reported as the median round and the spread:
-2. hybrid_2 >= 0.9 of the ceiling; 3. data_2 >= 0.85 of the ceiling; 4. hybrid_2 >= 1.2x data_2 at the wide
-model (enja-small: reported). Goal 5 (fp32 against OpenNMT-py) is measured by python -m benchmarks.peers.opennmt_peer
-and printed from WORK/opennmt_peer.json when it is there. For each goal not met: the step the row would need,
+Goals, by name, each a ratio of tokens/s within a round, reported as the median round and the spread: "hybrid_2 of
+the ceiling" >= 0.9; "data_2 of the ceiling" >= 0.85; "hybrid_2 over data_2" >= 1.2x at the wide model (enja-small:
+reported). "ours over OpenNMT-py" (fp32 >= 1.2x OpenNMT-py without input feeding) is measured by
+python -m benchmarks.peers.opennmt_peer and printed from WORK/opennmt_peer.json when it is there. For each goal not met: the step the row would need,
 and where its milliseconds are (each rank's compute against half of one alone, its waits on the timeline,
 and its CPU seconds per thread against the step: trainer/observe/cpu_threads.py).
 """
@@ -26,8 +26,10 @@ import shutil
 import statistics
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.common import (REPO, breakdown, cpu_model, ds_variant, metrics, rank_skew, replica_lengths,
                                start_train, train, wait_train)
+from trainer.artifacts.run_dir import METRICS, TIMELINE_DIR, TIMELINE_TRACE, timeline_png
 
 HALF_ROW = "ceiling half batch"
 SHIPPED = {"small": "hybrid_2", "wide": "hybrid_2_wide"}
@@ -35,13 +37,15 @@ STEPS = {"small": 40, "wide": 20}  # a wide step costs 1-2.5 s on one core; 10 s
 CEILING_TAIL = 3  # the two ceiling runs go on this many steps past the counted ones: both are running throughout
 TARGETS = {  # goal: (what, numerator row, denominator row, {model: target ratio or None (reported only)})
     "ceiling": ("two singles at once / one alone", "ceiling", "single", {"wide": None, "small": None}),
-    "2": ("hybrid_2 / ceiling", "hybrid", "ceiling", {"wide": 0.9, "small": 0.9}),
-    "3": ("data_2 / ceiling", "data_2", "ceiling", {"wide": 0.85, "small": 0.85}),
-    "4": ("hybrid_2 / data_2", "hybrid", "data_2", {"wide": 1.2, "small": None}),
+    "hybrid_2 of the ceiling": ("hybrid_2 / ceiling", "hybrid", "ceiling", {"wide": 0.9, "small": 0.9}),
+    "data_2 of the ceiling": ("data_2 / ceiling", "data_2", "ceiling", {"wide": 0.85, "small": 0.85}),
+    "hybrid_2 over data_2": ("hybrid_2 / data_2", "hybrid", "data_2", {"wide": 1.2, "small": None}),
     "half batch": ("two half-batch singles at once / ceiling", HALF_ROW, "ceiling", {"wide": None, "small": None}),
-    "3 beyond": ("data_2 / half-batch ceiling", "data_2", HALF_ROW, {"wide": None, "small": None}),
-    "vs pipeline": ("hybrid_2 / pipeline_2 units=4", "hybrid", "pipeline_2 units=4", {"wide": None, "small": None}),
-    "vs single": ("hybrid_2 / single 1 thread", "hybrid", "single", {"wide": None, "small": None}),
+    "data_2 of the half-batch ceiling": ("data_2 / half-batch ceiling", "data_2", HALF_ROW,
+                                         {"wide": None, "small": None}),
+    "hybrid_2 over pipeline_2": ("hybrid_2 / pipeline_2 units=4", "hybrid", "pipeline_2 units=4",
+                                 {"wide": None, "small": None}),
+    "hybrid_2 over one process": ("hybrid_2 / single 1 thread", "hybrid", "single", {"wide": None, "small": None}),
 }
 PHASES = ("fill", "forward gaps", "before head", "head to backward", "backward gaps", "drain")
 
@@ -99,7 +103,7 @@ def measure(work: Path, data: Path, models: dict, rounds: int, pngs: Path, on_ro
                     else:
                         r = train(work, name, cfg, ranks, threads, steps, data, config=models[model], extra=extra)
                     r.update(run_dir=str(work / "runs" / (name + ("_0" if pair else ""))), kernel=kernel)
-                    png = Path(r["run_dir"]) / "timeline" / f"step_{steps - 1:08d}.png"
+                    png = Path(r["run_dir"]) / TIMELINE_DIR / timeline_png(steps - 1)
                     if png.exists():
                         shutil.copy(png, pngs / f"{name}_round{rnd + 1}.png")
                     got.setdefault(label, []).append(r)
@@ -209,6 +213,32 @@ def where_ms(trace: dict) -> dict:
     return out
 
 
+MODEL_NAMES = {"small": "enja-small", "wide": "wide"}  # as the records name them
+LAYOUT_NAMES = {HYBRID_ROW: "hybrid_2 (shipped)", "ceiling": "ceiling: two singles at once",
+                HALF_ROW: "ceiling: two half-batch singles at once"}
+
+
+def to_records(results: dict, command: str) -> list[dict]:
+    """What a goals run measured, as records: each goal per model and precision (the median round and the spread),
+    and each row's median round (tokens/s, pairs/s, ms per step; tokens/s of every round)."""
+    out = [records.record("scaling", "goals", command=command, settings={
+        "goal": g["goal"], "what": g["what"], "model": MODEL_NAMES[g["model"]], "precision": g["precision"],
+        "rounds": len(results[g["model"]][g["precision"]][HYBRID_ROW]), **({"target": g["target"]} if g["target"] else {})},
+        figures={}, ratios={"measured": g["median"], "min": g["min"], "max": g["max"]}) for g in goals_table(results)]
+    batch = 2 * half_batch("single")
+    for model, precs in results.items():
+        for prec, rows in precs.items():
+            for label, rs in rows.items():
+                r = rs[_median_round(rs)]
+                settings = {"model": MODEL_NAMES[model], "precision": prec, "layout": LAYOUT_NAMES.get(label, label),
+                            "threads": 2 if label == "single 2 threads" else 1, "lstm_kernel": r.get("kernel"),
+                            "pairs_per_step": batch // 2 if label == HALF_ROW else batch}
+                out.append(records.record("scaling", "runs", command=command, settings=settings, figures={
+                    "tokens_per_s": r["tokens_per_s"], "pairs_per_s": r["pairs_per_s"],
+                    "step_ms_median": r["step_ms_median"], "tokens_per_s_by_round": [x["tokens_per_s"] for x in rs]}))
+    return out
+
+
 def report(results: dict, runs_done: int, peer_file: Path | None = None) -> dict:
     """Print the goals table, every run's tokens/s against one alone and the ceiling, and for each goal not
     met where the milliseconds and CPU seconds between it and its target are."""
@@ -219,7 +249,7 @@ def report(results: dict, runs_done: int, peer_file: Path | None = None) -> dict
     for g in table:
         target = "-" if g["target"] is None else f">= {g['target']:.2f}x"
         met = "-" if g["met"] is None else ("yes" if g["met"] else "**no**")
-        print(f"| {g['goal']}. {g['what']} | {g['model']} | {g['precision']} | {g['median']:.2f}x "
+        print(f"| {g['goal']}: {g['what']} | {g['model']} | {g['precision']} | {g['median']:.2f}x "
               f"({g['min']:.2f}-{g['max']:.2f}) | {target} | {met} |")
     for model, precs in results.items():
         for prec, rows in precs.items():
@@ -240,14 +270,15 @@ def report(results: dict, runs_done: int, peer_file: Path | None = None) -> dict
     return {"cpu": cpu_model(), "goals": table, "gaps": gaps, "peer": peer_goal(peer_file)}
 
 
-PEER_TARGET = 1.2  # goal 5: ours single fp32 against OpenNMT-py without input feeding, the same threads
+PEER_GOAL = "ours over OpenNMT-py"  # ours single fp32 against OpenNMT-py without input feeding, the same threads
+PEER_TARGET = 1.2
 
 
 def peer_goal(path: Path | None) -> dict | None:
-    """Goal 5 from python -m benchmarks.peers.opennmt_peer's WORK/opennmt_peer.json (its own run, side by side with
+    """The goal "ours over OpenNMT-py" from python -m benchmarks.peers.opennmt_peer's WORK/opennmt_peer.json (its own run, side by side with
     OpenNMT-py in its own virtual environment), printed; None when there is none."""
     if path is None or not path.exists():
-        print("\ngoal 5 (fp32 >= 1.2x OpenNMT-py): not in this run; python -m benchmarks.peers.opennmt_peer --work WORK "
+        print(f"\n{PEER_GOAL} (fp32 >= 1.2x OpenNMT-py): not in this run; python -m benchmarks.peers.opennmt_peer --work WORK "
               "measures it (OpenNMT-py in its own virtual environment), and --goals prints it from there")
         return None
     peer = json.loads(path.read_text())
@@ -255,7 +286,7 @@ def peer_goal(path: Path | None) -> dict | None:
     ratio = runs["ours single fp32"]["pairs_per_s"] / runs["OpenNMT-py, no input feeding fp32"]["pairs_per_s"]
     out = {"ratio": ratio, "target": PEER_TARGET, "met": ratio >= PEER_TARGET, "cpu": peer.get("cpu"),
            "threads": peer.get("threads"), "busy": peer.get("busy"), "command": peer.get("command")}
-    print(f"\ngoal 5: ours single fp32 / OpenNMT-py without input feeding = {ratio:.2f}x (target >= {PEER_TARGET}x, "
+    print(f"\n{PEER_GOAL}: ours single fp32 / OpenNMT-py without input feeding = {ratio:.2f}x (target >= {PEER_TARGET}x, "
           f"{'met' if out['met'] else '**not met**'}; {peer.get('threads')} threads, {peer.get('cpu')}, from {path}"
           f"{'; measured on a busy machine' if peer.get('busy') else ''})")
     prof = peer.get("profile")
@@ -285,11 +316,11 @@ def where(rows: dict, goal: dict) -> dict:
     r, ceil = rows[label][rnd], rows["ceiling"][rnd]
     g = gap(rows, goal["goal"], goal["target"], rnd)
     half = {k: v / 2 for k, v in breakdown(ceil["timing"][min(ceil["timing"])]).items()}
-    print(f"\n{goal['model']} {goal['precision']}, goal {goal['goal']} ({goal['what']} >= {goal['target']}): "
+    print(f"\n{goal['model']} {goal['precision']}, {goal['goal']} ({goal['what']} >= {goal['target']}): "
           f"{label} round {rnd + 1} steps {g['step_ms']:.0f} ms, needs {g['needed_ms']:.0f} ms: "
           f"{g['gap_ms']:.0f} ms stand between. Per rank (ms per step; 'share' = half of one ceiling run's step, "
           f"{ceil['step_ms_median'] / 2:.0f} ms):")
-    trace = Path(r["run_dir"]) / "timeline" / "trace.json"
+    trace = Path(r["run_dir"]) / TIMELINE_DIR / TIMELINE_TRACE
     spans = where_ms(json.loads(trace.read_text())) if trace.exists() else {}
     cols = ("forward", "backward", "head", "optimizer", *PHASES, "step")
     print("| rank | " + " | ".join(cols) + " |")
@@ -304,7 +335,7 @@ def where(rows: dict, goal: dict) -> dict:
         reference("half-batch run", breakdown(halved["timing"][min(halved["timing"])]), halved["step_ms_median"])
     for rank, row in spans.items():
         print(f"| {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")
-    skew = rank_skew(metrics(Path(r["run_dir"]))) if (Path(r["run_dir"]) / "metrics.jsonl").exists() else None
+    skew = rank_skew(metrics(Path(r["run_dir"]))) if (Path(r["run_dir"]) / METRICS).exists() else None
     if skew:  # every step, not the sampled one: what the ranks lose to each other's step-to-step differences
         print(f"Step by step ({label}'s steps after the warm-up): the ranks' busy ms differ by {skew['busy_diff_ms']:.0f} "
               f"on average; communicating + waiting {' / '.join(f'{v:.0f}' for v in skew['comm_wait_ms'])} ms "

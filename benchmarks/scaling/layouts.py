@@ -8,8 +8,10 @@ import json
 import shutil
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.common import RANK_CATEGORIES, breakdown, ds_variant, rank_fractions, train
 from benchmarks.scaling import goals
+from trainer.artifacts.run_dir import TIMELINE_DIR, TIMELINE_TRACE, timeline_png
 
 MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
 
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace, steps: int, data: Path, peak: dict, pngs: Path
                           extra=(f"train.timeline_every={steps - 1}", f"model.lstm_kernel={kernel}", *overrides))
                 run_dir = args.work / "runs" / name
                 r.update(rank_fractions(run_dir), run_dir=str(run_dir))
-                png = run_dir / "timeline" / f"step_{steps - 1:08d}.png"
+                png = run_dir / TIMELINE_DIR / timeline_png(steps - 1)
                 if png.exists():
                     shutil.copy(png, pngs / f"{name}.png")
                 results[prec].setdefault(label, []).append(r)
@@ -98,7 +100,19 @@ def run(args: argparse.Namespace, steps: int, data: Path, peak: dict, pngs: Path
         report(prec, summary[prec], peak, runs)
     out = args.work / ("scaling.json" if args.model == "small" else f"scaling_{args.model}.json")
     out.write_text(json.dumps({"peak": peak, "model": args.model, "results": summary}, indent=1))
+    records.write(to_records(summary, args.model, runs, records.command("benchmarks.scaling")))
 
+
+def to_records(summary: dict, model: str, runs: list, command: str) -> list[dict]:
+    """Each run's median round as a record of the scaling question's layouts (tokens/s, pairs/s, ms per step)."""
+    threads = {label: (ranks, t) for label, _, ranks, t, _, _, _ in runs}
+    kernel = {label: k for label, *_, k in runs}
+    return [records.record("scaling", "layouts", command=command, settings={
+        "model": {"small": "enja-small"}.get(model, model), "precision": prec, "layout": label,
+        "ranks": threads[label][0], "threads": threads[label][1], "lstm_kernel": kernel[label]},
+        figures={"tokens_per_s": r["tokens_per_s"], "pairs_per_s": r["pairs_per_s"], "step_ms_median": r["step_ms_median"],
+                 "model_gflop": r["model_gflop"]})
+        for prec, rows in summary.items() for label, r in rows.items()]
 
 
 def with_kernels(runs: list, kernel: str) -> list:
@@ -145,7 +159,7 @@ def report(prec: str, res: dict, peak: dict, runs: list) -> None:
     print("| run | rank | " + " | ".join(cols) + " |")
     print("|---|---:|" + "---:|" * len(cols))
     for label, r in res.items():
-        trace = Path(r["run_dir"]) / "timeline" / "trace.json"
+        trace = Path(r["run_dir"]) / TIMELINE_DIR / TIMELINE_TRACE
         if label.startswith("hybrid") and trace.exists():
             for rank, row in goals.where_ms(json.loads(trace.read_text())).items():
                 print(f"| {label} | {rank} | " + " | ".join(f"{row[c]:.0f}" for c in cols) + " |")

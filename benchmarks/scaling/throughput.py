@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.common import breakdown, ds_variant, train
 
 PEER_RUNS = ("OpenNMT-py, no input feeding fp32", "OpenNMT-py, input feeding fp32")
@@ -35,3 +36,8 @@ def run(work: Path, data: Path, steps: int, threads: int) -> None:
         print("the peer: python -m benchmarks.peers.opennmt_peer (OpenNMT-py 3.5.1 beside ours, same model and "
               "batches)")
     (work / "throughput.json").write_text(json.dumps(results, indent=1))
+    records.write([records.record("scaling", "runs", command=records.command("benchmarks.scaling"), settings={
+        "model": "enja-small", "precision": precision, "layout": f"single {threads} thread{'s' if threads > 1 else ''}",
+        "threads": threads, "pairs_per_step": 64}, figures={
+        "pairs_per_s": r["pairs_per_s"], "tokens_per_s": r["tokens_per_s"], "step_ms_median": r["step_ms_median"]})
+        for precision, r in results.items()])
