@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from data_prep.dataformat import MANIFEST
+from trainer.artifacts.run_dir import CONFIG, DS_CONFIG, METRICS, TIMING_DIR
 REPO = Path(__file__).resolve().parents[1]
 ENJA = REPO.parent / "shared" / "data" / "small_parallel_enja"
 VOCAB_SIZE = 8000  # per side, for enja-small and for the peers measured against it
@@ -40,7 +42,7 @@ def prepare_enja(work: Path, raw_ja: bool = False, model_type: str = "bpe", pret
         data = data.with_name(f"{data.name}_{model_type}")
     if pretokenize != "none":
         data = data.with_name(f"{data.name}_words")
-    manifest = data / "manifest.json"
+    manifest = data / MANIFEST
     if manifest.exists() and json.loads(manifest.read_text()).get("vocab", {}).get("byte_fallback"):
         return data  # (a DATA_DIR from before byte fallback is prepared again)
     if not ENJA.exists():
@@ -134,7 +136,7 @@ def wait_train(label: str, proc: subprocess.Popen, run_dir: Path, timeout: int =
 
 def metrics(run_dir: Path) -> list[dict]:
     """RUN_DIR/metrics.jsonl, one dict per logged row."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
 
 
 def summarise(run_dir: Path, warmup: int = 3, last_step: int | None = None) -> dict:
@@ -146,7 +148,7 @@ def summarise(run_dir: Path, warmup: int = 3, last_step: int | None = None) -> d
     tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in timed)
     pairs = sum(r["sentences_per_s"] * r["step_time_s"] for r in timed)
     timing, cpu = {}, {}
-    for path in sorted((run_dir / "timing").glob("rank*.json")):
+    for path in sorted((run_dir / TIMING_DIR).glob("rank*.json")):
         t = json.loads(path.read_text())
         timing[t["rank"]] = t["seconds_per_step"]
         cpu[t["rank"]] = t.get("cpu_ms_per_step", {})
@@ -190,9 +192,9 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
     from trainer.parallel.layout import LayoutSpec
     from trainer.planner.plan import workload
 
-    if not all((run_dir / name).is_file() for name in ("ds_config.json", "config.yaml", "metrics.jsonl")):
+    if not all((run_dir / name).is_file() for name in (DS_CONFIG, CONFIG, METRICS)):
         return None
-    ds = json.loads((run_dir / "ds_config.json").read_text())
+    ds = json.loads((run_dir / DS_CONFIG).read_text())
     spec = LayoutSpec.from_ds_config(ds, layout_world(ds)) if "parallel_layout" in ds else None
     if spec is None or spec.mode != "data" or spec.num_dp < 2:
         return None
@@ -200,7 +202,7 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
     if not rows:
         return None
     try:
-        work = workload(load_config(str(run_dir / "config.yaml")), ds, steps=max(r["step"] for r in rows))
+        work = workload(load_config(str(run_dir / CONFIG)), ds, steps=max(r["step"] for r in rows))
     except (FileNotFoundError, ValueError):
         return None
     shapes = []  # per step and replica: target positions, source positions, rows, tokens (over its micro-batches)

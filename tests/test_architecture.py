@@ -2,8 +2,8 @@
 TYPE_CHECKING included) has no cycle; inference never reaches training, the parallel runtime or the planner;
 checkpointing never reaches training, inference or the runtime, and training reaches it only through the
 Checkpointer; the model knows nothing of ranks, files or runs; nothing in trainer/ or data_prep/ imports launch/
-or benchmarks/; every import the table of each package allows is all it uses; and no function is longer than
-MAX_FUNCTION_LINES. Each check is shown to find what it looks for on a graph (or a file) with the fault in it."""
+or benchmarks/; every import the table of each package allows is all it uses (benchmarks/ too: a subject never
+imports another, nor launch/); and no function is longer than MAX_FUNCTION_LINES (benchmarks/ too). Each check is shown to find what it looks for on a graph (or a file) with the fault in it."""
 from __future__ import annotations
 
 import ast
@@ -29,6 +29,17 @@ MAY_IMPORT = {
     "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
                          "data_prep.dataformat"),
 }
+# benchmarks/: each subject (scaling, peers, planner, gpu, ...) stands on the shared helpers, the records' writer and
+# the project's packages, never on another subject nor on launch/ (the entry points are run as commands); the writer
+# and the helpers stand on no subject.
+BENCH_SUBJECTS = ("data", "gpu", "micro", "peers", "planner", "quality", "reliability", "scaling")
+MAY_IMPORT.update({
+    "benchmarks.common": ("benchmarks.common", "trainer", "data_prep"),
+    "benchmarks.results": ("benchmarks.results", "benchmarks.common", "trainer.artifacts.run_dir"),
+    **{f"benchmarks.{s}": (f"benchmarks.{s}", "benchmarks.common", "benchmarks.results", "trainer", "data_prep")
+       for s in BENCH_SUBJECTS},
+})
+MAY_IMPORT["benchmarks.micro"] += ("benchmarks.gpu.gpu_profile",)  # the GEMM timer: the CPU's peak is the device's
 ONLY_THROUGH = {  # package -> {another package: the only modules of it the first may import}
     # the loop asks the Checkpointer; nothing in training/ knows a checkpoint's files
     "trainer.training": {"trainer.checkpoint": ("trainer.checkpoint.checkpointer", "trainer.checkpoint.state",
@@ -144,6 +155,19 @@ def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path)
     assert g == {"a": {"b"}, "b": {"a"}} and cycles(g) == [["a", "b"]]
 
 
+def test_every_benchmark_subject_has_its_wall():
+    subjects = {m.split(".")[1] for m in modules() if m.startswith("benchmarks.") and m.count(".") >= 2} - {"results"}
+    assert subjects == set(BENCH_SUBJECTS)
+
+
+def test_the_benchmark_wall_sees_one_subject_importing_another():
+    g = graph()
+    g["benchmarks.scaling.goals"] = g["benchmarks.scaling.goals"] | {"benchmarks.planner.__main__"}
+    bad = [d for d in g["benchmarks.scaling.goals"]
+           if not any(_in(d, a) for a in MAY_IMPORT["benchmarks.scaling"])]
+    assert bad == ["benchmarks.planner.__main__"]
+
+
 def test_packages_import_only_what_their_table_allows():
     g = graph()
     offenders = {}
@@ -212,7 +236,7 @@ def long_functions(path: Path) -> list[str]:
 
 
 def test_functions_stay_short():
-    assert [f for top in ("trainer", "data_prep", "launch") for p in sorted((REPO / top).rglob("*.py"))
+    assert [f for top in ("trainer", "data_prep", "launch", "benchmarks") for p in sorted((REPO / top).rglob("*.py"))
             for f in long_functions(p)] == []
 
 

@@ -310,6 +310,7 @@ def typed_names(path: Path, names) -> list[str]:
     docs = _documentation(tree)
     joined = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "join"
               for a in n.args}
+    joined |= {id(n.right) for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)}  # a / "x"
     return [f"{path.relative_to(REPO)}:{n.lineno} {name}" for n in ast.walk(tree)
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
             for name in names if _types(n.value, name, id(n) in joined)]
@@ -317,7 +318,7 @@ def typed_names(path: Path, names) -> list[str]:
 
 def test_every_run_directory_name_is_typed_only_where_it_is_owned():
     names = owners()
-    found = [hit for top in ("trainer", "launch") for path in sorted((REPO / top).rglob("*.py"))
+    found = [hit for top in ("trainer", "launch", "benchmarks") for path in sorted((REPO / top).rglob("*.py"))
              for hit in typed_names(path, names) if str(path.relative_to(REPO)) != names[hit.split()[-1]]]
     assert found == []
 
@@ -330,12 +331,13 @@ def test_the_name_check_sees_a_name_typed_elsewhere(tmp_path):
                         'b = f"{run_dir}/checkpoints/{name}"\n'
                         'c = open(os.path.join(run, "timing"))\n'
                         'd = "the timing of a step", profile.get("_path", "profile")\n'
-                        'p.add_argument("--out", help="default RUN_DIR/training.png")\n')
+                        'p.add_argument("--out", help="default RUN_DIR/training.png")\n'
+                        'e = Path(run) / "timeline" / "x.png"\n')
         hits = typed_names(fake, owners())
     finally:
         fake.unlink()
-    assert hits == ["tests/_fake_names.py:2 metrics.jsonl", "tests/_fake_names.py:3 checkpoints",
-                    "tests/_fake_names.py:4 timing"]
+    assert sorted(hits) == ["tests/_fake_names.py:2 metrics.jsonl", "tests/_fake_names.py:3 checkpoints",
+                            "tests/_fake_names.py:4 timing", "tests/_fake_names.py:7 timeline"]  # (a / "x": joined)
     names = owners()
     in_owners = {hit.split()[-1] for path in {REPO / owner for owner in names.values()}
                  for hit in typed_names(path, names)}

@@ -69,6 +69,8 @@ from benchmarks.gpu import gpu_profile
 from benchmarks.gpu.gpu_gates import compiled_eager_pair, training_gates
 from benchmarks.gpu.gpu_report import add_mfu, goals, print_table
 from benchmarks.gpu.gpu_runs import log, mecab_importable, pack_runs, portability, run_group, train_run
+from data_prep.dataformat import MANIFEST
+from trainer.artifacts.run_dir import METRICS
 
 ENJA_YAML = "trainer/configs/enja_small.yaml"
 PAPER = {"emb_dim": 1024, "hidden": 1024, "layers": 4}
@@ -122,7 +124,7 @@ def prepare(work: Path, device: str, corpus: Path | None, data_root: Path | None
                  "enja32k_joint": ["--vocab-size", "32000", "--model-type", "bpe", "--joint-vocab"]}
     out = {}
     for name, extra in plans.items():
-        ready = [d / name for d in (data_root, work) if d is not None and (d / name / "manifest.json").exists()]
+        ready = [d / name for d in (data_root, work) if d is not None and (d / name / MANIFEST).exists()]
         if ready:
             out[name] = ready[0]
             continue
@@ -528,7 +530,7 @@ class GpuCheck:
         single, hybrid = runs
         by_run = []
         for r in runs:
-            path = self.args.work / "runs" / r["name"] / "metrics.jsonl"
+            path = self.args.work / "runs" / r["name"] / METRICS
             rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
             by_run.append({row["step"]: row for row in rows})
         steps = sorted(set(by_run[0]) & set(by_run[1]))
@@ -563,7 +565,7 @@ class GpuCheck:
     def resume(self, first: dict) -> dict:
         """The first run continued by 5 steps, each logged: the rows are the first run's and those 5, once each."""
         before = [json.loads(line)["step"] for line in
-                  (self.args.work / "runs" / first["name"] / "metrics.jsonl").read_text().splitlines()]
+                  (self.args.work / "runs" / first["name"] / METRICS).read_text().splitlines()]
         spec = {"name": first["name"], "model": first["model"], "precision": first["precision"]}
         again = self._train(spec, self.steps + 5, self.args.run_timeout_s, wandb=False, resume=True, log_every=1)
         expected = before + list(range(self.steps + 1, self.steps + 6))

@@ -28,6 +28,7 @@ import numpy as np
 
 from benchmarks.gpu import gpu_profile
 from benchmarks.common import REPO, ds_variant
+from data_prep.dataformat import MANIFEST, SPM_MODELS
 
 ESTIMATES_PROFILE = REPO / "trainer" / "planner" / "profiles" / "h200.json"
 PLANNER_CONFIG = "trainer/configs/paper_size.yaml"
@@ -38,12 +39,12 @@ def stretch_data_dir(src: Path, out: Path, times: int) -> Path:
     """OUT: SRC with every sentence (each split, both sides) repeated `times` times; made once."""
     from data_prep.binary import SIDES, TokenArray, TokenArrayWriter, file_sha256, files_checksum, side_paths
 
-    if (out / "manifest.json").exists():
+    if (out / MANIFEST).exists():
         return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    manifest = json.loads((src / "manifest.json").read_text())
+    manifest = json.loads((src / MANIFEST).read_text())
     binarized = []
     for split in manifest["splits"]:
         for side in SIDES:
@@ -58,14 +59,14 @@ def stretch_data_dir(src: Path, out: Path, times: int) -> Path:
                 lines = text.read_text(encoding="utf-8").splitlines()
                 (tmp / text.name).write_text("".join(" ".join([line] * times) + "\n" for line in lines), encoding="utf-8")
             manifest["splits"][split]["tokens"][side] *= times
-    for name in ("spm.src.model", "spm.tgt.model", "spm.src.vocab", "spm.tgt.vocab"):
+    for name in [n for model in SPM_MODELS.values() for n in (model, model.replace(".model", ".vocab"))]:
         if (src / name).exists():
             shutil.copy2(src / name, tmp / name)
     manifest.update(checksum_files=sorted(binarized), checksum=files_checksum(str(tmp), binarized),
                     file_sha256={n: file_sha256(str(tmp / n)) for n in sorted(binarized)},
                     derived={"from": str(src), "repeat": times, "how": "every sentence's pieces repeated (the "
                              "planner's patent_len scenario, python -m benchmarks.planner predict)"})
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

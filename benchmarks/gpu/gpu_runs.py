@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 from benchmarks.common import REPO, ds_variant, free_port, summarise
+from trainer.artifacts.run_dir import CONFIG, DS_CONFIG, METRICS, PROFILE_DIR, TIMELINE_DIR, TIMING_DIR, WANDB_DIR
 
 NVIDIA_SMI_TIMEOUT_S = 10
-RUN_FILES = ("metrics.jsonl", "config.yaml", "ds_config.json", "timing", "profile", "timeline")
+RUN_FILES = (METRICS, CONFIG, DS_CONFIG, TIMING_DIR, PROFILE_DIR, TIMELINE_DIR)  # what runs.tar.gz keeps of a run
 
 
 def log(msg: str) -> None:
@@ -227,7 +228,7 @@ def untimed_rates(rows: list[dict], warmup: int) -> dict | None:
 def run_results(run_dir: Path, out: str, wandb: bool, resume: bool, warmup: int) -> dict:
     """What a finished run measured: speed (untimed steps; the logged steps' own, timed, for reference),
     first loss, dev BLEU, the profile window, wandb, the resume."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
     timed = summarise(run_dir, warmup=1)
     result = {"timed_step_ms_median": timed["step_ms_median"], "timed_pairs_per_s": timed["pairs_per_s"],
               "first_loss": rows[0]["loss"], "dev_bleu": rows[-1].get("dev_bleu"),
@@ -236,13 +237,13 @@ def run_results(run_dir: Path, out: str, wandb: bool, resume: bool, warmup: int)
     rates = untimed_rates(rows, warmup)
     if rates:
         result.update(rates)
-    for prof in sorted((run_dir / "profile").glob("rank*.json")):
+    for prof in sorted((run_dir / PROFILE_DIR).glob("rank*.json")):
         p = json.loads(prof.read_text())
         result["profile"] = {k: p[k] for k in ("steps", "wall_ms_per_step", "self_cpu_ms_per_step",
                                                "device_syncs_per_step", "device_sync_sites", "device_busy_ms_per_step",
                                                "device_busy_fraction", "kernels_per_step") if k in p}
     if wandb:
-        result["wandb_offline_run"] = any((run_dir / "wandb").glob("offline-run-*"))
+        result["wandb_offline_run"] = any((run_dir / WANDB_DIR).glob("offline-run-*"))
     if resume:
         result.update(resumed="resume: from" in out, logged_steps=[r["step"] for r in rows])
     return result

@@ -28,12 +28,13 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import ds_variant, prepare_enja, rank_fractions, start_train, wait_train
+from trainer.artifacts.run_dir import PROFILE_DIR
 
 PROFILE = ("train.profile_from=14", "train.profile_steps=20")
 
 
 def profiles(run_dir: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "profile").glob("rank*.json"))]
+    return [json.loads(p.read_text()) for p in sorted((run_dir / PROFILE_DIR).glob("rank*.json"))]
 
 
 def finish(label: str, started: tuple) -> dict:

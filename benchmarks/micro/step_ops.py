@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.common import REPO, cpu_model, ds_variant, prepare_enja, train_command
+from trainer.artifacts.run_dir import PROFILE_DIR, rank_file
 
 LAYERS = {"enja-small": 2, "paper-structure": 4}  # pair layers of each size
 SIZES = {  # YAML, overrides, pairs per step
@@ -54,7 +55,7 @@ def count(work: Path, data: Path, size: str, name: str, precision: str, loss_chu
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         sys.exit(f"{label} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return [json.loads((run_dir / "profile" / f"rank{r}.json").read_text()) for r in range(world)]
+    return [json.loads((run_dir / PROFILE_DIR / rank_file(r)).read_text()) for r in range(world)]
 
 
 def main() -> int:

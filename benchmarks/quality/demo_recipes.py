@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import REPO, ds_variant, metrics, train
+from data_prep.dataformat import MANIFEST
 
 # name, max words, vocabulary size, model type, prepare's extra flags, bf16, config overrides[, DeepSpeed JSON
 # changes]. The first rows
@@ -47,7 +48,7 @@ ROWS = [
 def prepare_demo(work: Path, words: int, size: int, model_type: str, extra: tuple = RAW) -> Path:
     flags = "".join(c for c in "_".join(extra) if c.isalnum() or c == "_")
     text, data = work / f"demo_text_{words}", work / f"demo_{words}_{model_type}_{size}{flags}"
-    if not (data / "manifest.json").exists():
+    if not (data / MANIFEST).exists():
         subprocess.run([sys.executable, "-m", "data_prep.demo_corpus", "--out", str(text), "--pairs", "20000",
                         "--seed", "1", "--max-words", str(words)], cwd=REPO, check=True, capture_output=True)
         subprocess.run([sys.executable, "-m", "data_prep.prepare", "--format", "moses", "--src-lang", "en",

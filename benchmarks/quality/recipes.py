@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import ENJA, REPO, ds_variant, metrics, prepare_enja, raw_enja
-
+from trainer.artifacts.run_dir import TEST_HYP
 from trainer.metrics import score
 
 LSTM_OPTIMIZER = {"type": "Adam", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0,
@@ -59,7 +59,10 @@ def _command(ds: Path, data: Path, run_dir: Path, steps: int, eval_every: int) -
 
 
 def _done(run_dir: Path, steps: int) -> bool:
-    return (run_dir / "checkpoints" / f"step_{steps:08d}").is_dir()
+    from trainer.artifacts.run_dir import CKPT_DIR
+    from trainer.checkpoint.files import step_name
+
+    return (run_dir / CKPT_DIR / step_name(steps)).is_dir()
 
 
 def _train_all(runs: dict, steps: int, eval_every: int, jobs: int) -> None:
@@ -122,12 +125,11 @@ def main() -> None:
         rows = metrics(run_dir)
         dev = {r["step"]: (round(r["dev_bleu"], 2), round(r["dev_chrf"], 2)) for r in rows if "dev_bleu" in r}
         is_raw = name.startswith("raw")
-        test = _evaluate(run_dir, raw_enja(args.work, "test") if is_raw else ENJA / "test.ja",
-                         run_dir / "test.hyp")
+        test = _evaluate(run_dir, raw_enja(args.work, "test") if is_raw else ENJA / "test.ja", run_dir / TEST_HYP)
         entry = {"dev_bleu_chrf": dev, "best_dev_bleu": max(b for b, _ in dev.values()),
                  "test": {k: test[k] for k in ("bleu", "chrf", "signature")}}
         if not is_raw:
-            hyps = (run_dir / "test.hyp").read_text(encoding="utf-8").splitlines()
+            hyps = (run_dir / TEST_HYP).read_text(encoding="utf-8").splitlines()
             entry["test_13a"] = round(score(hyps, spaced_ref, "13a").bleu, 2)
             despaced = score([h.replace(" ", "") for h in hyps], raw_ref, "ja-mecab")
             entry["test_raw_ja_mecab"] = {"bleu": round(despaced.bleu, 2), "chrf": round(despaced.chrf, 2)}

@@ -33,6 +33,8 @@ from pathlib import Path
 import psutil
 
 from benchmarks.common import REPO, free_port
+from data_prep.dataformat import MANIFEST
+from trainer.artifacts.run_dir import METRICS
 
 NODES = ("node-a", "node-b")
 QUIET = ("[INFO]", "[WARNING]", "SEED_LAYERS", "Using topology", "stage=", "DeepSpeed deepspeed.ops", "layout:")
@@ -40,7 +42,7 @@ QUIET = ("[INFO]", "[WARNING]", "SEED_LAYERS", "Using topology", "stage=", "Deep
 
 def prepare_tiny(work: Path) -> Path:
     data = work / "tiny"
-    if not (data / "manifest.json").exists():
+    if not (data / MANIFEST).exists():
         text = work / "text"
         subprocess.run([sys.executable, "-m", "data_prep.demo_corpus", "--out", text, "--pairs", "600", "--dev", "40",
                         "--test", "40", "--seed", "3"], cwd=REPO, check=True, capture_output=True)
@@ -86,7 +88,7 @@ def start(work: Path, case: str, data: Path, own_hostnames: bool) -> tuple[list[
 
 
 def _logged_step(run: Path) -> int:
-    path = run / "metrics.jsonl"
+    path = run / METRICS
     if not path.exists():
         return 0
     return max((json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()), default=0)

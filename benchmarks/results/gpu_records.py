@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 from benchmarks.results import record as new_record
+from trainer.artifacts.run_dir import CONFIG
 
 LAYOUTS = {"units": "hybrid, a world of one: 2 pipeline units x 2 time chunks"}
 RUN_TABLE = "runs"
@@ -26,7 +27,7 @@ def run_configs(archive: Path) -> dict[str, str]:
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
-            if len(parts) == 3 and parts[0] == "runs" and parts[2] == "config.yaml" and member.isfile():
+            if len(parts) == 3 and parts[0] == "runs" and parts[2] == CONFIG and member.isfile():
                 configs[parts[1]] = tar.extractfile(member).read().decode("utf-8")
     return configs
 

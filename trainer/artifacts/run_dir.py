@@ -24,8 +24,19 @@ RUN_FILES = (SPM_MODELS["src"], SPM_MODELS["tgt"])  # copied from DATA_DIR: the 
 WANDB_RUN_ID = "wandb_run_id"
 LOCK_FILE = "train.lock"  # held by the running trainer (trainer.artifacts.run_files)
 TIMING_DIR, TIMELINE_DIR, PROFILE_DIR, WANDB_DIR = "timing", "timeline", "profile", "wandb"
+TIMELINE_TRACE = "trace.json"  # TIMELINE_DIR/: the sampled steps' trace (trainer.observe.timeline)
 PLOT = "training.png"  # launch/plot.py
 TEST_HYP = "test.hyp"  # launch/quickstart.sh's translations of the test set
+
+def timeline_png(step: int) -> str:
+    """TIMELINE_DIR/'s Gantt chart of a sampled step."""
+    return f"step_{step:08d}.png"
+
+
+def rank_file(rank: int) -> str:
+    """TIMING_DIR/'s and PROFILE_DIR/'s file of one rank."""
+    return f"rank{rank}.json"
+
 
 # What the trainer writes into run.dir: files at the top, and directories -> the names it writes inside
 # (fnmatch patterns); none of them may be a link or a special file (trainer.artifacts.run_files).

@@ -21,7 +21,7 @@ import time
 import warnings
 
 from trainer.artifacts import run_files
-from trainer.artifacts.run_dir import PROFILE_DIR
+from trainer.artifacts.run_dir import PROFILE_DIR, rank_file
 
 
 class StepProfiler:
@@ -79,8 +79,8 @@ class StepProfiler:
         ops = {e.key: {"self_ms": e.self_cpu_time_total / 1000 / steps, "calls": e.count / steps}
                for e in events}
         ops = dict(sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"]))
-        path = os.path.join(self.dir, f"rank{self.rank}.json")
-        run_files.write_text(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json", json.dumps(
+        path = os.path.join(self.dir, rank_file(self.rank))
+        run_files.write_text(self.run_dir, f"{PROFILE_DIR}/{rank_file(self.rank)}", json.dumps(
             {"rank": self.rank, "steps": [self.first, self.last], "wall_ms_per_step": 1000 * wall / steps,
              "self_cpu_ms_per_step": sum(o["self_ms"] for o in ops.values()), "minor_faults_per_step": faults / steps,
              **({"device_syncs_per_step": sum(syncs.values()) / steps, "device_sync_sites": syncs,
@@ -105,13 +105,13 @@ class StepProfiler:
         sites: dict = {}
         for op, where in counter.syncs:
             sites[f"{op} at {where}"] = sites.get(f"{op} at {where}", 0) + 1
-        run_files.write_text(self.run_dir, f"{PROFILE_DIR}/rank{self.rank}.json", json.dumps(
+        run_files.write_text(self.run_dir, f"{PROFILE_DIR}/{rank_file(self.rank)}", json.dumps(
             {"rank": self.rank, "steps": [self.first, self.last], "counted": "ops",
              "wall_ms_per_step": 1000 * (time.perf_counter() - self._started) / steps,
              "syncs_per_step": len(counter.syncs) / steps, "sync_sites": sites,
              "launches_per_step": counter.launches / steps,
              "launches_by_op": {k: v / steps for k, v in counter.by_op.most_common()}}, indent=1))
-        return os.path.join(self.dir, f"rank{self.rank}.json")
+        return os.path.join(self.dir, rank_file(self.rank))
 
     def _sync_sites(self) -> dict:
         """CUDA: the window's device syncs by place ("file:line: message"), from torch's sync debug mode."""

@@ -20,7 +20,7 @@ import json
 import os
 import resource
 
-from trainer.artifacts.run_dir import TIMELINE_DIR
+from trainer.artifacts.run_dir import TIMELINE_DIR, TIMELINE_TRACE, timeline_png
 from trainer.parallel.schedule import KIND_CATEGORY, OPS
 
 CATEGORY = KIND_CATEGORY
@@ -82,11 +82,11 @@ class TimelineWriter:
         events.append({"name": "process_name", "ph": "M", "pid": step, "args": {"name": f"step {step}"}})
         self.events = (self.events + [events])[-MAX_TRACE_STEPS:]
         run_files.make_dirs(self.run_dir, TIMELINE_DIR)
-        with files.replace(os.path.join(self.dir, "trace.json"), "the timeline trace", own=True) as f:
+        with files.replace(os.path.join(self.dir, TIMELINE_TRACE), "the timeline trace", own=True) as f:
             f.write(json.dumps({"traceEvents": [e for step_events in self.events for e in step_events],
                                 "displayTimeUnit": "ms"}))
-        png = os.path.join(self.dir, f"step_{step:08d}.png")
-        with run_files.open_write(self.run_dir, f"{TIMELINE_DIR}/step_{step:08d}.png", binary=True) as f:
+        png = os.path.join(self.dir, timeline_png(step))
+        with run_files.open_write(self.run_dir, f"{TIMELINE_DIR}/{timeline_png(step)}", binary=True) as f:
             gantt(spans_by_rank, labels, f"step {step}", f)
         return png
 

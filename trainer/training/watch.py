@@ -9,7 +9,7 @@ import time
 import torch
 
 from trainer.artifacts import run_files
-from trainer.artifacts.run_dir import TIMING_DIR
+from trainer.artifacts.run_dir import TIMING_DIR, rank_file
 from trainer.observe import timeline
 from trainer.observe.cpu_threads import ThreadClock
 from trainer.observe.op_counter import host
@@ -108,7 +108,7 @@ class StepWatch:
             return
         layout = self.rt.layout
         cpu = self.cpu_ms if self.cpu_ms is not None else self.cpu.per_step(self.cpu_steps)
-        run_files.write_text(self.run_dir, f"{TIMING_DIR}/rank{self.rt.rank}.json", json.dumps(
+        run_files.write_text(self.run_dir, f"{TIMING_DIR}/{rank_file(self.rt.rank)}", json.dumps(
             {"rank": self.rt.rank, "stage": layout.stage, "replica": layout.replica, "steps": steps,
              "seconds_per_step": {k: v / steps for k, v in sorted(self.runner.op_seconds.items())},
              "wall_ms_per_step": 1000 * self.cpu_wall / max(self.cpu_steps, 1), "cpu_ms_per_step": cpu}, indent=1))
