@@ -37,8 +37,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _quiet() -> None:
+    """A worker's own prints (the trainer's start-up lines, DeepSpeed's) go nowhere: pytest -q shows dots, and a
+    failing job's traceback comes back through the outbox (its test fails with it)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stdout = open(1, "w", closefd=False)
+
+
 def _serve(inbox, outbox, index: int, preload: bool) -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
+    _quiet()
     if preload:
         import torch
 

@@ -310,6 +310,9 @@ def test_speed_runs_are_neither_profiled_nor_logged_to_wandb_which_runs_last():
     order = [gpu_check.STAGES.index(s) for s in ("runs", "anchor", "profiled", "scan", "short", "resume", "compile")]
     assert gpu_check.STAGES.index("wandb") > max(order) and gpu_check.STAGES.index("profiled") > order[0]
     assert gpu_check.STAGES[-1] == "planner"  # host CPU only: what the deadline may cut, done here from OUT
+    assert gpu_check.STAGES.index("graphs") < gpu_check.STAGES.index("runs")  # seconds, and the next step's question
+    assert "graphs" not in gpu_check.parse_args(["--device", "cpu"]).stages  # cuda only, as compile
+    assert "graphs" in gpu_check.parse_args(["--device", "cuda"]).stages
     # steady state: at least 100 unlogged steps after the warm-up, in the runs and in the scan
     assert (sizes["steps"] - sizes["warmup"]) * (1 - 1 / sizes["log_every"]) >= 100 <= sizes["gate_min_steps"]
     assert (sizes["scan_steps"] - sizes["scan_warmup"]) * (1 - 1 / sizes["scan_log_every"]) >= 100
@@ -419,3 +422,13 @@ def test_every_module_the_check_imports_exists():
     assert names, "the check's import list was not found"
     for name in names:
         assert importlib.util.find_spec(name) is not None, f"gpu_check.sh imports {name}, which does not exist"
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA graphs need CUDA")
+def test_the_decoder_stack_replayed_as_graphs_computes_the_eager_step():
+    from benchmarks.gpu.gpu_graphs import run
+
+    out = run(batch=8, time_steps=6, hidden=32, layers=2, reps=2)
+    for precision in ("bf16", "fp32"):
+        assert "error" not in out[precision], out[precision]
+        assert out[precision]["max_rel_diff"] < (2e-2 if precision == "bf16" else 1e-4)

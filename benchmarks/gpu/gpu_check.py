@@ -21,29 +21,31 @@ Stages, in order (the most wanted first: a deadline cuts the end):
  3. placement: the trainer computes on the requested device; a model step there against the CPU (fp32, TF32 off);
  4. profile: GEMM and LSTM TFLOP/s by precision at our shapes, copy rates, datasheet peaks -> device_profile.json;
  5. latency: the planner's latencies at patent length -> OUT/planner_profile.json (gpu_patent.py);
- 6. runs, through the real CLI (`python launch/train.py`, one process): the paper-size model (4+4 LSTM layers of
+ 6. graphs (cuda only): the decoder stack's forward and backward at the patent run's shapes, eager against
+    replayed as CUDA graphs (gpu_graphs.py: would graphs take the host off the LSTM's step?);
+ 7. runs, through the real CLI (`python launch/train.py`, one process): the paper-size model (4+4 LSTM layers of
     1024, 32k joint BPE) at patent length (sentences 4x as long, no dropout) in bf16 at 128 pairs (the goal: 2x the
     first check's 373,080 tokens/s), the same with each side's LSTM layers as one call (train.stack_layers=on: the
     stack's A/B), in fp32 with TF32 off, in TF32 (train.tf32=true) and in fp16 (DeepSpeed's loss scaling). Each:
     pairs/s, tokens/s, steady ms per step, the host threads' CPU ms per step, peak memory, model TFLOP/s and MFU
     against the peak of the precision its matrix work ran in (gpu_report.py), the gates;
- 7. anchor: the minimal PyTorch program for the same model (gpu_anchor.py: nn.LSTM per side, autocast bf16, fused
+ 8. anchor: the minimal PyTorch program for the same model (gpu_anchor.py: nn.LSTM per side, autocast bf16, fused
     Adam) on the same data and batches, after our run of that data, batch and precision (patent at 128 pairs, the
     scan's largest batch, enja-small);
- 8. profiled: patent bf16 profiled in the steady state (steps 121-123: the device busy fraction, the union of
+ 9. profiled: patent bf16 profiled in the steady state (steps 121-123: the device busy fraction, the union of
     its kernels over the wall), a run of its own (and, late, enja-small bf16 early, as the first check did);
- 9. shared_gpu: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both ranks on the one GPU (gloo,
+10. shared_gpu: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both ranks on the one GPU (gloo,
     tensors through host memory: NCCL refuses two ranks on one device) against one process, fp32, every step's
     loss and grad norm: the multi-rank CUDA path once;
-10. compile: the head's loss compiled against eager on the device, same batches (gpu_gates.compiled_eager_pair;
+11. compile: the head's loss compiled against eager on the device, same batches (gpu_gates.compiled_eager_pair;
     train.compile_head stays refused on CUDA until this passes there);
-11. scan: the patent bf16 run at 512 and 1024 pairs (150 steps, 30 of warm-up; 256 was measured on 2026-12-04);
-12. short: enja-small and paper-size at the short lengths in bf16 (after the first, `resume`: 5 more steps with
+12. scan: the patent bf16 run at 512 and 1024 pairs (150 steps, 30 of warm-up; 256 was measured on 2026-12-04);
+13. short: enja-small and paper-size at the short lengths in bf16 (after the first, `resume`: 5 more steps with
     train.resume=auto, and `portability`: translate on the CPU from its checkpoint), patent bf16 with its widths
     padded to multiples of 8 (data.length_multiple=8: the shape buckets' A/B), enja-small as a world-of-one hybrid
     of 2 units and 2 time chunks, the fp32 twins;
-13. wandb: a short enja-small run logging to wandb offline, the last run and alone;
-14. planner (host CPU only, so last): launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the
+14. wandb: a short enja-small run logging to wandb offline, the last run and alone;
+15. planner (host CPU only, so last): launch/plan.py's ranking for 2, 4 and 8 GPUs at patent length from the
     shipped estimates and from planner_profile.json, beside the patent run's measured step.
 The summary ends with the goals of the device-paced step (gpu_report.goals): met, not met, or not measured.
 
@@ -64,7 +66,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import REPO
-from benchmarks.gpu import gpu_patent
+from benchmarks.gpu import gpu_graphs, gpu_patent
 from benchmarks.gpu import gpu_profile
 from benchmarks.gpu.gpu_gates import compiled_eager_pair, training_gates
 from benchmarks.gpu.gpu_report import add_mfu, goals, print_table
@@ -105,7 +107,7 @@ SIZES = {
         "lstm": [(8, 8, 16, 16), (16, 8, 32, 32)],
     },
 }
-STAGES = ("environment", "data", "placement", "profile", "latency", "runs", "anchor", "profiled", "shared_gpu",
+STAGES = ("environment", "data", "placement", "profile", "latency", "graphs", "runs", "anchor", "profiled", "shared_gpu",
           "compile", "scan", "short", "resume", "portability", "wandb", "planner")
 SHARED_STEPS = 8  # the 2-rank hybrid on one GPU and its single-process twin, every step logged
 SHARED_TOLERANCE = 1e-3  # relative, of each step's loss and grad norm (fp32, TF32 off; cuDNN's own order)
@@ -284,7 +286,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--runs", default="", help="comma-separated names of the `runs` stage to do (default: all)")
     p.add_argument("--prepare-only", action="store_true", help="prepare the DATA_DIRs into --work and stop")
     args = p.parse_args(argv)
-    default = [s for s in STAGES if s != "compile" or args.device == "cuda"]
+    default = [s for s in STAGES if s not in ("compile", "graphs") or args.device == "cuda"]
     args.stages = set(args.stages.split(",")) if args.stages else set(default)
     if args.stages - set(STAGES):
         p.error(f"--stages: unknown {sorted(args.stages - set(STAGES))} (of {', '.join(STAGES)})")
@@ -389,6 +391,9 @@ class GpuCheck:
                 args.device, self.sizes, args.out), 120)
         if "latency" in args.stages and self.profile:
             self.latency = report["latency"] = check.stage("latency", self.latencies, 90, need=10)
+        if "graphs" in args.stages:  # cuda only: the decoder stack's calls replayed as CUDA graphs
+            report["graphs"] = check.stage("graphs", lambda: gpu_graphs.run(
+                self.sizes["models"]["patent"][1], 48, PAPER["hidden"], PAPER["layers"]), 120, need=30)
         self.stages_in_order()
         if "planner" in args.stages and self.latency:  # CPU work only: last, and can be done here from OUT
             report["planner"] = check.stage("planner", self.planner, self.sizes["planner_timeout"], need=60)

@@ -76,7 +76,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args(argv)
-    import torch  # after the arguments: --help imports nothing heavy
+    import torch
 
     out = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):

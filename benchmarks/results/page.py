@@ -279,7 +279,23 @@ def scaling(records: list[dict]) -> tuple[list[str], list[dict]]:
              "most a 2-rank layout can reach there). Ratios of tokens/s taken side by side in one run; a range is "
              "the rounds of one run. Targets: hybrid_2 >= 0.90 of the ceiling, data_2 >= 0.85, hybrid_2 >= 1.2x "
              "data_2 at the wide model.")
-    return [intro, "", *table(head, rows)], goals
+    ranks, rank_rows = rank_cpu(records)
+    return [intro, "", *table(head, rows), "", *rank_rows], goals + ranks
+
+
+def rank_cpu(records: list[dict]) -> tuple[list[dict], list[str]]:
+    """Each rank's main + autograd CPU ms per step as a fraction of one process's (a rank doing half the work: 0.5)."""
+    shown = by_machine(latest([r for r in records if r["table"] == "rank cpu"],
+                              lambda r: (r["machine"], r["settings"]["layout"], r["settings"]["precision"])))
+    rows = [[r["machine"], r["settings"]["layout"], r["settings"]["precision"],
+             number(r["ratios"].get("rank_cpu_of_one_process", r["figures"].get("main_autograd_cpu_ms"))),
+             number(r["figures"].get("wall_ms"), 1), stamp(r), link(r)] for r in shown]
+    if not rows:
+        return [], []
+    return shown, ["Each rank's CPU work (main and autograd threads) against one process's, the fixed costs a layout "
+                   "cannot divide (target: at most 0.6 for every rank; one process's own row in ms):", "",
+                   *table(["machine", "layout", "precision", "CPU of one process: rank 0 / rank 1", "wall ms",
+                           "measured", ""], rows)]
 
 
 def parity(records: list[dict]) -> tuple[list[str], list[dict]]:
@@ -402,6 +418,9 @@ def gpu(records: list[dict]) -> tuple[list[str], list[dict]]:
               f"{100 * r['ratios']['device_busy_fraction']:.0f}%" if "device_busy_fraction" in r["ratios"] else "-",
               number(r["figures"].get("kernels_per_step")), number(r["figures"].get("device_syncs_per_step")), stamp(r)]
              for r in prof]
+    goals = latest([r for r in records if r["table"] == "goals"], lambda r: (r["machine"], r["settings"]["goal"]))
+    grows = [[r["machine"], r["settings"]["goal"], number(r["figures"]["measured"]), number(r["settings"]["target"]),
+              r["figures"].get("met", "-"), stamp(r)] for r in goals]
     intro = ("The GPU check's training runs through the real CLI on one GPU (one process): rates over the steps "
              "no metrics row timed (a timed step synchronises the device at every instruction); host CPU is the "
              "main and autograd threads' ms per step; MFU against the datasheet peak of the precision the matrix "
@@ -413,7 +432,8 @@ def gpu(records: list[dict]) -> tuple[list[str], list[dict]]:
                     "LSTM time step, backward", "measured"], lrows), "",
             "Profiled steps (torch.profiler with the CUDA kernels):", "",
             *table(["machine", "run", "steps", "wall ms", "device busy ms", "device busy", "kernels per step",
-                    "device syncs per step", "measured"], prows)], runs + latency + prof
+                    "device syncs per step", "measured"], prows), "", "The goals of the device-paced issue:", "",
+            *table(["machine", "goal", "measured", "target", "met", "measured"], grows)], runs + latency + prof + goals
 
 
 def data(records: list[dict]) -> tuple[list[str], list[dict]]:
@@ -423,10 +443,18 @@ def data(records: list[dict]) -> tuple[list[str], list[dict]]:
              number(r["figures"]["pairs_per_s"]), number(r["figures"]["wall_s"], 1), number(r["figures"]["cpu_s"]),
              number(r["figures"]["peak_pss_tree_mb"]), number(r["figures"]["peak_rss_largest_process_mb"]),
              r["machine"], stamp(r), link(r)] for r in shown]
+    shapes = by_machine(latest([r for r in records if r["table"] == "shapes"],
+                               lambda r: (r["machine"], r["settings"]["data"], r["settings"]["length_multiple"])))
+    srows = [[r["settings"]["data"], r["settings"].get("pairs_per_step", "-"), r["settings"]["length_multiple"],
+              number(r["figures"].get("batch_shapes")), number(r["figures"].get("step_shapes")),
+              number(r["figures"].get("padded_positions_pct")), stamp(r), link(r)] for r in shapes]
     intro = ("`prepare` on millions of pairs (read, clean, deduplicate, SentencePiece, binarize): targets >= 20k "
              "pairs/s on 2 cores, peak memory < 2 GB and within 10% from 1M to 2M pairs.")
     return [intro, "", *table(["corpus", "pairs", "workers", "pairs/s", "wall s", "CPU s", "peak PSS, tree (MB)",
-                               "largest process RSS (MB)", "machine", "measured", ""], rows)], shown
+                               "largest process RSS (MB)", "machine", "measured", ""], rows), "",
+            "The trainer's batch shapes over 1,000 steps, by `data.length_multiple` (counts):", "",
+            *table(["data", "pairs per step", "widths padded to a multiple of", "batch shapes", "step shapes",
+                    "padded positions %", "measured", ""], srows)], shown + shapes
 
 
 def syncs(records: list[dict]) -> tuple[list[str], list[dict]]:
