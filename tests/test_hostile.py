@@ -795,3 +795,26 @@ def test_a_recorded_vocabulary_hash_that_is_not_one_is_refused_and_an_older_mani
     (run / "data_manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelFileError, match=r"data_manifest.json: vocab.tgt_model_sha256='0{63}': not a sha256"):
         load_run(str(run))
+
+
+def test_a_bad_data_manifest_is_the_data_files_error_not_a_checkpoints(tmp_path):
+    """DATA_DIR/manifest.json is read through the file layer like any user file (tests/test_userfiles.py: its JSON): a
+    manifest over its size cap or a FIFO in its place is a one-line error naming that file, never a CheckpointError."""
+    from data_prep import files
+    from data_prep.dataformat import MANIFEST
+    from trainer import data as data_mod
+
+    out = _prepared(tmp_path, "data")
+    good = json.loads((out / MANIFEST).read_text())
+    (out / MANIFEST).write_text(json.dumps({**good, "pad": "x" * 100}))
+    old, data_mod.MAX_MANIFEST_BYTES = data_mod.MAX_MANIFEST_BYTES, 50
+    try:
+        with pytest.raises(files.FileError, match=str(out / MANIFEST)) as e:
+            data_mod.read_manifest(str(out))
+        assert not isinstance(e.value, ck.CheckpointError)
+    finally:
+        data_mod.MAX_MANIFEST_BYTES = old
+    (out / MANIFEST).unlink()
+    os.mkfifo(out / MANIFEST)
+    with pytest.raises(files.FileError, match=str(out / MANIFEST)):
+        data_mod.read_manifest(str(out))

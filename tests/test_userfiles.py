@@ -121,12 +121,15 @@ def test_a_yaml_config_that_is_a_fifo_is_refused_unread(tmp_path):
      "manifest.json:1: nested deeper than 64 levels"),
 ])
 def test_the_data_manifest_refuses_repeated_keys_and_deep_nesting(tmp_path, text, expected):
+    """Read through the file layer, as any user file: the data file's own error, not a checkpoint's."""
+    from data_prep.userfiles import UserFileError
     from trainer.checkpoint.files import CheckpointError
     from trainer.data import read_manifest
 
     (tmp_path / "manifest.json").write_text(text)
-    with pytest.raises(CheckpointError, match=expected):
+    with pytest.raises(UserFileError, match=expected) as e:
         read_manifest(str(tmp_path))
+    assert not isinstance(e.value, CheckpointError)
 
 
 def test_run_files_with_deep_or_repeated_json_are_refused_without_a_traceback(tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from data_prep.dataformat import (BOS_ID, EOS_ID, MANIFEST, MAX_SPM_BYTES, OFFSET_DTYPE, PAD_ID, PREPARE_LOCK, SIDES,
                                   SPM_MODELS, TOKEN_DTYPE, TokenArray, file_sha256, files, files_checksum,
-                                  first_out_of_range, has_split, load_pair, lock, open_data, side_paths)
+                                  first_out_of_range, has_split, load_pair, lock, open_data, side_paths, userfiles)
 from trainer.model.tensors import round_count, to_device
 
 
@@ -412,17 +412,19 @@ class Prefetcher:
         self._pool.shutdown()
 
 
-def read_manifest(data_dir: str) -> dict:
-    """DATA_DIR/manifest.json, checked for what the trainer reads from it (size-capped, like any user file)."""
-    from trainer.checkpoint.files import read_json
+MAX_MANIFEST_BYTES = 64 << 20  # DATA_DIR's manifest: kilobytes (a sha256 per binarized file)
 
+
+def read_manifest(data_dir: str) -> dict:
+    """DATA_DIR/manifest.json, checked for what the trainer reads from it: read through the file layer like any user
+    file (a regular file, size-capped, strict JSON), so that a bad one is a one-line error naming it."""
     path = os.path.join(data_dir, MANIFEST)
     writer = lock.held_by(os.path.join(data_dir, PREPARE_LOCK))
     if writer is not None:  # its files would be part old, part new
         raise ValueError(f"data.dir={data_dir}: data_prep.prepare is writing it ({writer}); wait for it to end")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: not found; data.dir must be a directory written by data_prep.prepare")
-    manifest = read_json(path)
+    manifest = userfiles.read_json(path, MAX_MANIFEST_BYTES, "the data manifest")
     vocab = manifest.get("vocab") if isinstance(manifest, dict) else None
     sizes_ok = isinstance(vocab, dict) and all(type(vocab.get(k)) is int and vocab[k] > 0
                                                for k in ("src_size", "tgt_size"))
