@@ -123,7 +123,7 @@ def test_links_devices_and_unlisted_files_in_a_checkpoint_are_refused(tmp_path):
     ("{not json", ":1: invalid JSON: Expecting property name"),
     ("[" * 100_000 + "]" * 100_000, ":1: nested deeper than 64 levels"),
     ('{"files": {},\n "files": {"meta.json": {}}}', ":2: invalid JSON: found duplicate key 'files' (first on line 1)"),
-    (b"\xff\xfe{}", "unreadable (UnicodeDecodeError"),
+    (b"\xff\xfe{}", "not UTF-8 text (invalid start byte at byte 0)"),
 ])
 def test_malformed_manifest_is_refused_with_a_message(tmp_path, content, expected):
     run = fake_run(tmp_path / "run")

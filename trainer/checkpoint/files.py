@@ -349,12 +349,7 @@ def read_json(path: str, max_bytes: int = MAX_JSON_BYTES):
     problem = _not_a_regular_file(path, os.path.dirname(path) or ".")
     if problem:
         raise CheckpointError(f"{path}: {problem}")
-    try:
-        raw = files.read_bytes(path, max_bytes, "a JSON file of a checkpoint or run")
-        return userfiles.parse_json(raw.decode("utf-8"), path)  # every key once, bounded depth
+    try:  # the project's one strict reader: every key once, bounded depth, UTF-8, capped
+        return userfiles.read_json(path, max_bytes, "a JSON file of a checkpoint or run")
     except (userfiles.UserFileError, files.FileError) as e:
         raise CheckpointError(str(e)) from None
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None
