@@ -61,7 +61,7 @@ def test_the_readme_fits_on_two_screens_and_leads_to_every_doc():
     readme = REPO / "README.md"
     assert len(readme.read_text(encoding="utf-8").splitlines()) <= 100
     reached = {target for target, _, _ in links(readme)}
-    for target in list(reached):  # one step further: the archive is reached from BENCHMARKS.md
+    for target in list(reached):  # one step further: the journal is reached from BENCHMARKS.md
         if target.suffix == ".md" and target.exists():
             reached |= {t for t, _, _ in links(target)}
     missing = [p.name for p in (REPO / "docs").glob("*.md") if p.resolve() not in reached]
