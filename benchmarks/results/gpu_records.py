@@ -44,7 +44,8 @@ def run_settings(run: dict, config: str) -> dict:
         precision = "fp32 (cuDNN's TF32 on, unsaid)"  # before train.tf32: torch leaves cuDNN's TF32 on
     variant = []
     if config:
-        variant.append("stacked layers" if _config_value(config, "stack_layers") == "true" else "a call per layer")
+        stacked = _config_value(config, "stack_layers") in ("true", "on") and _config_value(config, "dropout") == "0.0"
+        variant.append("stacked layers" if stacked else "a call per layer")  # dropout between layers: never stacked
         if _config_value(config, "length_multiple") == "1":
             variant.append("widths unpadded")
     if run["name"].endswith("_compiled"):
