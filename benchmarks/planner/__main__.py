@@ -1,9 +1,11 @@
-"""Is the layout planner right? Two questions, one command each.
+"""Is the layout planner right? On this machine, on a GPU, and what it predicts for GPUs: one command each.
 
     python -m benchmarks.planner validate [--work /tmp/hybrid-nmt-bench] [--profile FILE] [--steps 30]
                                           [--precision bf16 fp32] [--only LABEL ...] [--rounds 1] [--rescore]
     python -m benchmarks.planner predict  [--work /tmp/hybrid-nmt-bench] [--profile h200]
                                           [--devices 1 2 4 8] [--links nvlink pcie] [--scenarios ...] [--steps 16]
+    python -m benchmarks.planner validate-gpu --from DIR [--gpudata .gpudata] [--profile h200] [--work ...]
+    python -m benchmarks.planner gpu-prices --from DIR --out FILE [--gpudata .gpudata] [--work ...]
 
 `validate`: predicted against measured step time on this machine, side by side.
 1. calibrates this machine (`python launch/plan.py --calibrate --config trainer/configs/enja_small.yaml
@@ -44,6 +46,14 @@ ranking). To WORK/plan_predict.json. Scenarios (--scenarios):
                 vocabulary): more GPU work per launched op and more LSTM time steps
     fast_host   patent_len with 1 us of host time per launched op instead of the profile's 5 (what
                 capturing the step in a CUDA graph or compiling it would approach)
+
+`validate-gpu`: every training run of a GPU check's output directory (DIR: gpu_check.json, runs.tar.gz) predicted
+against its measured steady-state ms per step, worst last (benchmarks/planner/gpu_validation.py), to
+WORK/validate_gpu_NAME.json. `gpu-prices`: a GPU's planner profile priced from a check's files
+(benchmarks/planner/gpu_prices.py says which file sets which price and which runs calibrate);
+trainer/planner/profiles/h200.json is `gpu-prices --from benchmarks/results/gpu/2026-12-04-v2`. Both read the data
+the check trained on: small_parallel_enja prepared as the check prepares it (--gpudata: `python -m
+benchmarks.gpu.gpu_check --prepare-only --work .gpudata --corpus ../shared/data/small_parallel_enja`).
 """
 from __future__ import annotations
 
@@ -292,6 +302,23 @@ def prediction_row(ranking, scenario: str, link: str, n: int) -> dict:
             **{f"{m}_speedup": best[m].speedup for m in best}, **{f"{m}_layout": best[m].candidate.label() for m in best}}
 
 
+def validate_gpu(args: argparse.Namespace) -> None:
+    from benchmarks.planner.gpu_validation import validate_gpu as run
+
+    run(args.check_dir, args.gpudata, args.work, args.profile)
+
+
+def gpu_prices(args: argparse.Namespace) -> None:
+    from benchmarks.planner.gpu_prices import calibrated_profile
+
+    if args.out.exists():
+        sys.exit(f"--out {args.out}: exists; choose another path (never overwritten)")
+    profile, found = calibrated_profile(args.check_dir, args.gpudata, args.work / args.check_dir.name)
+    args.out.write_text(json.dumps(profile, indent=1) + "\n")
+    print(json.dumps(found, indent=1))
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -314,11 +341,22 @@ def main() -> None:
     g.add_argument("--links", nargs="+", default=["nvlink", "pcie"])
     g.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     g.add_argument("--steps", type=int, default=16)
+    for name, what in (("validate-gpu", "a GPU check's runs predicted against what they measured"),
+                       ("gpu-prices", "a GPU's planner profile priced from a GPU check's files")):
+        c = sub.add_parser(name, parents=[both], help=what)
+        c.add_argument("--from", dest="check_dir", type=Path, required=True, help="a GPU check's output directory")
+        c.add_argument("--gpudata", type=Path, default=REPO / ".gpudata",
+                       help="the check's prepared data (gpu_check --prepare-only --work DIR)")
+        if name == "validate-gpu":
+            c.add_argument("--profile", default="h200", help="the GPU profile to predict with (a file or shipped name)")
+        else:
+            c.add_argument("--out", type=Path, required=True, help="the planner profile to write (never overwritten)")
     args = p.parse_args()
     if getattr(args, "rounds", 1) < 1:
         p.error(f"--rounds {args.rounds}: at least 1")
     args.work.mkdir(parents=True, exist_ok=True)
-    {"validate": validate, "predict": predict}[args.question](args)
+    {"validate": validate, "predict": predict, "validate-gpu": validate_gpu,
+     "gpu-prices": gpu_prices}[args.question](args)
 
 
 if __name__ == "__main__":

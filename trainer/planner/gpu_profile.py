@@ -38,13 +38,27 @@ def datasheet(name: str) -> dict | None:
 
 
 # ---- the planner's roofline section ----
+LAUNCH_BOUND = 4  # a product timed at under this many bare launches measured the host, not the device
 KINDS_MEASUREMENT = ("measured: this workplace's H200 (device tool, KINDS.md, 2026-10-28 and 2026-11-04): bf16 "
                      "8192^3 torch matmul on random data 769-798 TFLOP/s; device-to-device copy 4.3 TB/s (read + write)")
 ESTIMATES = {
     "op_overhead_us": (5.0, "estimate: PyTorch eager dispatch + cudaLaunchKernel per aten op on a server host "
                             "(typically 4-10 us); measured by benchmarks/gpu/gpu_profile.py on the next GPU run (host.op_overhead_us)"),
-    "lstm_step_us": (6.0, "estimate: cuDNN LSTM forward time step (a recurrent GEMM and a gate kernel launched back to "
-                          "back, ~3 us each at these sizes); from compute.lstm once measured (slope over time steps)"),
+    "host_op_us": (30.0, "estimate: the trainer's host time per aten op outside cuDNN (dispatch, autograd, the "
+                         "module's Python), about 3x a bare eager op"),
+    "lstm_call_us": (200.0, "estimate: host time of one cuDNN LSTM forward call beside its time steps (descriptors, "
+                            "workspace, the input projection's launch)"),
+    "lstm_call_bwd_us": (300.0, "estimate: the same for a backward call (autograd's node, the weight gradients)"),
+    "lstm_step_us": (15.0, "estimate: host time per forward time step of one cuDNN LSTM layer (a recurrent GEMM and "
+                           "a gate kernel launched from the host, ~7 us each)"),
+    "lstm_step_bwd_us": (30.0, "estimate: host time per backward time step of one layer (about twice the kernels)"),
+    "lstm_stack_step_ratio": (1.2, "estimate: a stacked cuDNN call launches about 20% more kernels per layer and step "
+                                   "(its wavefront)"),
+    "lstm_stack_step_bwd_ratio": (1.2, "estimate: the same for its backward"),
+    "lstm_step_device_us": (6.0, "estimate: least device time of one recurrent step (a GEMM and a gate kernel back to "
+                                 "back, ~3 us each at these sizes)"),
+    "optimizer_host_us": (1200.0, "estimate: DeepSpeed's step on the host (fused Adam's launches, the clip, its Python)"),
+    "optimizer_tensor_us": (5.0, "estimate: host time per parameter tensor of a bf16 step (the masters' gradients)"),
     "instruction_us": (20.0, "estimate: the interpreter's own Python per instruction (timing, handler dispatch, "
                              "slicing), about what it costs on the CPU machine's calibration"),
     "backward_call_us": (60.0, "estimate: DeepSpeed engine.backward's Python around the autograd call"),
@@ -60,6 +74,22 @@ LINK_ESTIMATES = {"efficiency": (0.8, "estimate: NCCL reaches about 80% of a lin
 
 def _num(value, source: str) -> dict:
     return {"value": value, "source": source}
+
+
+def gemm_rates(compute: dict, launch_us: float) -> dict:
+    """{precision: {"value": [[rows, tflops], ...], "source"}} from the measured products of each precision: the best
+    rate at each row count, leaving out products so short that the host's launch, not the device, set their time."""
+    out = {}
+    for precision, table in compute.items():
+        best: dict = {}
+        for g in table.get("gemm") or []:
+            if g["ms"] * 1000 >= LAUNCH_BOUND * launch_us:
+                best[g["m"]] = max(best.get(g["m"], 0.0), g["tflops"])
+        if best:
+            out[precision] = _num([[m, t] for m, t in sorted(best.items())],
+                                  f"measured: compute.{precision}.gemm, the best rate at each row count (products timed "
+                                  f"under {LAUNCH_BOUND} launches of {launch_us} us left out: the host set their time)")
+    return out
 
 
 def roofline(profile: dict) -> dict:
@@ -96,12 +126,12 @@ def roofline(profile: dict) -> dict:
     overhead = (profile.get("host") or {}).get("op_overhead_us")
     if overhead:
         out["op_overhead_us"] = _num(overhead, "measured: host.op_overhead_us")
-    steps = [x for x in (compute.get("bf16", {}).get("lstm") or []) if x["hidden"] >= 1024]
-    if len({x["time"] for x in steps}) > 1:
-        t0, t1 = min(steps, key=lambda x: x["time"]), max(steps, key=lambda x: x["time"])
-        per_step = (t1["ms_fwd_bwd"] - t0["ms_fwd_bwd"]) / (t1["time"] - t0["time"]) / 3 * 1000
-        out["lstm_step_us"] = _num(round(per_step, 2), "measured: compute.bf16.lstm, forward+backward ms per extra time "
-                                                       f"step at batch {t0['batch']}, hidden {t0['hidden']}, / 3")
+    rates = gemm_rates(compute, overhead or ESTIMATES["op_overhead_us"][0])
+    if rates:
+        out["gemm_rates"] = rates
+        if "tf32" in rates:
+            out["gemm_tflops"]["tf32"] = _num(max(t for _, t in rates["tf32"]["value"]), "measured: largest torch matmul "
+                                                                                         "of compute.tf32.gemm")
     links = sheet.get("links_gb_s") or {}
     out["links"] = {}
     for name, total in links.items():
