@@ -8,6 +8,9 @@ device_profile.json]` writes it.
 """
 from __future__ import annotations
 
+import json
+import os
+
 # Dense (no sparsity) peaks. The datasheets print tensor-core rates "with sparsity"; dense is half.
 DATASHEETS = {
     "NVIDIA H200 NVL": dict(peak_tflops={"bf16": 835.5, "tf32": 417.5, "fp32": 60.0}, memory_tb_s=4.8,
@@ -41,32 +44,9 @@ def datasheet(name: str) -> dict | None:
 LAUNCH_BOUND = 4  # a product timed at under this many bare launches measured the host, not the device
 KINDS_MEASUREMENT = ("measured: this workplace's H200 (device tool, KINDS.md, 2026-10-28 and 2026-11-04): bf16 "
                      "8192^3 torch matmul on random data 769-798 TFLOP/s; device-to-device copy 4.3 TB/s (read + write)")
-ESTIMATES = {
-    "op_overhead_us": (5.0, "estimate: PyTorch eager dispatch + cudaLaunchKernel per aten op on a server host "
-                            "(typically 4-10 us); measured by benchmarks/gpu/gpu_profile.py on the next GPU run (host.op_overhead_us)"),
-    "host_op_us": (30.0, "estimate: the trainer's host time per aten op outside cuDNN (dispatch, autograd, the "
-                         "module's Python), about 3x a bare eager op"),
-    "lstm_call_us": (200.0, "estimate: host time of one cuDNN LSTM forward call beside its time steps (descriptors, "
-                            "workspace, the input projection's launch)"),
-    "lstm_call_bwd_us": (300.0, "estimate: the same for a backward call (autograd's node, the weight gradients)"),
-    "lstm_step_us": (15.0, "estimate: host time per forward time step of one cuDNN LSTM layer (a recurrent GEMM and "
-                           "a gate kernel launched from the host, ~7 us each)"),
-    "lstm_step_bwd_us": (30.0, "estimate: host time per backward time step of one layer (about twice the kernels)"),
-    "lstm_stack_step_ratio": (1.2, "estimate: a stacked cuDNN call launches about 20% more kernels per layer and step "
-                                   "(its wavefront)"),
-    "lstm_stack_step_bwd_ratio": (1.2, "estimate: the same for its backward"),
-    "lstm_step_device_us": (6.0, "estimate: least device time of one recurrent step (a GEMM and a gate kernel back to "
-                                 "back, ~3 us each at these sizes)"),
-    "optimizer_host_us": (1200.0, "estimate: DeepSpeed's step on the host (fused Adam's launches, the clip, its Python)"),
-    "optimizer_tensor_us": (5.0, "estimate: host time per parameter tensor of a bf16 step (the masters' gradients)"),
-    "instruction_us": (20.0, "estimate: the interpreter's own Python per instruction (timing, handler dispatch, "
-                             "slicing), about what it costs on the CPU machine's calibration"),
-    "backward_call_us": (60.0, "estimate: DeepSpeed engine.backward's Python around the autograd call"),
-    "sync_us": (15.0, "estimate: one device sync per optimizer step (the gradient norm read back): the host "
-                      "waits for the queue to drain, then a small device-to-host copy (~10-20 us round trip)"),
-    "host_collective_us": (100.0, "estimate: a 16-byte gloo all-reduce between the ranks' processes on one host "
-                                  "(the per-step loss sums stay on the CPU: cpu:gloo,cuda:nccl)"),
-}
+# the planner's stated estimates, for a GPU where nothing measured them: {key: {"value", "source"}} (package data)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimates.json"), encoding="utf-8") as _f:
+    ESTIMATES = {key: (node["value"], node["source"]) for key, node in json.load(_f).items()}
 LINK_ESTIMATES = {"efficiency": (0.8, "estimate: NCCL reaches about 80% of a link's rate on large messages"),
                   "latency_us": {"nvlink": (10.0, "estimate: NCCL small-message latency between GPUs over NVLink"),
                                  "pcie": (20.0, "estimate: NCCL small-message latency between GPUs over PCIe")}}
