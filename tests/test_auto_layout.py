@@ -109,3 +109,13 @@ def test_launched_two_ranks_with_auto_log_their_choice_and_train(tiny_data, tmp_
     rows = read_metrics(run_dir)
     assert rows[-1]["step"] == 8 and all(r["loss"] == r["loss"] for r in rows)
     assert f"layout: mode={layout['mode']} num_pp={layout['num_pp']} num_dp={layout['num_dp']}" in train.stdout
+
+
+def test_auto_check_measures_the_choice_against_the_fastest_shipped_layout():
+    from benchmarks.planner.auto_check import GOAL, compare
+
+    rounds = {"auto": [10.0, 11.0, 30.0], "data_2": [12.0, 12.5, 12.0], "hybrid_2": [10.5, 10.4, 10.6]}
+    got = compare(rounds, '{"mode": "hybrid"}')  # each run's median round: a slow round is noise
+    assert got["best"] == "hybrid_2" and got["auto_ms"] == 11.0 and got["best_ms"] == 10.5
+    assert got["slower_by"] == pytest.approx(11.0 / 10.5 - 1) and got["within_goal"] == (11.0 / 10.5 - 1 <= GOAL)
+    assert not compare({"auto": [12.0], "hybrid_2": [10.0]}, "x")["within_goal"]  # 20% slower: not within 5%

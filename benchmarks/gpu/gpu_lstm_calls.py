@@ -69,8 +69,6 @@ def measure(fn, x, reps: int) -> dict:
 
 
 def main(argv=None) -> None:
-    import torch
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--time", type=int, default=47)
@@ -78,6 +76,8 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args(argv)
+    import torch  # after the arguments: --help imports nothing heavy
+
     out = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         torch.backends.cudnn.allow_tf32 = False

@@ -6,6 +6,8 @@
                                           [--devices 1 2 4 8] [--links nvlink pcie] [--scenarios ...] [--steps 16]
     python -m benchmarks.planner validate-gpu --from DIR [--gpudata .gpudata] [--profile h200] [--work ...]
     python -m benchmarks.planner gpu-prices --from DIR --out FILE [--gpudata .gpudata] [--work ...]
+    python -m benchmarks.planner auto-check [--work ...] [--steps 30] [--model small wide] [--precision bf16 fp32]
+                                            [--rounds 1]
 
 `validate`: predicted against measured step time on this machine, side by side.
 1. calibrates this machine (`python launch/plan.py --calibrate --config trainer/configs/enja_small.yaml
@@ -54,6 +56,9 @@ WORK/validate_gpu_NAME.json. `gpu-prices`: a GPU's planner profile priced from a
 trainer/planner/profiles/h200.json is `gpu-prices --from benchmarks/results/gpu/2026-12-04-v2`. Both read the data
 the check trained on: small_parallel_enja prepared as the check prepares it (--gpudata: `python -m
 benchmarks.gpu.gpu_check --prepare-only --work .gpudata --corpus ../shared/data/small_parallel_enja`).
+
+`auto-check`: parallel_layout auto's choice trained against every shipped 2-rank layout on this CPU, both widths and
+precisions (benchmarks/planner/auto_check.py), to WORK/auto_check.json.
 """
 from __future__ import annotations
 
@@ -323,6 +328,12 @@ def gpu_prices(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def auto_check(args: argparse.Namespace) -> None:
+    from benchmarks.planner.auto_check import auto_check as run
+
+    run(args)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -355,12 +366,17 @@ def main() -> None:
             c.add_argument("--profile", default="h200", help="the GPU profile to predict with (a file or shipped name)")
         else:
             c.add_argument("--out", type=Path, required=True, help="the planner profile to write (never overwritten)")
+    a = sub.add_parser("auto-check", parents=[both], help="parallel_layout auto against the shipped layouts here")
+    a.add_argument("--steps", type=int, default=30)
+    a.add_argument("--model", nargs="+", choices=("small", "wide"), default=["small", "wide"])
+    a.add_argument("--precision", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
+    a.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
     if getattr(args, "rounds", 1) < 1:
         p.error(f"--rounds {args.rounds}: at least 1")
     args.work.mkdir(parents=True, exist_ok=True)
-    {"validate": validate, "predict": predict, "validate-gpu": validate_gpu,
-     "gpu-prices": gpu_prices}[args.question](args)
+    {"validate": validate, "predict": predict, "validate-gpu": validate_gpu, "gpu-prices": gpu_prices,
+     "auto-check": auto_check}[args.question](args)
 
 
 if __name__ == "__main__":

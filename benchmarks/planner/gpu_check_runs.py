@@ -2,7 +2,7 @@
 data and the steps its steady-state time was measured over, read from DIR/gpu_check.json and DIR/runs.tar.gz
 (and, where the directory holds them, a second machine's DIR/scan_gpu_check.json and DIR/scan_runs.tar.gz).
 
-A run's measured ms per step is the check's own steady-state figure (benchmarks/gpu/gpu_runs.untimed_rates: the
+A run's measured ms per step is the check's own steady-state figure (untimed_rates of benchmarks/gpu/gpu_runs.py: the
 steps after the warm-up that no metrics row timed); `steady_steps` names those steps, so that the planner predicts
 the same batches. The data are the check's: small_parallel_enja prepared as the check prepares it (`--gpudata`,
 where `python -m benchmarks.gpu.gpu_check --prepare-only --work .gpudata` put it) and the patent-length data
@@ -86,7 +86,7 @@ def read_check(check_dir: Path, work: Path) -> list[CheckRun]:
 
 
 def steady_steps(rows: list[dict], warmup: int) -> list[int]:
-    """The steps benchmarks/gpu/gpu_runs.untimed_rates measures: those between two logged rows, the first at
+    """The steps untimed_rates (benchmarks/gpu/gpu_runs.py) measures: those between two logged rows, the first at
     step `warmup` or later and no validation, the wall clock running forward."""
     rows = [r for r in rows if "wall_s" in r]
     steps = []
