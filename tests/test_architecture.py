@@ -40,6 +40,7 @@ MAY_IMPORT.update({
        for s in BENCH_SUBJECTS},
 })
 MAY_IMPORT["benchmarks.micro"] += ("benchmarks.gpu.gpu_profile",)  # the GEMM timer: the CPU's peak is the device's
+MAY_IMPORT["benchmarks.planner"] += ("benchmarks.gpu.gpu_patent",)  # validate-gpu rebuilds the check's patent data
 ONLY_THROUGH = {  # package -> {another package: the only modules of it the first may import}
     # the loop asks the Checkpointer; nothing in training/ knows a checkpoint's files
     "trainer.training": {"trainer.checkpoint": ("trainer.checkpoint.checkpointer", "trainer.checkpoint.state",

@@ -287,10 +287,9 @@ def test_every_printed_plan_names_what_its_prices_rest_on_and_marks_predictions(
 
     main(["--devices", "2", "--profile", "h200", "--steps", "1", "--top", "3", *_tiny_cfg(tiny_data)])
     lines = capsys.readouterr().out.splitlines()
-    source = ("prices: h200.json, NVIDIA H200: of its 17 numbers 3 measured on this workplace's H200 (2026-10-28 and "
-              "2026-11-04), "
-              "2 from the datasheet, 12 estimates never checked on a GPU; every figure below is a prediction from them, "
-              "not a measurement")
+    source = ("prices: h200.json, NVIDIA H200: of its 30 numbers 21 measured on NVIDIA H200 (2026-12-04), 2 from the "
+              "datasheet, 7 estimates never checked on a GPU; every figure below is a prediction from them, not a "
+              "measurement")
     header = next(i for i, line in enumerate(lines) if line.startswith("| # |"))
     assert source in lines[:header], lines
     assert all(f"predicted {what}" in lines[header] for what in ("step ms", "tokens/s", "speed-up", "busy"))
@@ -309,8 +308,8 @@ def test_every_printed_plan_names_what_its_prices_rest_on_and_marks_predictions(
     from trainer.planner.profile import datasheet_profile, planner_profile
 
     sheet = {**planner_profile(datasheet_profile("NVIDIA A100-SXM4-80GB")), "_path": "a100.json"}
-    assert provenance(sheet).startswith("prices: a100.json, NVIDIA A100-SXM4-80GB: of its 17 numbers 1 measured on "
-                                        "this workplace's H200 (2026-10-28 and 2026-11-04), 2 from the datasheet, 14 "
+    assert provenance(sheet).startswith("prices: a100.json, NVIDIA A100-SXM4-80GB: of its 26 numbers 1 measured on "
+                                        "this workplace's H200 (2026-10-28 and 2026-11-04), 2 from the datasheet, 23 "
                                         "estimates never checked on a GPU")
 
 
@@ -425,9 +424,18 @@ def test_shipped_profiles_are_named_package_data_and_what_the_format_code_writes
     globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["trainer"]
     shipped = sorted(p.relative_to(REPO / "trainer").as_posix() for p in (REPO / "trainer").glob("planner/profiles/*"))
     assert shipped and all(any(Path(f).match(g) for g in globs) for f in shipped), (shipped, globs)
-    # h200.json is the datasheet's entry with the roofline section: written by the format's code, not by hand
-    written = profiles.planner_profile(profiles.datasheet_profile("NVIDIA H200"))
-    assert written == {k: v for k, v in load(resolve("h200")).items() if k != "_path"}
+    # h200.json is the second GPU check's device profile with the roofline section the format's code writes, and the
+    # prices `python -m benchmarks.planner gpu-prices` measured from that check: not written by hand
+    from benchmarks.planner import gpu_prices
+
+    check = REPO / "benchmarks" / "results" / "gpu" / "2026-12-04-v2"
+    shipped = load(resolve("h200"))
+    written = profiles.planner_profile(json.loads((check / "device_profile.json").read_text()))
+    priced = {*gpu_prices.FITTED, *gpu_prices.LATENCY, "lstm_stack_step_ratio", "lstm_step_device_us"}
+    assert ({k: v for k, v in shipped["roofline"].items() if k not in priced}
+            == {k: v for k, v in written["roofline"].items() if k not in priced})
+    assert all(shipped["roofline"][k]["source"].startswith("measured: ") for k in priced), priced
+    assert shipped["calibration"]["check"] == check.name and shipped["device"] == written["device"]
     with pytest.raises(ProfileError, match="--device-name 'NVIDIA X1': no datasheet entry"):
         profiles.datasheet_profile("NVIDIA X1")
 
@@ -451,8 +459,8 @@ def test_a_device_profile_puts_each_measured_number_beside_the_datasheet_with_it
     assert roof["op_overhead_us"]["value"] == 6.0 and roof["memory_tb_s"]["value"] == 4.0
     today = time.strftime("%Y-%m-%d", time.gmtime())
     assert got["measured_on"] == {"device": "NVIDIA H200 NVL", "date": today}  # where and when the check ran
-    assert (f"of its 17 numbers 4 measured on NVIDIA H200 NVL ({today}), 2 from the datasheet, 11 estimates "
-            in provenance({**planner_profile(got), "_path": "planner_profile.json"}))  # matmul x2, copy, op time
+    assert (f"of its 27 numbers 5 measured on NVIDIA H200 NVL ({today}), 2 from the datasheet, 20 estimates "
+            in provenance({**planner_profile(got), "_path": "planner_profile.json"}))  # matmul x2, rates, copy, op time
     cpu = device_profile({"name": "x86_64", "type": "cpu", "threads": 2}, {**measured, "rates": {"copy_tb_s": 0.01}})
     assert cpu["datasheet"] is None and cpu["links"]["nvlink_gb_s"] is None
 

@@ -142,6 +142,7 @@ def planner_profile(device_profile: dict, lat: dict, path: Path) -> dict:
                                                                         "(gpu_profile.op_overhead)"}
     roof["sync_us"] = {"value": lat["sync_us"], "source": "measured: a tiny op then .item(), minus the launch"}
     roof["lstm_step_us"] = {"value": lat["lstm_step_us"], "source": f"measured: forward time per time step {where}"}
+    roof["lstm_step_bwd_us"] = {"value": lat["lstm_step_bwd_us"], "source": f"measured: backward time per time step {where}"}
     base.update(roofline=roof, latencies=lat, measured_by="python3 -m benchmarks.gpu.gpu_check (latency stage)")
     path.write_text(json.dumps(base, indent=1) + "\n")
     return base

@@ -1,9 +1,13 @@
-"""Is the layout planner right? Two questions, one command each.
+"""Is the layout planner right? On this machine, on a GPU, and what it predicts for GPUs: one command each.
 
     python -m benchmarks.planner validate [--work /tmp/hybrid-nmt-bench] [--profile FILE] [--steps 30]
                                           [--precision bf16 fp32] [--only LABEL ...] [--rounds 1] [--rescore]
     python -m benchmarks.planner predict  [--work /tmp/hybrid-nmt-bench] [--profile h200]
                                           [--devices 1 2 4 8] [--links nvlink pcie] [--scenarios ...] [--steps 16]
+    python -m benchmarks.planner validate-gpu --from DIR [--gpudata .gpudata] [--profile h200] [--work ...]
+    python -m benchmarks.planner gpu-prices --from DIR --out FILE [--gpudata .gpudata] [--work ...]
+    python -m benchmarks.planner auto-check [--work ...] [--steps 30] [--model small wide] [--precision bf16 fp32]
+                                            [--rounds 1]
 
 `validate`: predicted against measured step time on this machine, side by side.
 1. calibrates this machine (`python launch/plan.py --calibrate --config trainer/configs/enja_small.yaml
@@ -41,8 +45,19 @@ ranking). To WORK/plan_predict.json. Scenarios (--scenarios):
     patent_len  no dropout, every pair's source and target repeated 4 times (~30 source and ~46 target
                 pieces, about a patent sentence; small_parallel_enja's are 8.3 and 12.2 with this
                 vocabulary): more GPU work per launched op and more LSTM time steps
-    fast_host   patent_len with 1 us of host time per launched op instead of the profile's 5 (what
-                capturing the step in a CUDA graph or compiling it would approach)
+    fast_host   patent_len with every host price of the profile x 0.2 (what capturing the step in CUDA graphs
+                or compiling it would approach: the launches replayed, not dispatched)
+
+`validate-gpu`: every training run of a GPU check's output directory (DIR: gpu_check.json, runs.tar.gz) predicted
+against its measured steady-state ms per step, worst last (benchmarks/planner/gpu_validation.py), to
+WORK/validate_gpu_NAME.json. `gpu-prices`: a GPU's planner profile priced from a check's files
+(benchmarks/planner/gpu_prices.py says which file sets which price and which runs calibrate);
+trainer/planner/profiles/h200.json is `gpu-prices --from benchmarks/results/gpu/2026-12-04-v2`. Both read the data
+the check trained on: small_parallel_enja prepared as the check prepares it (--gpudata: `python -m
+benchmarks.gpu.gpu_check --prepare-only --work .gpudata --corpus ../shared/data/small_parallel_enja`).
+
+`auto-check`: parallel_layout auto's choice trained against every shipped 2-rank layout on this CPU, both widths and
+precisions (benchmarks/planner/auto_check.py), to WORK/auto_check.json.
 """
 from __future__ import annotations
 
@@ -63,7 +78,7 @@ VALIDATE_CONFIG = "trainer/configs/enja_small.yaml"
 PREDICT_CONFIG = "trainer/configs/paper_size.yaml"
 WARMUP = 3  # as common.summarise
 SCENARIOS = {"shipped": (0.2, 1, None), "no_dropout": (0.0, 1, None), "patent_len": (0.0, 4, None),
-             "fast_host": (0.0, 4, 1.0)}  # dropout, sentence repeats, host us per op
+             "fast_host": (0.0, 4, 0.2)}  # dropout, sentence repeats, factor on every host price
 
 
 # ---- validate: predicted against measured on this machine ----
@@ -277,10 +292,14 @@ def predict(args: argparse.Namespace) -> None:
     ds = load_ds_config(str(ds_path), 1000)
     profile_path, rows = resolve(args.profile), []
     for scenario in args.scenarios:
-        dropout, repeats, host_us = SCENARIOS[scenario]
+        dropout, repeats, host = SCENARIOS[scenario]
         profile = load(profile_path)
-        if host_us is not None:
-            profile["roofline"]["op_overhead_us"] = {"value": host_us, "source": f"scenario {scenario}"}
+        if host is not None:
+            from benchmarks.planner.gpu_prices import HOST
+
+            for key in (k for k in (*HOST, "op_overhead_us") if k in profile["roofline"]):
+                value = profile["roofline"][key]["value"] * host
+                profile["roofline"][key] = {"value": value, "source": f"scenario {scenario}"}
         cfg = load_config(str(REPO / PREDICT_CONFIG), [f"data.dir={data}", f"model.dropout={dropout}"])
         work = plan.workload(cfg, ds, args.steps)
         work.windows = [[stretch(b, repeats) for b in window] for window in work.windows]
@@ -289,8 +308,8 @@ def predict(args: argparse.Namespace) -> None:
                 rows.append(prediction_row(plan.rank_layouts(work, profile, n, link), scenario, link, n))
                 print(json.dumps(rows[-1]), flush=True)
     print(f"\nprofile {profile_path}; {PREDICT_CONFIG}, 128 pairs per step, bf16, {args.steps} real steps of {data}")
-    print(provenance(load(profile_path)) + ("; fast_host puts an assumed 1 us of host time per launched op in place "
-                                            "of the profile's" if "fast_host" in args.scenarios else ""))
+    print(provenance(load(profile_path)) + ("; fast_host multiplies every host price by an assumed 0.2"
+                                            if "fast_host" in args.scenarios else ""))
     print("| scenario | link | GPUs | predicted one GPU ms/step | predicted speed-up: hybrid | data | pipeline | "
           "planner picks | its predicted ms/step |")
     print("|---|---|---:|---:|---:|---:|---:|---|---:|")
@@ -323,6 +342,29 @@ def prediction_row(ranking, scenario: str, link: str, n: int) -> dict:
             **{f"{m}_speedup": best[m].speedup for m in best}, **{f"{m}_layout": best[m].candidate.label() for m in best}}
 
 
+def validate_gpu(args: argparse.Namespace) -> None:
+    from benchmarks.planner.gpu_validation import validate_gpu as run
+
+    run(args.check_dir, args.gpudata, args.work, args.profile)
+
+
+def gpu_prices(args: argparse.Namespace) -> None:
+    from benchmarks.planner.gpu_prices import calibrated_profile
+
+    if args.out.exists():
+        sys.exit(f"--out {args.out}: exists; choose another path (never overwritten)")
+    profile, found = calibrated_profile(args.check_dir, args.gpudata, args.work / args.check_dir.name)
+    args.out.write_text(json.dumps(profile, indent=1) + "\n")
+    print(json.dumps(found, indent=1))
+    print(f"wrote {args.out}")
+
+
+def auto_check(args: argparse.Namespace) -> None:
+    from benchmarks.planner.auto_check import auto_check as run
+
+    run(args)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -345,11 +387,27 @@ def main() -> None:
     g.add_argument("--links", nargs="+", default=["nvlink", "pcie"])
     g.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     g.add_argument("--steps", type=int, default=16)
+    for name, what in (("validate-gpu", "a GPU check's runs predicted against what they measured"),
+                       ("gpu-prices", "a GPU's planner profile priced from a GPU check's files")):
+        c = sub.add_parser(name, parents=[both], help=what)
+        c.add_argument("--from", dest="check_dir", type=Path, required=True, help="a GPU check's output directory")
+        c.add_argument("--gpudata", type=Path, default=REPO / ".gpudata",
+                       help="the check's prepared data (gpu_check --prepare-only --work DIR)")
+        if name == "validate-gpu":
+            c.add_argument("--profile", default="h200", help="the GPU profile to predict with (a file or shipped name)")
+        else:
+            c.add_argument("--out", type=Path, required=True, help="the planner profile to write (never overwritten)")
+    a = sub.add_parser("auto-check", parents=[both], help="parallel_layout auto against the shipped layouts here")
+    a.add_argument("--steps", type=int, default=30)
+    a.add_argument("--model", nargs="+", choices=("small", "wide"), default=["small", "wide"])
+    a.add_argument("--precision", nargs="+", choices=("bf16", "fp32"), default=["bf16", "fp32"])
+    a.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
     if getattr(args, "rounds", 1) < 1:
         p.error(f"--rounds {args.rounds}: at least 1")
     args.work.mkdir(parents=True, exist_ok=True)
-    {"validate": validate, "predict": predict}[args.question](args)
+    {"validate": validate, "predict": predict, "validate-gpu": validate_gpu, "gpu-prices": gpu_prices,
+     "auto-check": auto_check}[args.question](args)
 
 
 if __name__ == "__main__":

@@ -155,6 +155,29 @@ class ParallelRuntime:
         return cls.on_started(spec, rank, comm_timeout_s)
 
     @classmethod
+    def start_agreed(cls, choose, comm_timeout_s: int = 300, verbose: bool = False) -> tuple["ParallelRuntime", object]:
+        """Start this process's share of a job whose layout rank 0 chooses once the process group is up:
+        `choose(world)` -> (LayoutSpec, anything that goes with it), run on rank 0 only; every rank takes rank 0's
+        answer (a broadcast), or raises rank 0's error. Returns (the runtime of that layout, the answer)."""
+        dsa.set_verbose(verbose)
+        rank, world = start_process_group(comm_timeout_s)
+        answer = None
+        if rank == 0:
+            try:
+                answer = ("ok", choose(world))
+            except (ValueError, OSError) as e:  # every rank leaves with rank 0's one line
+                answer = ("error", f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e))
+        if world > 1:
+            box = [answer]
+            dist.broadcast_object_list(box, src=0)
+            answer = box[0]
+        if answer[0] == "error":
+            raise ValueError(answer[1])
+        spec = answer[1][0]
+        spec.check_world(world)
+        return cls.on_started(spec, rank, comm_timeout_s), answer[1]
+
+    @classmethod
     def on_started(cls, spec: LayoutSpec, rank: int, comm_timeout_s: int = 300) -> "ParallelRuntime":
         """The groups of `spec` on a process group that is already up."""
         grid = dsa.make_grid(spec.num_pp, spec.num_dp)
@@ -370,6 +393,16 @@ class ParallelRuntime:
         if elsewhere:
             text += f"; ranks on other hosts cannot be checked from here: {', '.join(elsewhere)}"
         return text
+
+
+def accelerator_name() -> tuple[str, str]:
+    """(device type, device name) this process would train on, before anything is started: ("cuda", "NVIDIA H200")."""
+    accel = dsa.accelerator()
+    kind = accel.device_name()
+    if kind == "cuda":
+        return kind, torch.cuda.get_device_name(device_index(accel, dict(os.environ, LOCAL_RANK=os.environ.get(
+            "LOCAL_RANK", "0"))))
+    return kind, ""
 
 
 def current_rank() -> int | str:

@@ -49,9 +49,10 @@ class MicroStepCosts:
     """Every instruction's cost in one micro-step of `spec` on one global micro-batch."""
 
     def __init__(self, device, dims: ModelDims, spec: LayoutSpec, stages: list[Stage], cut: Cut,
-                 dtype_bytes: int, boundary: bool = True):
+                 dtype_bytes: int, boundary: bool = True, stacked: bool = False):
         self.device, self.dims, self.spec, self.stages, self.cut = device, dims, spec, stages, cut
         self.bytes = dtype_bytes
+        self.stacked = stacked  # a stage's layers one LSTM call per side (train.stack_layers; never with dropout)
         self.programs = global_programs(spec, boundary=boundary)
         self.parts: dict = {}  # (rank, ins) -> {component: seconds}
         self.sizes: dict = {}  # (rank, ins) -> bytes moved (send/recv/collective)
@@ -155,9 +156,9 @@ class MicroStepCosts:
                 if direction == "fwd":
                     mask += self._mask(f"emb_{side}", dims.emb, side, masks_drawn)
                 copy += dev.copy_bytes(3 * ch.tokens * dims.emb * self.bytes)
+        for call in self._calls(here.pairs, ins.kind):
+            lstm += self._lstm(direction, ins.kind, call[0], dims.pair_input(call[0]), ch, above=len(call) - 1)
         for k in here.pairs:
-            in_dim = dims.pair_input(k)
-            lstm += self._lstm(direction, ins.kind, k, in_dim, ch)
             if dims.dropout > 0:
                 if direction == "fwd":
                     mask += self._mask(f"{ins.kind}{k}", dims.hidden, side, masks_drawn)
@@ -167,16 +168,31 @@ class MicroStepCosts:
             copy += dev.copy_bytes(2 * ch.tokens * dims.hidden * self.bytes)  # the (out * grad) products
         parts.update(lstm=lstm, copy=copy, mask=mask)
 
-    def _lstm(self, direction: str, kind: str, pair: int, in_dim: int, ch: Chunk) -> float:
+    def _calls(self, pairs: tuple, kind: str) -> list[tuple]:
+        """The stage's layers as the model calls them (trainer.model.lstm_stack.runs_of_layers): one call per
+        layer, or stacked, one call over consecutive layers (a bidirectional bottom encoder stays alone)."""
+        if not self.stacked or self.dims.dropout > 0:
+            return [(k,) for k in pairs]
+        calls: list[list] = []
+        for k in pairs:
+            alone = kind == "enc" and k == 0 and self.dims.bidirectional_bottom
+            if calls and not alone and not (kind == "enc" and calls[-1][-1] == 0 and self.dims.bidirectional_bottom):
+                calls[-1].append(k)
+            else:
+                calls.append([k])
+        return [tuple(c) for c in calls]
+
+    def _lstm(self, direction: str, kind: str, pair: int, in_dim: int, ch: Chunk, above: int = 0) -> float:
+        """One LSTM call: the layer `pair` (input `in_dim`) and `above` more stacked on it."""
         dev, hidden = self.device, self.dims.hidden
         if kind == "dec":
-            return dev.lstm_fused(direction, in_dim, hidden, ch.rows, ch.width)
+            return dev.lstm_fused(direction, in_dim, hidden, ch.rows, ch.width, above)
         if pair == 0 and self.dims.bidirectional_bottom:  # two directions of hidden/2, packed all the way
             return 2 * dev.lstm_packed(direction, in_dim, hidden // 2, encoder_counts(ch.lengths, 0, ch.width))
         bulk = min(ch.lengths) if ch.lengths else 0
-        cost = dev.lstm_fused(direction, in_dim, hidden, ch.rows, bulk) if bulk else 0.0
+        cost = dev.lstm_fused(direction, in_dim, hidden, ch.rows, bulk, above) if bulk else 0.0
         if bulk < ch.width:
-            cost += dev.lstm_packed(direction, in_dim, hidden, encoder_counts(ch.lengths, bulk, ch.width))
+            cost += dev.lstm_packed(direction, in_dim, hidden, encoder_counts(ch.lengths, bulk, ch.width), above)
             cost += dev.copy_bytes(2 * ch.tokens * hidden * self.bytes)  # pad back, cat onto the bulk
         return cost
 

@@ -8,6 +8,9 @@ device_profile.json]` writes it.
 """
 from __future__ import annotations
 
+import json
+import os
+
 # Dense (no sparsity) peaks. The datasheets print tensor-core rates "with sparsity"; dense is half.
 DATASHEETS = {
     "NVIDIA H200 NVL": dict(peak_tflops={"bf16": 835.5, "tf32": 417.5, "fp32": 60.0}, memory_tb_s=4.8,
@@ -38,21 +41,12 @@ def datasheet(name: str) -> dict | None:
 
 
 # ---- the planner's roofline section ----
+LAUNCH_BOUND = 4  # a product timed at under this many bare launches measured the host, not the device
 KINDS_MEASUREMENT = ("measured: this workplace's H200 (device tool, KINDS.md, 2026-10-28 and 2026-11-04): bf16 "
                      "8192^3 torch matmul on random data 769-798 TFLOP/s; device-to-device copy 4.3 TB/s (read + write)")
-ESTIMATES = {
-    "op_overhead_us": (5.0, "estimate: PyTorch eager dispatch + cudaLaunchKernel per aten op on a server host "
-                            "(typically 4-10 us); measured by benchmarks/gpu/gpu_profile.py on the next GPU run (host.op_overhead_us)"),
-    "lstm_step_us": (6.0, "estimate: cuDNN LSTM forward time step (a recurrent GEMM and a gate kernel launched back to "
-                          "back, ~3 us each at these sizes); from compute.lstm once measured (slope over time steps)"),
-    "instruction_us": (20.0, "estimate: the interpreter's own Python per instruction (timing, handler dispatch, "
-                             "slicing), about what it costs on the CPU machine's calibration"),
-    "backward_call_us": (60.0, "estimate: DeepSpeed engine.backward's Python around the autograd call"),
-    "sync_us": (15.0, "estimate: one device sync per optimizer step (the gradient norm read back): the host "
-                      "waits for the queue to drain, then a small device-to-host copy (~10-20 us round trip)"),
-    "host_collective_us": (100.0, "estimate: a 16-byte gloo all-reduce between the ranks' processes on one host "
-                                  "(the per-step loss sums stay on the CPU: cpu:gloo,cuda:nccl)"),
-}
+# the planner's stated estimates, for a GPU where nothing measured them: {key: {"value", "source"}} (package data)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimates.json"), encoding="utf-8") as _f:
+    ESTIMATES = {key: (node["value"], node["source"]) for key, node in json.load(_f).items()}
 LINK_ESTIMATES = {"efficiency": (0.8, "estimate: NCCL reaches about 80% of a link's rate on large messages"),
                   "latency_us": {"nvlink": (10.0, "estimate: NCCL small-message latency between GPUs over NVLink"),
                                  "pcie": (20.0, "estimate: NCCL small-message latency between GPUs over PCIe")}}
@@ -60,6 +54,22 @@ LINK_ESTIMATES = {"efficiency": (0.8, "estimate: NCCL reaches about 80% of a lin
 
 def _num(value, source: str) -> dict:
     return {"value": value, "source": source}
+
+
+def gemm_rates(compute: dict, launch_us: float) -> dict:
+    """{precision: {"value": [[rows, tflops], ...], "source"}} from the measured products of each precision: the best
+    rate at each row count, leaving out products so short that the host's launch, not the device, set their time."""
+    out = {}
+    for precision, table in compute.items():
+        best: dict = {}
+        for g in table.get("gemm") or []:
+            if g["ms"] * 1000 >= LAUNCH_BOUND * launch_us:
+                best[g["m"]] = max(best.get(g["m"], 0.0), g["tflops"])
+        if best:
+            out[precision] = _num([[m, t] for m, t in sorted(best.items())],
+                                  f"measured: compute.{precision}.gemm, the best rate at each row count (products timed "
+                                  f"under {LAUNCH_BOUND} launches of {launch_us} us left out: the host set their time)")
+    return out
 
 
 def roofline(profile: dict) -> dict:
@@ -96,12 +106,12 @@ def roofline(profile: dict) -> dict:
     overhead = (profile.get("host") or {}).get("op_overhead_us")
     if overhead:
         out["op_overhead_us"] = _num(overhead, "measured: host.op_overhead_us")
-    steps = [x for x in (compute.get("bf16", {}).get("lstm") or []) if x["hidden"] >= 1024]
-    if len({x["time"] for x in steps}) > 1:
-        t0, t1 = min(steps, key=lambda x: x["time"]), max(steps, key=lambda x: x["time"])
-        per_step = (t1["ms_fwd_bwd"] - t0["ms_fwd_bwd"]) / (t1["time"] - t0["time"]) / 3 * 1000
-        out["lstm_step_us"] = _num(round(per_step, 2), "measured: compute.bf16.lstm, forward+backward ms per extra time "
-                                                       f"step at batch {t0['batch']}, hidden {t0['hidden']}, / 3")
+    rates = gemm_rates(compute, overhead or ESTIMATES["op_overhead_us"][0])
+    if rates:
+        out["gemm_rates"] = rates
+        if "tf32" in rates:
+            out["gemm_tflops"]["tf32"] = _num(max(t for _, t in rates["tf32"]["value"]), "measured: largest torch matmul "
+                                                                                         "of compute.tf32.gemm")
     links = sheet.get("links_gb_s") or {}
     out["links"] = {}
     for name, total in links.items():

@@ -13,6 +13,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+import torch
+
 from data_prep.dataformat import MANIFEST, files
 from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.ds_config import check_batch, global_micro_batch, layout_world, load_ds_config
@@ -23,6 +25,7 @@ from trainer.planner.candidates import Candidate, enumerate_layouts
 from trainer.planner.costs import MicroStepCosts
 from trainer.planner.roofline import RooflineDevice
 from trainer.planner.shapes import Cut, ModelDims, stages_of
+from trainer.training import tuning
 
 
 @dataclass
@@ -35,10 +38,17 @@ class Workload:
     global_batch: int  # sentences per global micro-batch (at most)
     precision: str
     base_ds: dict
+    math: str = ""  # what a GPU's matrix work runs in: the precision, or tf32 (train.tf32); "": the precision
 
     @property
     def dtype_bytes(self) -> int:
         return 2 if self.precision == "bf16" else 4
+
+    def stacked(self, device_type: str) -> bool:
+        """Whether a stage's LSTM layers run as one call per side on this device (train.stack_layers as the trainer
+        applies it: trainer.training.tuning.stack_layers; never with dropout between them)."""
+        on, _ = tuning.stack_layers(self.cfg.train.stack_layers, torch.device(device_type), self.precision)
+        return on and self.cfg.model.dropout == 0
 
     def tokens(self, window) -> int:
         return sum(b.src_tokens + b.tgt_tokens for b in window)
@@ -86,7 +96,8 @@ def workload(cfg, ds: dict, steps: int, skip: int = 0, global_batch: int | None 
     global_batch = global_batch or base_batch(ds)
     require_prepared(cfg.data.dir)
     vocab = read_manifest(cfg.data.dir)["vocab"]
-    stream = BatchStream(ParallelData(cfg.data.dir, "train"), max_sentences=global_batch,
+    train = ParallelData(cfg.data.dir, "train", cfg.data.length_multiple)  # padded as the trainer pads it
+    stream = BatchStream(train, max_sentences=global_batch,
                          max_tokens=cfg.data.max_tokens, seed=cfg.train.seed, bucket_batches=cfg.data.bucket_batches,
                          min_batch=cfg.data.min_batch_sentences)
     accumulation = ds.get("gradient_accumulation_steps", 1)
@@ -94,14 +105,16 @@ def workload(cfg, ds: dict, steps: int, skip: int = 0, global_batch: int | None 
     dims = ModelDims.build(cfg.model, vocab["src_size"], vocab["tgt_size"])
     # fp16 is priced as bf16: the same bytes moved and the same tensor-core rate (its loss scaling costs nothing)
     precision = "bf16" if ds.get("bf16", {}).get("enabled") or ds.get("fp16", {}).get("enabled") else "fp32"
-    return Workload(cfg, dims, windows, global_batch, precision, ds)
+    math = "tf32" if precision == "fp32" and cfg.train.tf32 else precision
+    return Workload(cfg, dims, windows, global_batch, precision, ds, math)
 
 
-def device_for(profile: dict, precision: str, threads: int, link: str | None, dims: ModelDims):
+def device_for(profile: dict, precision: str, threads: int, link: str | None, dims: ModelDims, math: str | None = None):
     if "layers" in profile:
         return profiles.MeasuredDevice(profile, precision, threads, dims)
     links = profiles._get(profile, "roofline", "links")
-    return RooflineDevice(profile, precision, link or profile["roofline"].get("default_link") or sorted(links)[0], dims)
+    return RooflineDevice(profile, precision, link or profile["roofline"].get("default_link") or sorted(links)[0], dims,
+                          math)
 
 
 @dataclass
@@ -124,8 +137,10 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
     spec = candidate.spec
     devices = {} if devices is None else devices
     if candidate.threads not in devices:
-        devices[candidate.threads] = device_for(profile, work.precision, candidate.threads, link, work.dims)
+        devices[candidate.threads] = device_for(profile, work.precision, candidate.threads, link, work.dims,
+                                                work.math or work.precision)
     device = devices[candidate.threads]
+    stacked = work.stacked("cpu" if device.kind == "measured" else "cuda")
     stages = stages_of(work.dims, spec)
     groups = group_members(spec)
     shared = device.kind == "measured" and candidate.ranks > 1  # ranks on one host's cores
@@ -137,7 +152,7 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
         clock = {r: 0.0 for r in range(spec.world_size)}
         for i, batch in enumerate(window):
             costs = MicroStepCosts(device, work.dims, spec, stages, Cut(batch, spec), work.dtype_bytes,
-                                   boundary=i == len(window) - 1)
+                                   boundary=i == len(window) - 1, stacked=stacked)
             start = {r: clock[r] + device.micro_step for r in clock}
             kw = dict(start=start, inner_sync=costs.inner_sync, async_at_end=False, keep_spans=True)
             if shared:

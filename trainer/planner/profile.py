@@ -317,11 +317,12 @@ class MeasuredDevice:
                                f"(has: {', '.join(sorted(self.lstm))})")
         return self.lstm[key]
 
-    def lstm_fused(self, direction: str, in_dim: int, hidden: int, rows: int, steps: int) -> float:
-        return self._lstm(in_dim, hidden)[f"fused_{direction}"].fused(rows, steps)
+    def lstm_fused(self, direction: str, in_dim: int, hidden: int, rows: int, steps: int, above: int = 0) -> float:
+        """A layer's call, and `above` more stacked on it (on a CPU a stack costs what its layers cost)."""
+        return sum(self._lstm(i, hidden)[f"fused_{direction}"].fused(rows, steps) for i in [in_dim] + [hidden] * above)
 
-    def lstm_packed(self, direction: str, in_dim: int, hidden: int, counts) -> float:
-        return self._lstm(in_dim, hidden)[f"packed_{direction}"].per_step(counts)
+    def lstm_packed(self, direction: str, in_dim: int, hidden: int, counts, above: int = 0) -> float:
+        return sum(self._lstm(i, hidden)[f"packed_{direction}"].per_step(counts) for i in [in_dim] + [hidden] * above)
 
     def embed(self, side: str, direction: str, tokens: int) -> float:
         return self.embedding[f"{side}_{direction}"](tokens) if tokens else 0.0

@@ -31,23 +31,31 @@ from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.rank_module import RankModule, build_rank_module
-from trainer.parallel.runtime import ParallelRuntime, launched_world, pin_cores, set_threads
-from trainer.training import faults, start, tuning
+from trainer.parallel.runtime import ParallelRuntime, accelerator_name, launched_world, pin_cores, set_threads
+from trainer.training import auto_layout, faults, start, tuning
 from trainer.training.loop import Trainer
 from trainer.training.stopping import StopCheck
 from trainer.training.validation import Validator
 from trainer.training.watch import StepWatch
 
 
-def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, LayoutSpec]:
+def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, LayoutSpec | auto_layout.AutoRequest]:
     """The DeepSpeed JSON and the layout for the launched world (or `world`: a dry run), checked against the
-    model config; raises before anything is started."""
+    model config; raises before anything is started. `parallel_layout: {"mode": "auto"}`: what the planner will
+    choose it from (trainer.training.auto_layout), checked the same way: a profile and prepared data, or one line."""
     ds = load_ds_config(ds_config_path, schedule_steps(cfg.train),
                         "train.schedule_steps" if cfg.train.schedule_steps else "train.max_steps")
-    spec = LayoutSpec.from_ds_config(ds, launched_world()[1] if world is None else world)
+    world = launched_world()[1] if world is None else world
+    if auto_layout.requested(ds):
+        return ds, auto_layout.check(cfg, ds, world, *accelerator_name())
+    spec = LayoutSpec.from_ds_config(ds, world)
+    check_layout(cfg, ds, spec, ds_config_path)
+    return ds, spec
+
+
+def check_layout(cfg, ds: dict, spec: LayoutSpec, ds_config_path: str) -> None:
     spec.check_model(cfg.model, cfg.data.min_batch_sentences, ds["train_micro_batch_size_per_gpu"])
     check_batch(ds, ds_config_path, spec.num_dp)
-    return ds, spec
 
 
 def batching(cfg, global_micro: int) -> dict:
@@ -145,14 +153,15 @@ class Build:
     """Builds one training run: `trainer()` starts the runtime and builds every part. What it started stays here
     so that the caller can take it down after a failure (`abandon`) or a finished run (`close`)."""
 
-    def __init__(self, cfg, ds: dict, spec: LayoutSpec, data: RunData | None = None):
+    def __init__(self, cfg, ds: dict, spec: LayoutSpec | auto_layout.AutoRequest, data: RunData | None = None):
         self.cfg, self.ds, self.spec, self.data = cfg, ds, spec, data  # data: loaded here if not given
         self.runtime: ParallelRuntime | None = None
         self.runner: StepRunner | None = None
+        self.layout_notes: tuple = ()
 
     def trainer(self) -> Trainer:
-        cfg, ds = self.cfg, self.ds
-        self.runtime = rt = ParallelRuntime.start(self.spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
+        cfg, rt = self.cfg, self._start_runtime()
+        ds = self.ds
         if rt.is_rank0:
             print(rt.describe_device(), flush=True)
         threads = set_threads(cfg.train.threads)
@@ -191,13 +200,28 @@ class Build:
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
                     f"gas={engine.accumulation_steps} {engine.precision} zero_stage={engine.zero_stage}")
-        for line in part_notes + notes + schedule + schedule_notes(ds) + zero_notes(engine, rt.spec):
+        for line in [*self.layout_notes, *part_notes, *notes, *schedule, *schedule_notes(ds),
+                     *zero_notes(engine, rt.spec)]:
             log.message(line)
         return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
                        runner=self.runner, checkpointer=checkpointer, validator=validator, log=log,
                        watch=self._watch(log), stop=StopCheck(runtime=rt, train_cfg=cfg.train, state=state,
                                                                stream=stream, log=log),
                        faults=fault_plan, flops=functools.partial(batch_flops, cfg.model, manifest["vocab"]["tgt_size"]))
+
+    def _start_runtime(self) -> ParallelRuntime:
+        """The runtime of the layout; with parallel_layout auto, of the layout rank 0's planner chose, every rank
+        taking its answer (self.ds and self.spec become the chosen)."""
+        cfg = self.cfg
+        if isinstance(self.spec, LayoutSpec):
+            self.runtime = ParallelRuntime.start(self.spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
+            return self.runtime
+        request = self.spec
+        self.runtime, (spec, choice) = ParallelRuntime.start_agreed(
+            lambda world: auto_layout.choose(cfg, self.ds, request), cfg.train.comm_timeout_s, cfg.logging.verbose)
+        self.ds, self.spec, self.layout_notes = auto_layout.apply(self.ds, choice), spec, choice.lines
+        check_layout(cfg, self.ds, spec, "parallel_layout auto")
+        return self.runtime
 
     def _open_run_dir(self, checkpointer: Checkpointer, manifest: dict) -> str | None:
         """The checkpoint to resume from (or a new run's checks), once the run's files are written and every rank

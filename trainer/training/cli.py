@@ -49,9 +49,17 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
     from trainer.parallel.schedule import format_schedule, global_programs
     from trainer.training.build import plan
 
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.parallel.runtime import launched_world
+    from trainer.training import auto_layout
+
     cfg = load_config(config_path, overrides)
-    world = layout_world(load_ds_config(ds_config_path, None))
+    loaded = load_ds_config(ds_config_path, None)
+    world = launched_world()[1] if auto_layout.requested(loaded) else layout_world(loaded)
     _, spec = plan(cfg, ds_config_path, world=world)
+    if not isinstance(spec, LayoutSpec):  # parallel_layout auto: what a run of this world would choose
+        spec, choice = auto_layout.choose(cfg, loaded, spec)
+        print("\n".join(choice.lines))
     print(f"mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} micro_batches={spec.micro_batches} "
           f"time_chunks={spec.time_chunks} head_parallel={spec.head_parallel}")
     print(format_schedule(global_programs(spec)))
