@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import REPO, ds_variant, prepare_enja, train
+from trainer.artifacts import run_dir as run_dir_names
 
 MODELS = {"small": "trainer/configs/enja_small.yaml", "wide": "trainer/configs/enja_wide.yaml"}
 SHIPPED = ("data_2", "pipeline_2", "hybrid_2", "hybrid_2_wide")
@@ -71,7 +72,7 @@ def auto_check(args: argparse.Namespace) -> None:
                 runs[(model, precision)].setdefault(label, []).append(ms)
                 if label == "auto":
                     chosen[(model, precision)] = json.loads(
-                        (args.work / "runs" / name / "ds_config.json").read_text())["parallel_layout"]
+                        (args.work / "runs" / name / run_dir_names.DS_CONFIG).read_text())["parallel_layout"]
                 print(f"round {rnd + 1}: {model} {precision} {label:14s} {ms:7.1f} ms/step", flush=True)
     print("\n| model | precision | auto chose | auto ms/step | fastest shipped | its ms/step | auto slower by |")
     print("|---|---|---|---:|---|---:|---:|")

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import yaml
 
+from data_prep.dataformat import MANIFEST
+from trainer.artifacts import run_dir as run_dir_names
+
 CHECKS = (("gpu_check.json", "runs.tar.gz", ""), ("scan_gpu_check.json", "scan_runs.tar.gz", "second machine"))
 PATENT_REPEAT = 4
 
@@ -69,14 +72,14 @@ def read_check(check_dir: Path, work: Path) -> list[CheckRun]:
         warmup = report.get("warmup", report.get("log_every"))
         for run in report.get("runs", []):
             run_dir = where / "runs" / run["name"]
-            if not run.get("step_ms_mean") or not (run_dir / "config.yaml").exists():
+            if not run.get("step_ms_mean") or not (run_dir / run_dir_names.CONFIG).exists():
                 continue
-            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            rows = [json.loads(line) for line in (run_dir / run_dir_names.METRICS).read_text().splitlines()]
             steps = next((s for w in [warmup] + [r["step"] for r in rows]  # the scan's runs warm up for fewer steps
                           if len(s := steady_steps(rows, w)) == run.get("untimed_steps")), None)
             if steps is None:
                 raise ValueError(f"{run_dir}: no warm-up gives the {run.get('untimed_steps')} steady steps of {report_name}")
-            timing = run_dir / "timing" / "rank0.json"
+            timing = run_dir / run_dir_names.TIMING_DIR / run_dir_names.rank_file(0)
             out.append(CheckRun(report_name, machine, run["name"], run_dir, run["step_ms_mean"], steps,
                                 run.get("precision", "?"), "tf32" not in _config(run_dir).get("train", {}),
                                 own if own else (None if machine else latency),
@@ -98,7 +101,7 @@ def steady_steps(rows: list[dict], warmup: int) -> list[int]:
 
 
 def _config(run_dir: Path) -> dict:
-    return yaml.safe_load((run_dir / "config.yaml").read_text())
+    return yaml.safe_load((run_dir / run_dir_names.CONFIG).read_text())
 
 
 def current_config(run_dir: Path, data_dir: Path, out: Path):
@@ -127,12 +130,12 @@ def data_dir_for(run: CheckRun, gpudata: Path, work: Path) -> Path:
         key = "patent"
     else:
         local, key = gpudata / name, name
-    if not (local / "manifest.json").exists():
+    if not (local / MANIFEST).exists():
         raise FileNotFoundError(f"{local}: not prepared; the check's data: python -m benchmarks.gpu.gpu_check "
                                 f"--prepare-only --work {gpudata} --corpus ../shared/data/small_parallel_enja")
     recorded = run.data.get(key)
     if recorded:
-        split = json.loads((local / "manifest.json").read_text())["splits"]["train"]
+        split = json.loads((local / MANIFEST).read_text())["splits"]["train"]
         pairs = split["pairs_kept"]
         src_len = split["tokens"]["src"] / pairs + 1
         if pairs != recorded["pairs"] or abs(src_len - recorded["src_len"]) > 1e-6 * recorded["src_len"] + 1e-9:
@@ -150,10 +153,10 @@ def run_workload(run: CheckRun, gpudata: Path, work: Path):
     from trainer.planner import plan
 
     cfg = current_config(run.run_dir, data_dir_for(run, gpudata, work), work / f"{run.run_dir.parent.parent.name}_{run.name}.yaml")
-    ds_path = run.run_dir / "ds_config.json"
+    ds_path = run.run_dir / run_dir_names.DS_CONFIG
     total = (json.loads(ds_path.read_text()).get("scheduler") or {}).get("params", {}).get("total_num_steps")
     ds = load_ds_config(str(ds_path), total)
-    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run.run_dir / run_dir_names.METRICS).read_text().splitlines()]
     last = max(max(run.steps), max(r["step"] for r in rows))
     wl = plan.workload(cfg, ds, steps=last)
     if run.legacy_tf32 and wl.precision == "fp32":

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.artifacts import run_dir as run_dir_names
+
 from benchmarks.planner.gpu_check_runs import CheckRun, at_steps, read_check, run_workload
 
 CALIBRATION = ("patent_bf16", "patent_bf16_layers", "enja-small_fp32", "paper-size_bf16")
@@ -96,7 +98,7 @@ def host_only(profile: dict, prices: dict) -> dict:
 
 def timed_steps(run: CheckRun) -> list[int]:
     """The steps timing/rank0.json timed: the logged ones after the first."""
-    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run.run_dir / run_dir_names.METRICS).read_text().splitlines()]
     logged = sorted({r["step"] for r in rows if "wall_s" in r})
     return [s for s in logged[1:] if s <= run.steps[-1] + 1]
 

@@ -8,8 +8,9 @@ device_profile.json]` writes it.
 """
 from __future__ import annotations
 
-import json
 import os
+
+from data_prep.dataformat import userfiles
 
 # Dense (no sparsity) peaks. The datasheets print tensor-core rates "with sparsity"; dense is half.
 DATASHEETS = {
@@ -45,8 +46,9 @@ LAUNCH_BOUND = 4  # a product timed at under this many bare launches measured th
 KINDS_MEASUREMENT = ("measured: this workplace's H200 (device tool, KINDS.md, 2026-10-28 and 2026-11-04): bf16 "
                      "8192^3 torch matmul on random data 769-798 TFLOP/s; device-to-device copy 4.3 TB/s (read + write)")
 # the planner's stated estimates, for a GPU where nothing measured them: {key: {"value", "source"}} (package data)
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimates.json"), encoding="utf-8") as _f:
-    ESTIMATES = {key: (node["value"], node["source"]) for key, node in json.load(_f).items()}
+ESTIMATES = {key: (node["value"], node["source"]) for key, node in userfiles.read_json(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "estimates.json"), 1 << 20,
+    "the planner's estimates").items()}
 LINK_ESTIMATES = {"efficiency": (0.8, "estimate: NCCL reaches about 80% of a link's rate on large messages"),
                   "latency_us": {"nvlink": (10.0, "estimate: NCCL small-message latency between GPUs over NVLink"),
                                  "pcie": (20.0, "estimate: NCCL small-message latency between GPUs over PCIe")}}

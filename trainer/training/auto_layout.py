@@ -26,6 +26,8 @@ from omegaconf import OmegaConf
 from data_prep.dataformat import files, userfiles
 from trainer.parallel.layout import SECTION, LayoutError, LayoutSpec
 
+MAX_PROFILE_BYTES = 1 << 20  # a planner profile (a few kB; trainer.planner.profile caps what it loads likewise)
+
 AUTO = "auto"
 KEYS = ("mode", "profile", "steps")
 DEFAULT_STEPS = 4
@@ -98,9 +100,10 @@ def profile_path(given, device: str, device_name: str) -> str:
                               f"or name one in {SECTION}.profile")
         return path
     for name in shipped():
-        with open(os.path.join(PROFILES, f"{name}.json"), encoding="utf-8") as f:
-            if device_name.startswith(json.load(f).get("device", {}).get("name", "\0")):
-                return os.path.join(PROFILES, f"{name}.json")
+        path = os.path.join(PROFILES, f"{name}.json")
+        profile = userfiles.read_json(path, MAX_PROFILE_BYTES, "a shipped planner profile")
+        if device_name.startswith(profile.get("device", {}).get("name", "\0")):
+            return path
     raise LayoutError(f"{SECTION}.mode=auto: no shipped planner profile for {device_name or device} (shipped: "
                       f"{', '.join(shipped())}); name one in {SECTION}.profile (python -m benchmarks.planner "
                       f"gpu-prices writes one from a GPU check)")
@@ -172,8 +175,7 @@ def apply(ds: dict, choice: Choice) -> dict:
 def _key(cfg, ds: dict, req: AutoRequest) -> str:
     from trainer.data import read_manifest
 
-    with open(req.profile, "rb") as f:
-        profile = hashlib.sha256(f.read()).hexdigest()
+    profile = hashlib.sha256(files.read_bytes(req.profile, MAX_PROFILE_BYTES, "a planner profile")).hexdigest()
     what = {"version": VERSION, "profile": profile, "data": read_manifest(cfg.data.dir).get("checksum"),
             "data_dir": os.path.abspath(cfg.data.dir), "model": OmegaConf.to_container(cfg.model),
             "batching": OmegaConf.to_container(cfg.data), "seed": cfg.train.seed,
