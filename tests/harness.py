@@ -21,6 +21,7 @@ import os
 import queue
 import socket
 import sys
+import tempfile
 import time
 import traceback
 
@@ -37,18 +38,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _quiet() -> None:
-    """A worker's own prints (the trainer's start-up lines, DeepSpeed's) go nowhere: pytest -q shows dots, and a
-    failing job's traceback comes back through the outbox (its test fails with it)."""
+def _quiet(err_path: str) -> None:
+    """A worker's own prints (the trainer's start-up lines, DeepSpeed's) go nowhere, and what it writes to stderr
+    (gloo's C++ log of a failed rendezvous, warnings) to `err_path`: pytest -q shows dots; a failing job's
+    traceback comes back through the outbox, and a worker that dies or a start that fails quotes that file's tail."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
+    err = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(err, 2)
+    os.close(err)
     sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
-def _serve(inbox, outbox, index: int, preload: bool) -> None:
+def _serve(inbox, outbox, index: int, preload: bool, err_path: str) -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
-    _quiet()
+    _quiet(err_path)
     if preload:
         import torch
 
@@ -106,6 +112,7 @@ class Workers:
         self.error_grace_s = 10.0  # after a rank failed, how long its peers may take to answer
         self._failed_start = False
         self._met = False  # the workers of self.procs have met (a started pool)
+        self.err_dir = tempfile.mkdtemp(prefix="hnmt-workers-")  # each worker's stderr (_quiet)
 
     def spawn_early(self) -> None:
         """Spawn the workers now, without waiting: they import torch and DeepSpeed on the core the tests
@@ -150,8 +157,8 @@ class Workers:
     def _spawn(self) -> None:
         self.inboxes = [self.ctx.Queue() for _ in range(self.size)]
         self.outbox = self.ctx.Queue()
-        self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox, i, self.preload), daemon=True)
-                      for i, q in enumerate(self.inboxes)]
+        self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox, i, self.preload, self._err_path(i)),
+                                       daemon=True) for i, q in enumerate(self.inboxes)]
         for p in self.procs:
             p.start()
 
@@ -177,7 +184,7 @@ class Workers:
                         if not p.is_alive()]
                 if dead or now > deadline:
                     raise JobError(f"{what}: {'; '.join(dead) or f'no answer within {timeout:.0f}s (a hang?)'}; "
-                                   f"answered: {sorted(results)}" + _tracebacks(errors)) from None
+                                   f"answered: {sorted(results)}" + _tracebacks(errors) + self._stderr(n)) from None
                 continue
             last = time.monotonic()
             (results if ok else errors)[rank] = value
@@ -186,6 +193,22 @@ class Workers:
             raise JobError(f"{what} failed" + (f" (ranks {silent} did not answer)" if silent else "") + ":" +
                            _tracebacks(errors))
         return [results[r] for r in range(n)]
+
+    def _err_path(self, index: int) -> str:
+        return os.path.join(self.err_dir, f"worker_{index}.err")
+
+    def _stderr(self, n: int, tail: int = 1500) -> str:
+        """The last `tail` characters each of workers 0..n-1 wrote to stderr, for a JobError's message."""
+        said = []
+        for i in range(n):
+            try:
+                with open(self._err_path(i), errors="replace") as f:
+                    text = f.read()[-tail:].strip()
+            except OSError:
+                continue
+            if text:
+                said.append(f"\nworker {i}'s stderr (its end):\n{text}")
+        return "".join(said)
 
     def close(self) -> None:
         for p in self.procs:

@@ -30,6 +30,7 @@ def whoami(*_) -> tuple[str, int]:
 
 def exit_on_rank_1(code: int) -> None:
     if os.environ["RANK"] == "1":
+        os.write(2, b"rank 1's last words on stderr\n")  # as gloo's C++ log writes: fd 2, not sys.stderr
         os._exit(code)
 
 
@@ -66,14 +67,17 @@ def test_a_start_that_fails_every_try_fails_one_test_with_its_causes_and_the_nex
         pool.close()
 
 
-def test_a_worker_that_dies_fails_its_job_at_once_and_the_pool_restarts(tmp_path):
+def test_a_worker_that_dies_fails_its_job_at_once_and_the_pool_restarts(tmp_path, capfd):
+    """...and what it wrote to stderr is quoted in the failure, not printed between pytest's dots."""
     pool = _pool(tmp_path, failing_tries=0)
     try:
         pool.run(2, whoami)
         began = time.monotonic()
-        with pytest.raises(JobError, match="exit_on_rank_1 on 2 ranks: worker 1 exited with code 3"):
+        with pytest.raises(JobError, match="exit_on_rank_1 on 2 ranks: worker 1 exited with code 3") as e:
             pool.run(2, exit_on_rank_1, 3, timeout=100)
         assert time.monotonic() - began < 30  # not the job's 100 s timeout
+        assert "worker 1's stderr (its end):\nrank 1's last words on stderr" in str(e.value)
+        assert "last words" not in capfd.readouterr().err
         assert [r for r, _ in pool.run(2, whoami)] == ["0", "1"] and pool.starts == 2
     finally:
         pool.close()
