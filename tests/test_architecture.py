@@ -2,7 +2,7 @@
 TYPE_CHECKING included) has no cycle; inference never reaches training, the parallel runtime or the planner;
 checkpointing never reaches training, inference or the runtime, and training reaches it only through the
 Checkpointer; the model knows nothing of ranks, files or runs; nothing in trainer/ or data_prep/ imports launch/
-or benchmarks/; every import the table of each package allows is all it uses (benchmarks/ too: a subject never
+or benchmarks/; trainer.ds_config never reaches trainer.parallel; every import the table of each package allows is all it uses (benchmarks/ too: a subject never
 imports another, nor launch/); and no function is longer than MAX_FUNCTION_LINES (benchmarks/ too). Each check is shown to find what it looks for on a graph (or a file) with the fault in it."""
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ MAY_IMPORT = {
                           "trainer.metrics", "data_prep.dataformat"),
     "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout", "data_prep.dataformat"),
     "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
-                         "data_prep.dataformat"),
+                         "trainer.ds_config", "data_prep.dataformat"),
+    # the DeepSpeed JSON's own checks; what DeepSpeed and the layout say of it is trainer.parallel.deepspeed_json's
+    "trainer.ds_config": ("trainer.ds_config", "data_prep.dataformat"),
 }
 # benchmarks/: each subject (scaling, peers, planner, gpu, ...) stands on the shared helpers, the records' writer and
 # the project's packages, never on another subject nor on launch/ (the entry points are run as commands); the writer
@@ -52,6 +54,7 @@ NEVER = {  # package -> what it must never reach, even through others (the trans
     "trainer.inference": ("trainer.training", "trainer.parallel", "trainer.planner"),
     "trainer.model": ("trainer.training", "trainer.parallel", "trainer.planner", "trainer.inference",
                       "trainer.artifacts", "trainer.observe", "trainer.data"),
+    "trainer.ds_config": ("trainer.parallel", "trainer.training", "trainer.planner"),
 }
 
 
@@ -208,6 +211,16 @@ def test_inference_and_the_model_never_reach_training(package):
     for module in (m for m in g if _in(m, package)):
         reached = sorted(m for m in reach(g, module) if any(_in(m, p) for p in NEVER[package]))
         assert reached == [], f"{module} reaches {reached}"
+
+
+def test_the_ds_config_wall_sees_an_import_of_parallel():
+    """trainer.ds_config reaching for the layout (as layout_world once did, inside a function) is caught by both
+    the table and the reach check."""
+    g = graph()
+    assert reach(g, "trainer.ds_config") & {"trainer.parallel.layout", "trainer.parallel.deepspeed_adapter"} == set()
+    g["trainer.ds_config"] = g["trainer.ds_config"] | {"trainer.parallel.layout"}
+    assert "trainer.parallel.layout" in reach(g, "trainer.ds_config")
+    assert not any(_in("trainer.parallel.layout", a) for a in MAY_IMPORT["trainer.ds_config"])
 
 
 def test_nothing_in_the_packages_imports_launch_or_benchmarks():

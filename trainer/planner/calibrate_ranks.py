@@ -32,7 +32,7 @@ def _world_of_one():
 
 def _ds_config(precision: str) -> dict:
     from trainer.config import REPO_ROOT
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
 
     ds = load_ds_config(os.path.join(REPO_ROOT, "ds_configs", "single.json"), max_steps=1000)
     ds["bf16"] = {"enabled": precision == "bf16"}

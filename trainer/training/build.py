@@ -20,7 +20,7 @@ from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.resume import RunIdentity
 from trainer.config import schedule_steps
 from trainer.data import BatchStream, Prefetcher, RunData, load_run_data
-from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
+from trainer.ds_config import check_batch, global_micro_batch
 from trainer.metrics import dev_tokenize
 from trainer.model.flops import batch_flops
 from trainer.model.seq2seq import EncoderDecoderLayer
@@ -28,6 +28,7 @@ from trainer.observe.logger import NullLogger, RunLogger
 from trainer.observe.profiling import StepProfiler
 from trainer.observe.timeline import TimelineWriter
 from trainer.parallel import deepspeed_adapter as dsa
+from trainer.parallel.deepspeed_json import load_ds_config
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.rank_module import RankModule, build_rank_module
