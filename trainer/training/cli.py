@@ -85,5 +85,5 @@ def train_main(config_path, overrides, ds_config_path) -> int:
             _lost_peer_exit(e, cfg, build.runtime)
         build.abandon()
         raise
-    build.runtime.close()
+    build.close()
     return 0
