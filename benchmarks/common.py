@@ -187,7 +187,7 @@ def replica_lengths(run_dir: Path, warmup: int = 3) -> dict | None:
     import numpy as np
 
     from trainer.config import load_config
-    from trainer.ds_config import layout_world
+    from trainer.parallel.layout import layout_world
     from trainer.parallel.cut import cut_replica
     from trainer.parallel.layout import LayoutSpec
     from trainer.planner.plan import workload

@@ -121,15 +121,16 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
     from trainer.data import BatchStream, ParallelData
     from trainer.parallel import deepspeed_adapter as dsa
     from trainer.parallel.layout import LayoutSpec, group_members
-    from trainer.parallel.runtime import ParallelRuntime
     from trainer.data import read_manifest
     from trainer.ds_config import global_micro_batch
-    from trainer.training.build import build_model_parts
+    from trainer.training.build import Build
 
-    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled"]))
+    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                                                            "train.comm_timeout_s=60"]))
     world = int(os.environ["WORLD_SIZE"])
     spec = LayoutSpec.from_ds_config(ds, world)
-    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
+    build = Build(cfg, ds, spec)
+    rt = build.start_runtime()
     obs = {"rank": rt.rank, "stage": rt.layout.stage, "replica": rt.layout.replica}
     # distributed: DeepSpeed's shm op is neither built nor loaded, so it maps no /dev/shm buffer
     obs["shm_op"] = repr(dsa.shm_op())
@@ -141,7 +142,7 @@ def adapter_touch_points(overrides: list[str], ds: dict, work: str) -> dict:
         t = torch.tensor([float(rt.rank + 1)])
         obs[f"sum_over_{name}"] = float(rt.all_reduce(t, group=name))
     # stages + engine
-    module, engine, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])
+    module, engine, runner = build.model_parts(read_manifest(cfg.data.dir)["vocab"])
     obs["local_start"] = module.first_layer
     obs["local_layers"] = [type(m).__name__ for m in module.layers]
     obs["stage_id"] = dsa.stage_id(module.stages)
@@ -247,15 +248,16 @@ def lean_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) -> di
     from trainer.config import load_config, merge_overrides
     from trainer.data import BatchStream, ParallelData
     from trainer.parallel.layout import LayoutSpec
-    from trainer.parallel.runtime import ParallelRuntime
     from trainer.data import read_manifest
     from trainer.ds_config import global_micro_batch
-    from trainer.training.build import build_model_parts
+    from trainer.training.build import Build
 
-    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled"]))
+    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                                                            "train.comm_timeout_s=60"]))
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
-    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
-    module, adapter, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])
+    build = Build(cfg, ds, spec)
+    rt = build.start_runtime()
+    module, adapter, runner = build.model_parts(read_manifest(cfg.data.dir)["vocab"])
     engine = adapter.ds
     opt = engine.optimizer
     bf16 = hasattr(opt, "fp32_groups")
@@ -356,13 +358,14 @@ def lean_zero_step_matches_deepspeed(overrides: list[str], ds: dict, work: str) 
     from trainer.data import BatchStream, ParallelData, read_manifest
     from trainer.ds_config import global_micro_batch
     from trainer.parallel.layout import LayoutSpec
-    from trainer.parallel.runtime import ParallelRuntime
-    from trainer.training.build import build_model_parts
+    from trainer.training.build import Build
 
-    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled"]))
+    cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                                                            "train.comm_timeout_s=60"]))
     spec = LayoutSpec.from_ds_config(ds, int(os.environ["WORLD_SIZE"]))
-    rt = ParallelRuntime.start(spec, comm_timeout_s=60)
-    module, adapter, runner = build_model_parts(cfg, ds, rt, read_manifest(cfg.data.dir)["vocab"])
+    build = Build(cfg, ds, spec)
+    rt = build.start_runtime()
+    module, adapter, runner = build.model_parts(read_manifest(cfg.data.dir)["vocab"])
     opt, groups = adapter.ds.optimizer, adapter.zero_groups
     names = {id(p): n for n, p in module.named_parameters()}
     held = {names[id(p)]: count for g in groups for p, _, _, count in g.pieces}

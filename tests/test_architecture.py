@@ -2,7 +2,8 @@
 TYPE_CHECKING included) has no cycle; inference never reaches training, the parallel runtime or the planner;
 checkpointing never reaches training, inference or the runtime, and training reaches it only through the
 Checkpointer; the model knows nothing of ranks, files or runs; nothing in trainer/ or data_prep/ imports launch/
-or benchmarks/; every import the table of each package allows is all it uses (benchmarks/ too: a subject never
+or benchmarks/; trainer.ds_config never reaches trainer.parallel; a run's parts are built only by
+trainer/training/build.py's Build; every import the table of each package allows is all it uses (benchmarks/ too: a subject never
 imports another, nor launch/); and no function is longer than MAX_FUNCTION_LINES (benchmarks/ too). Each check is shown to find what it looks for on a graph (or a file) with the fault in it."""
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ MAY_IMPORT = {
                           "trainer.metrics", "data_prep.dataformat"),
     "trainer.checkpoint": ("trainer.checkpoint", "trainer.artifacts", "trainer.parallel.layout", "data_prep.dataformat"),
     "trainer.parallel": ("trainer.parallel", "trainer.model", "trainer.data", "trainer.observe.op_counter",
-                         "data_prep.dataformat"),
+                         "trainer.ds_config", "data_prep.dataformat"),
+    # the DeepSpeed JSON's own checks; what DeepSpeed and the layout say of it is trainer.parallel.deepspeed_json's
+    "trainer.ds_config": ("trainer.ds_config", "data_prep.dataformat"),
 }
 # benchmarks/: each subject (scaling, peers, planner, gpu, ...) stands on the shared helpers, the records' writer and
 # the project's packages, never on another subject nor on launch/ (the entry points are run as commands); the writer
@@ -52,6 +55,7 @@ NEVER = {  # package -> what it must never reach, even through others (the trans
     "trainer.inference": ("trainer.training", "trainer.parallel", "trainer.planner"),
     "trainer.model": ("trainer.training", "trainer.parallel", "trainer.planner", "trainer.inference",
                       "trainer.artifacts", "trainer.observe", "trainer.data"),
+    "trainer.ds_config": ("trainer.parallel", "trainer.training", "trainer.planner"),
 }
 
 
@@ -210,6 +214,16 @@ def test_inference_and_the_model_never_reach_training(package):
         assert reached == [], f"{module} reaches {reached}"
 
 
+def test_the_ds_config_wall_sees_an_import_of_parallel():
+    """trainer.ds_config reaching for the layout (as layout_world once did, inside a function) is caught by both
+    the table and the reach check."""
+    g = graph()
+    assert reach(g, "trainer.ds_config") & {"trainer.parallel.layout", "trainer.parallel.deepspeed_adapter"} == set()
+    g["trainer.ds_config"] = g["trainer.ds_config"] | {"trainer.parallel.layout"}
+    assert "trainer.parallel.layout" in reach(g, "trainer.ds_config")
+    assert not any(_in("trainer.parallel.layout", a) for a in MAY_IMPORT["trainer.ds_config"])
+
+
 def test_nothing_in_the_packages_imports_launch_or_benchmarks():
     g = graph()
     bad = {m: sorted(d for d in deps if d.split(".")[0] in ("launch", "benchmarks"))
@@ -224,6 +238,46 @@ def test_the_walls_see_a_forbidden_import(tmp_path):
     assert "trainer.training.loop" in reach(g, "trainer.inference.cli")
     assert imports_of("trainer.inference.fake", _write(tmp_path, "def f():\n    from trainer.training import loop\n"),
                       modules()) == {"trainer.training.loop"}
+
+
+# A run's parts (the runtime, the rank module, the DeepSpeed engine, the schedule's interpreter) are built in
+# trainer/training/build.py's Build, the calibration's world of one too; the wrappers are defined beside what
+# they wrap (the adapter calls deepspeed.initialize, rank_module builds RankModule).
+BUILT_IN_ONE_PLACE = ("trainer/training/build.py", "trainer/parallel/deepspeed_adapter.py",
+                      "trainer/parallel/rank_module.py")
+PARTS = ("build_rank_module", "RankModule", "StepRunner")
+PART_OWNERS = {"initialize": ("dsa", "deepspeed", "deepspeed_adapter"),
+               **{verb: ("ParallelRuntime",) for verb in ("start", "start_agreed", "on_started")}}
+
+
+def part_constructions(path: Path) -> list[str]:
+    """Where `path` builds a part of a run itself: a call of build_rank_module / RankModule / StepRunner (by name
+    or through a module), dsa.initialize / deepspeed.initialize, ParallelRuntime.start / start_agreed."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else None
+        if name in PARTS or owner in PART_OWNERS.get(name, ()):
+            found.append(f"{path.name}:{node.lineno} {owner + '.' if owner else ''}{name}")
+    return found
+
+
+def test_runs_are_built_in_one_place():
+    assert [c for top in TOPS for p in sorted((REPO / top).rglob("*.py"))
+            if p.relative_to(REPO).as_posix() not in BUILT_IN_ONE_PLACE for c in part_constructions(p)] == []
+    assert part_constructions(REPO / "trainer" / "training" / "build.py")  # the pattern matches the builder
+
+
+def test_the_one_place_check_sees_an_engine_built_by_hand(tmp_path):
+    text = ("from trainer.parallel import deepspeed_adapter as dsa, interpreter\n"
+            "def f(module, rt, ds):\n"
+            "    engine = dsa.initialize(module, module.parameters(), ds, rt.grid)\n"
+            "    return interpreter.StepRunner(rt, engine, module, 8), ParallelRuntime.start(rt.spec)\n")
+    assert part_constructions(_write(tmp_path, text)) == [
+        "fake.py:3 dsa.initialize", "fake.py:4 interpreter.StepRunner", "fake.py:4 ParallelRuntime.start"]
 
 
 MAX_FUNCTION_LINES = 60

@@ -62,7 +62,7 @@ def test_auto_that_cannot_be_planned_is_refused_in_one_line(tiny_data, tmp_path,
 
 def test_auto_takes_the_planners_fastest_layout_of_the_ranks_launched_and_caches_it(tiny_data, tmp_path, monkeypatch):
     from trainer.config import load_config
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.parallel.layout import LayoutSpec
     from trainer.planner import plan as planner
     from trainer.planner.profile import load

@@ -12,7 +12,8 @@ import pytest
 
 from tests.conftest import REPO, launch_main, launch_module, run_cli
 from trainer.config import ConfigError, check_threads, load_config
-from trainer.ds_config import DSConfigError, load_ds_config
+from trainer.ds_config import DSConfigError
+from trainer.parallel.deepspeed_json import load_ds_config
 from trainer.parallel.layout import LayoutError, LayoutSpec
 
 

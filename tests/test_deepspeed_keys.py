@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import REPO
 from trainer.config import load_config
-from trainer.ds_config import DSConfigError, load_ds_config
+from trainer.ds_config import DSConfigError
+from trainer.parallel.deepspeed_json import load_ds_config
 
 
 def _ds(tmp_path, change=None, base="hybrid_2", name="ds.json") -> str:

@@ -258,7 +258,8 @@ def _tiny_profile(tmp_path, tiny_data, **kw):
 
 
 def test_plan_ranks_layouts_and_writes_a_loadable_config(tiny_data, tmp_path, capsys):
-    from trainer.ds_config import check_batch, load_ds_config
+    from trainer.ds_config import check_batch
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.planner.cli import main
 
     out = tmp_path / "best.json"
@@ -317,7 +318,7 @@ def test_scale_batch_grows_the_global_batch_with_the_devices(tiny_data, tmp_path
     """Issue 42: the planner kept the global batch whatever the device count; GPU users grow it with the GPU count.
     --scale-batch plans every layout at the base's batch per rank x --devices and compares tokens/s with one
     device at the batch per rank."""
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.planner import plan
     from trainer.planner.cli import main
 

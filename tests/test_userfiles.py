@@ -15,7 +15,8 @@ import pytest
 from data_prep.userfiles import MAX_DEPTH, UserFileError, check_yaml, parse_json
 from tests.conftest import REPO, run_cli
 from trainer.config import ConfigError, load_config
-from trainer.ds_config import DSConfigError, load_ds_config
+from trainer.ds_config import DSConfigError
+from trainer.parallel.deepspeed_json import load_ds_config
 
 DEEP = "[" * 100_000 + "]" * 100_000  # the depth
 

@@ -162,7 +162,8 @@ def test_each_replica_holds_its_share_of_the_optimizer_memory(workers, tiny_data
 
 
 def test_zero_stage_2_and_3_and_offloading_are_refused_before_anything_is_built(tmp_path):
-    from trainer.ds_config import DSConfigError, load_ds_config
+    from trainer.ds_config import DSConfigError
+    from trainer.parallel.deepspeed_json import load_ds_config
 
     def path(zero: dict, **extra) -> str:
         ds = json.loads((REPO / "ds_configs" / "data_2.json").read_text())

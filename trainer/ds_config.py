@@ -1,8 +1,10 @@
-"""The DeepSpeed JSON: read, completed and type-checked before anything is built.
+"""The DeepSpeed JSON's own checks: types, ranges and what the trainer supports, before anything is built.
 
 DeepSpeed checks most values only deep inside `deepspeed.initialize` (a string learning rate fails
 after the optimizer is built), with a traceback. Every key we rely on is checked here first, and an
-error names the file and the key.
+error names the file and the key. This module knows nothing of parallel: a run reads the JSON through
+trainer.parallel.deepspeed_json.load_ds_config, which adds what DeepSpeed's own lists say (the optimizers,
+schedulers and keys it knows); the layout's world size is trainer.parallel.layout.layout_world.
 """
 from __future__ import annotations
 
@@ -68,13 +70,6 @@ def validate(ds, path: str) -> None:
         if not sec:
             continue
         _check(path, f"{name}.type", sec.get("type"), isinstance(sec.get("type"), str), "a string")
-        from trainer.parallel import deepspeed_adapter as dsa  # DeepSpeed's own lists, read in one place
-
-        known = dsa.optimizer_names() if name == "optimizer" else dsa.scheduler_names()
-        if sec["type"] not in known and not (name == "optimizer" and sec["type"].lower() in known):
-            raise DSConfigError(f"{path}: {name}.type={json.dumps(sec['type'])}: not {'an' if name == 'optimizer' else 'a'} "
-                                f"{name} DeepSpeed knows "
-                                f"(e.g. {', '.join(dsa.PREFERRED[name])})")
         params = sec.get("params", {})
         _check(path, f"{name}.params", params, isinstance(params, dict), "an object")
         for k, v in params.items():
@@ -92,37 +87,6 @@ def validate(ds, path: str) -> None:
                 _check(path, key, v, _is_number(v) and v >= 0, "a finite number >= 0")
     _check_zero(ds, path)
     _check_grad_accum_dtype(ds, path)
-    _check_known_keys(ds, path)
-
-
-def _check_known_keys(ds: dict, path: str) -> None:
-    """Every key is one DeepSpeed reads (or our own parallel_layout): DeepSpeed ignores a top-level key it does
-    not know, so `gradient_clіpping` spelt with a Cyrillic і trained with clipping off and no word. DeepSpeed's
-    own reader, run on the JSON, says which keys it reads (trainer.parallel.deepspeed_adapter.unread_keys); a
-    key it would ignore, or refuse only once the model is built, is refused here in one line."""
-    from trainer.parallel import deepspeed_adapter as dsa
-    from trainer.parallel.layout import SECTION
-
-    for unread in dsa.unread_keys(ds):
-        if unread.key == SECTION:
-            continue
-        hint = _spelling(unread.key.rpartition(".")[2], unread.known)
-        if unread.refused:
-            raise DSConfigError(f"{path}: {unread.key}: DeepSpeed refuses it: {unread.refused}{hint}")
-        raise DSConfigError(f"{path}: {unread.key}: not a key DeepSpeed reads there{hint}; refused (DeepSpeed would "
-                            f"ignore it, or fail on it once the model is built): remove it, or spell it as DeepSpeed "
-                            f"does")
-
-
-def _spelling(key: str, known: tuple) -> str:
-    """What may be wrong with the name `key`: a letter that only looks ASCII, the closest name DeepSpeed knows."""
-    import difflib
-    import unicodedata
-
-    odd = [f"'{c}' U+{ord(c):04X} {unicodedata.name(c, '')}".rstrip() for c in dict.fromkeys(key) if ord(c) > 127]
-    close = difflib.get_close_matches(key, [k for k in known if k != key], n=1, cutoff=0.8)
-    parts = ([f"did you mean {close[0]}?"] if close else []) + ([f"it holds {', '.join(odd)}"] if odd else [])
-    return f" ({' '.join(parts)})" if parts else ""
 
 
 FP16_KEYS = {"loss_scale": ("a finite number >= 0 (0: dynamic loss scaling)", lambda v: _is_number(v) and v >= 0),
@@ -174,15 +138,6 @@ def _check_zero(ds: dict, path: str) -> None:
         if value not in (None, False) and not (isinstance(value, dict) and value.get("device", "none") == "none"):
             raise DSConfigError(f"{path}: zero_optimization.{key}={json.dumps(value)}: offloading is not supported "
                                 f"(the trainer steps the partition where it lives); drop it")
-    opt_type = (ds.get("optimizer") or {}).get("type")
-    if opt_type and not ds.get("zero_allow_untested_optimizer"):
-        from trainer.parallel import deepspeed_adapter as dsa
-
-        tested = dsa.zero_optimizer_names()
-        if opt_type.lower() not in tested:
-            raise DSConfigError(f"{path}: zero_optimization.stage=1 with optimizer.type={json.dumps(opt_type)}: "
-                                f"DeepSpeed tests ZeRO with {', '.join(sorted(tested))} only; use one of them, or set "
-                                f"\"zero_allow_untested_optimizer\": true")
 
 
 DTYPE_NAMES = {name: canon for canon, names in {"fp16": ("torch.float16", "fp16", "float16", "half"),
@@ -236,14 +191,10 @@ def read_json_file(path: str, *, flag: str, kind: str, max_bytes: int, error: ty
 SCHEDULES_WITH_LENGTH = ("WarmupDecayLR", "WarmupCosineLR")  # DeepSpeed schedules with a total_num_steps
 
 
-def load_ds_config(path: str, max_steps: int | None, where: str = "train.max_steps") -> dict:
-    """The DeepSpeed JSON, checked. The length of a WarmupDecayLR / WarmupCosineLR schedule comes from the
-    YAML (`max_steps`: train.schedule_steps or train.max_steps, named by `where`), never from two places: a
-    `total_num_steps` stated in the JSON is refused unless it is the same number. `max_steps=None` reads the
-    JSON without completing it."""
-    ds = read_json_file(path, flag="--deepspeed_config", kind="a DeepSpeed JSON", max_bytes=MAX_BYTES,
-                        error=DSConfigError)
-    validate(ds, path)
+def complete_schedule(ds: dict, path: str, max_steps: int | None, where: str = "train.max_steps") -> dict:
+    """The length of a WarmupDecayLR / WarmupCosineLR schedule comes from the YAML (`max_steps`:
+    train.schedule_steps or train.max_steps, named by `where`), never from two places: a `total_num_steps`
+    stated in the JSON is refused unless it is the same number. `max_steps=None` leaves the JSON as it is."""
     sched = ds.get("scheduler")
     if max_steps is not None and sched and sched.get("type") in SCHEDULES_WITH_LENGTH:
         params = sched.setdefault("params", {})
@@ -255,15 +206,3 @@ def load_ds_config(path: str, max_steps: int | None, where: str = "train.max_ste
                 f"decay over {stated} steps)")
         params["total_num_steps"] = max_steps
     return ds
-
-
-def layout_world(ds: dict) -> int:
-    """The world size a DeepSpeed JSON's parallel_layout asks for (num_pp x num_dp; 1 without a layout)."""
-    from trainer.parallel.layout import SECTION, LayoutError, check_section
-
-    section = check_section(ds.get(SECTION, {}))
-    degrees = [section.get(k, 1) for k in ("num_pp", "num_dp")]
-    for key, value in zip(("num_pp", "num_dp"), degrees):
-        if not _is_int(value) or value < 1:
-            raise LayoutError(f"{SECTION}.{key}={json.dumps(value)}: must be an integer >= 1")
-    return degrees[0] * degrees[1]

@@ -154,7 +154,7 @@ def predictions(data: Path, overrides: list[str], micro: int, profiles: dict, wo
     """{label: [row per device count]}: the planner's one-GPU step and the best layout of each mode
     (speed-up over one GPU) on the stretched data, for each profile of `profiles` (label -> path)."""
     from trainer.config import load_config, merge_overrides
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.planner import plan
     from trainer.planner.profile import load
 

@@ -111,7 +111,7 @@ def validate(args: argparse.Namespace) -> None:
                         f"data.dir={data}"], cwd=REPO, check=True)
 
     from trainer.config import load_config
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.parallel.layout import LayoutSpec
     from trainer.planner import plan
     from trainer.planner.candidates import Candidate
@@ -285,7 +285,7 @@ def predict(args: argparse.Namespace) -> None:
     ds_path = ds_variant(args.work, "single", "paper_128", train_micro_batch_size_per_gpu=128)
 
     from trainer.config import load_config
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.planner import plan
     from trainer.planner.profile import load, provenance, resolve
 

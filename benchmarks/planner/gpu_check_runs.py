@@ -148,7 +148,7 @@ def run_workload(run: CheckRun, gpudata: Path, work: Path):
     """(the planner's Workload of every step of the run up to its last measured or logged one, its layout): the
     run's own config, DeepSpeed JSON and data, the batches as the trainer cut them, checked against the tokens
     its metrics counted."""
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.parallel.layout import LayoutSpec
     from trainer.planner import plan
 

@@ -206,6 +206,16 @@ def check_section(section):
     return section
 
 
+def layout_world(ds: dict) -> int:
+    """The world size a DeepSpeed JSON's parallel_layout asks for (num_pp x num_dp; 1 without a layout)."""
+    section = check_section(ds.get(SECTION, {}))
+    degrees = [section.get(k, 1) for k in ("num_pp", "num_dp")]
+    for key, value in zip(("num_pp", "num_dp"), degrees):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LayoutError(f"{SECTION}.{key}={_short(value)}: must be an integer >= 1")
+    return degrees[0] * degrees[1]
+
+
 def _short(value) -> str:
     """A JSON value as the user wrote it, cut short."""
     import json

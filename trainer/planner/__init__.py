@@ -10,5 +10,6 @@ of a device profile, and ranks the layouts for a number of devices (launch/plan.
     plan.py            simulate each candidate over real batches, rank them, write the winner's DeepSpeed JSON
     cli.py             launch/plan.py's arguments and report
     calibrate.py       measure this machine's profile (the real layers); calibrate_ranks.py the parts that need
-                       DeepSpeed, a second process, or two ranks (optimizer step, contention, gloo, the interpreter)
+                       DeepSpeed, a second process, or two ranks (optimizer step, contention, gloo, the interpreter),
+                       their engines, runners and runtimes built by trainer.training.build.Build
 """

@@ -164,7 +164,7 @@ def interpreter_overhead(table: dict, dims: ModelDims, precision: str, threads: 
     return {op: round(max(0.0, 1000 * s / n), 5) for op, (s, n) in residual.items() if n}
 
 
-def layer_table(cfg, dims, precision: str, threads: int, sizes: Sizes, pieces: list, batches: list,
+def layer_table(build, cfg, dims, precision: str, threads: int, sizes: Sizes, pieces: list, batches: list,
                 quick: bool) -> dict:
     """Every component's timings at one precision and thread count, and what the interpreter adds."""
     dtype = dtype_of(precision)
@@ -176,10 +176,10 @@ def layer_table(cfg, dims, precision: str, threads: int, sizes: Sizes, pieces: l
              "embedding": embedding_points(dims, dtype, sizes), "mask": mask_points(dtype, sizes),
              "copy": copy_points(sizes), "head": head_points(cfg, dims, dtype, pieces, sizes),
              "overhead": {"micro_step_ms": micro_step_ms(batches[0], sizes)}}
-    opt = calibrate_ranks.optimizer_points(cfg, dims, precision, threads, quick)
+    opt = calibrate_ranks.optimizer_points(build, cfg, dims, precision, threads, quick)
     table["optimizer"], table["overhead"]["backward_ms"] = opt["points"], opt["backward_ms"]
     _say(f"{precision}, {threads} thread(s): the interpreter on one rank")
-    runs = calibrate_ranks.interpreter_runs(cfg, dims, precision, threads, batches, sizes.settings)
+    runs = calibrate_ranks.interpreter_runs(build, cfg, dims, precision, threads, batches, sizes.settings)
     table["interpreter_runs"] = runs
     table["overhead"]["instruction_ms"] = interpreter_overhead(table, dims, precision, threads, batches, runs)
     return table
@@ -203,13 +203,17 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
                          min_batch=cfg.data.min_batch_sentences)
     batches = [stream.next() for _ in range(sizes.interpreter_batches)]
     layers: dict = {"model": dims.describe()}
-    for precision in ("bf16", "fp32"):
-        layers[precision] = {str(threads): layer_table(cfg, dims, precision, threads, sizes, pieces, batches, quick)
-                             for threads in sizes.threads}
+    build = calibrate_ranks.world_of_one(cfg)  # DeepSpeed's step and the interpreter, built as a run builds them
+    try:
+        for precision in ("bf16", "fp32"):
+            layers[precision] = {str(threads): layer_table(build, cfg, dims, precision, threads, sizes, pieces,
+                                                           batches, quick) for threads in sizes.threads}
+    finally:
+        build.close()
     torch.set_num_threads(threads_before)
     _say("two ranks at once (contention) and gloo transfers")
     contention = {p: calibrate_ranks.contention(cfg, dims, p, quick) for p in ("bf16", "fp32")}
-    transfers = {"gloo": calibrate_ranks.transfers(quick)}
+    transfers = {"gloo": calibrate_ranks.transfers(cfg, quick)}
     load_after = os.getloadavg()
     name = tuning.cpu_name()
     profile = {

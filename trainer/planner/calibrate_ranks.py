@@ -1,5 +1,6 @@
-"""The parts of the calibration that need more than the bare layers: DeepSpeed's optimizer step (a
-world of one in this process), the slowdown of a component while a second process computes (a
+"""The parts of the calibration that need more than the bare layers: DeepSpeed's optimizer step and the
+schedule's interpreter (a world of one in this process, built by trainer.training.build.Build as a run is:
+`world_of_one`, closed by the caller), the slowdown of a component while a second process computes (a
 spawned background process), and gloo transfers between two ranks (two spawned processes talking
 through ParallelRuntime's verbs, as the trainer does)."""
 from __future__ import annotations
@@ -17,22 +18,23 @@ from trainer.planner.timing import dtype_of, timed_ms
 COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer", "step")
 PHASES = 3  # contention: alone, then beside a second process, in turn this many times
 STEP_ROWS, STEP_LEN = 64, 12  # "step": a whole training step of the model on a batch of this many pairs and tokens
-_runtime = None  # this process's world of one, started once
 
 
-def _world_of_one():
-    global _runtime
-    if _runtime is None:
-        from trainer.parallel.layout import LayoutSpec
-        from trainer.parallel.runtime import ParallelRuntime
+def world_of_one(cfg):
+    """This process as a world of one, its runtime started by a trainer.training.build.Build (the one place runs
+    are built): `optimizer_points` and `interpreter_runs` take their engines and runners from it. Close it
+    (`Build.close`) once they are done."""
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.training.build import Build
 
-        _runtime = ParallelRuntime.start(LayoutSpec("single", 1, 1), comm_timeout_s=120)
-    return _runtime
+    build = Build(cfg, _ds_config("bf16"), LayoutSpec("single", 1, 1))
+    build.start_runtime()
+    return build
 
 
 def _ds_config(precision: str) -> dict:
     from trainer.config import REPO_ROOT
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
 
     ds = load_ds_config(os.path.join(REPO_ROOT, "ds_configs", "single.json"), max_steps=1000)
     ds["bf16"] = {"enabled": precision == "bf16"}
@@ -40,13 +42,11 @@ def _ds_config(precision: str) -> dict:
     return ds
 
 
-def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> dict:
-    """DeepSpeed's step (the trainer's engine, clipping on) for modules of several sizes:
-    [[params, tensors, ms]]; and the cost of engine.backward around a trivial autograd call."""
+def optimizer_points(build, cfg, dims, precision: str, threads: int, quick: bool) -> dict:
+    """DeepSpeed's step (the trainer's engine, clipping on, from `build`: world_of_one) for modules of several
+    sizes: [[params, tensors, ms]]; and the cost of engine.backward around a trivial autograd call."""
     from trainer.model.seq2seq import build_model
-    from trainer.parallel import deepspeed_adapter as dsa
 
-    rt = _world_of_one()
     torch.set_num_threads(threads)
     model = build_model(cfg.model, dims.src_vocab, dims.tgt_vocab)
     sets = [model, model.head, model.pairs, model.pairs[0]] if not quick else [model]
@@ -55,7 +55,7 @@ def optimizer_points(cfg, dims, precision: str, threads: int, quick: bool) -> di
     for module in sets:
         module = module if isinstance(module, torch.nn.Module) else torch.nn.ModuleList(module)
         params = [p for p in module.parameters()]
-        engine = dsa.initialize(module, params, _ds_config(precision), rt.grid, rt.stage_sum())
+        engine = build.engine_for(module, params, _ds_config(precision))
 
         def grads():
             for p in engine.module.parameters():
@@ -192,15 +192,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _transfer_rank(rank: int, port: int, sizes: list, reps: int, results) -> None:
+def _transfer_rank(rank: int, port: int, config: dict, sizes: list, reps: int, results) -> None:
+    """One of the two ranks: a runtime started by a Build (the one place runs are built) from the run's `config`."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    from omegaconf import OmegaConf
+
     from trainer.parallel.layout import LayoutSpec
-    from trainer.parallel.runtime import ParallelRuntime
+    from trainer.training.build import Build
 
     try:
-        rt = ParallelRuntime.start(LayoutSpec("hybrid", 2, 1), comm_timeout_s=120)
+        build = Build(OmegaConf.create(config), {}, LayoutSpec("hybrid", 2, 1))
+        rt = build.start_runtime()
         comm = rt.stage_comm(torch.float32)
         peer = 1 - rank
         out = {"p2p": [], "all_reduce": [], "all_reduce_bf16": [], "reduce": [], "broadcast": []}
@@ -239,19 +243,22 @@ def _transfer_rank(rank: int, port: int, sizes: list, reps: int, results) -> Non
                 out[name].append([nbytes, 1000 * sorted(times)[len(times) // 2]])
         if rank == 0:
             results.put(("ok", out))
-        rt.close()
+        build.close()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails with it
         results.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
 
 
-def transfers(quick: bool) -> dict:
+def transfers(cfg, quick: bool) -> dict:
     """p2p [[bytes, one-way ms, sender's posting ms]], all_reduce (fp32) / all_reduce_bf16 / reduce / broadcast
-    [[bytes, ms]]."""
+    [[bytes, ms]], between two ranks started as `cfg`'s run starts them."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(cfg)
     sizes = [1 << 10, 1 << 16] if quick else [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_transfer_rank, args=(r, port, sizes, 3 if quick else 15, results), daemon=True)
+    procs = [ctx.Process(target=_transfer_rank, args=(r, port, config, sizes, 3 if quick else 15, results), daemon=True)
              for r in range(2)]
     for p in procs:
         p.start()
@@ -268,22 +275,16 @@ def transfers(quick: bool) -> dict:
 
 
 # ---- the interpreter itself, one rank ----
-def interpreter_runs(cfg, dims, precision: str, threads: int, batches: list, settings: list) -> list:
-    """Real micro-steps of the trainer's StepRunner on this process's world of one, for each
+def interpreter_runs(build, cfg, dims, precision: str, threads: int, batches: list, settings: list) -> list:
+    """Real micro-steps of the trainer's StepRunner on this process's world of one (`build`: world_of_one), each
     (micro_batches, time_chunks) of `settings`: [{"units", "chunks", "ops": {op: [seconds, count]}}]
     over `batches` (after one warm-up batch). What the interpreter adds to the layers is read off
     these against the layer tables (calibrate.interpreter_overhead)."""
-    import dataclasses
+    from trainer.parallel.layout import LayoutSpec
 
-    from trainer.parallel import deepspeed_adapter as dsa
-    from trainer.parallel.interpreter import StepRunner
-    from trainer.parallel.layout import LayoutSpec, ParallelLayout
-    from trainer.parallel.rank_module import build_rank_module
-
-    rt = _world_of_one()
     torch.set_num_threads(threads)
-    module = build_rank_module(cfg.model, rt.spec, 0, dims.src_vocab, dims.tgt_vocab, cfg.train.seed)
-    engine = dsa.initialize(module, module.optimizer_parameters(), _ds_config(precision), rt.grid, rt.stage_sum())
+    module, engine, _ = build.model_parts({"src_size": dims.src_vocab, "tgt_size": dims.tgt_vocab},
+                                          _ds_config(precision))
     if module.head is not None:  # as the layer tables' head (calibrate.head_points), in the engine's dtype
         from trainer.training import tuning
 
@@ -291,7 +292,7 @@ def interpreter_runs(cfg, dims, precision: str, threads: int, batches: list, set
     out = []
     for units, chunks in settings:
         spec = LayoutSpec("single", 1, 1, micro_batches=units, time_chunks=chunks)
-        runner = StepRunner(dataclasses.replace(rt, layout=ParallelLayout(spec, 0)), engine, module, dims.hidden)
+        runner = build.runner_for(module, engine, spec)
         ops: dict = {}
         for i, batch in enumerate([batches[0], *batches]):
             runner.restart_op_seconds()

@@ -55,8 +55,9 @@ def main(argv=None) -> int:
         if not args.out:
             raise ValueError("--calibrate needs --out PROFILE (the file to write)")
         require_prepared(cfg.data.dir, args.config)  # it times the model on real batches
-        from trainer.ds_config import global_micro_batch, layout_world, load_ds_config
-        from trainer.parallel.layout import LayoutSpec
+        from trainer.ds_config import global_micro_batch
+        from trainer.parallel.deepspeed_json import load_ds_config
+        from trainer.parallel.layout import LayoutSpec, layout_world
 
         ds = load_ds_config(args.deepspeed_config, None)
         spec = LayoutSpec.from_ds_config(ds, layout_world(ds))
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
 
 def _plan(args, cfg) -> int:
     """Rank the layouts for --devices, print them, write the winner's JSON if asked."""
-    from trainer.ds_config import load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
     from trainer.planner import plan
     from trainer.planner.profile import load, resolve
 

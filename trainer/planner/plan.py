@@ -17,8 +17,9 @@ import torch
 
 from data_prep.dataformat import MANIFEST, files
 from trainer.data import BatchStream, ParallelData, read_manifest
-from trainer.ds_config import check_batch, global_micro_batch, layout_world, load_ds_config
-from trainer.parallel.layout import LayoutSpec, group_members
+from trainer.ds_config import check_batch, global_micro_batch
+from trainer.parallel.deepspeed_json import load_ds_config
+from trainer.parallel.layout import LayoutSpec, group_members, layout_world
 from trainer.parallel.simulate import simulate, simulate_shared
 from trainer.planner import profile as profiles
 from trainer.planner.candidates import Candidate, enumerate_layouts

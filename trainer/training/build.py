@@ -11,6 +11,7 @@ config files, and handed to the Trainer by name:
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -20,7 +21,7 @@ from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.resume import RunIdentity
 from trainer.config import schedule_steps
 from trainer.data import BatchStream, Prefetcher, RunData, load_run_data
-from trainer.ds_config import check_batch, global_micro_batch, load_ds_config
+from trainer.ds_config import check_batch, global_micro_batch
 from trainer.metrics import dev_tokenize
 from trainer.model.flops import batch_flops
 from trainer.model.seq2seq import EncoderDecoderLayer
@@ -28,8 +29,9 @@ from trainer.observe.logger import NullLogger, RunLogger
 from trainer.observe.profiling import StepProfiler
 from trainer.observe.timeline import TimelineWriter
 from trainer.parallel import deepspeed_adapter as dsa
+from trainer.parallel.deepspeed_json import load_ds_config
 from trainer.parallel.interpreter import StepRunner
-from trainer.parallel.layout import LayoutSpec
+from trainer.parallel.layout import LayoutSpec, ParallelLayout
 from trainer.parallel.rank_module import RankModule, build_rank_module
 from trainer.parallel.runtime import ParallelRuntime, accelerator_name, launched_world, pin_cores, set_threads
 from trainer.training import auto_layout, faults, start, tuning
@@ -100,15 +102,6 @@ class ModelParts(NamedTuple):
     runner: StepRunner
 
 
-def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> ModelParts:
-    """This rank's layers and head, its DeepSpeed engine and the schedule's interpreter, on a started runtime."""
-    module = build_rank_module(cfg.model, runtime.spec, runtime.layout.stage, vocab["src_size"], vocab["tgt_size"],
-                               cfg.train.seed)
-    engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum(),
-                            runtime.rank_sum())
-    return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
-
-
 def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg, device) -> list[str]:
     """train.stack_layers as it applies, and on CUDA the LSTM weights in cuDNN's flat layout, by the groups their
     calls read (one stack per side where no dropout sits between the layers); not under ZeRO, whose own flat buffer
@@ -151,7 +144,11 @@ def zero_notes(engine, spec: LayoutSpec) -> list[str]:
 
 class Build:
     """Builds one training run: `trainer()` starts the runtime and builds every part. What it started stays here
-    so that the caller can take it down after a failure (`abandon`) or a finished run (`close`)."""
+    so that the caller can take it down after a failure (`abandon`) or a finished run (`close`).
+
+    The parts are built here and nowhere else (tests/test_architecture.py holds it): the calibration
+    (trainer.planner.calibrate_ranks) takes them from a Build too, a world of one: `start_runtime`, then
+    `model_parts`, `engine_for` and `runner_for`, then `close`."""
 
     def __init__(self, cfg, ds: dict, spec: LayoutSpec | auto_layout.AutoRequest, data: RunData | None = None):
         self.cfg, self.ds, self.spec, self.data = cfg, ds, spec, data  # data: loaded here if not given
@@ -160,7 +157,7 @@ class Build:
         self.layout_notes: tuple = ()
 
     def trainer(self) -> Trainer:
-        cfg, rt = self.cfg, self._start_runtime()
+        cfg, rt = self.cfg, self.start_runtime()
         ds = self.ds
         if rt.is_rank0:
             print(rt.describe_device(), flush=True)
@@ -173,7 +170,7 @@ class Build:
         multiple = cfg.data.length_multiple
         train_data = data.train.padded(multiple)
         dev_data = data.dev.padded(multiple) if data.dev is not None else None
-        module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
+        module, engine, self.runner = self.model_parts(manifest["vocab"])
         part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
                       *lstm_weight_notes(module, engine, cfg, rt.device()), *length_notes(multiple),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
@@ -209,10 +206,12 @@ class Build:
                                                                stream=stream, log=log),
                        faults=fault_plan, flops=functools.partial(batch_flops, cfg.model, manifest["vocab"]["tgt_size"]))
 
-    def _start_runtime(self) -> ParallelRuntime:
-        """The runtime of the layout; with parallel_layout auto, of the layout rank 0's planner chose, every rank
-        taking its answer (self.ds and self.spec become the chosen)."""
+    def start_runtime(self) -> ParallelRuntime:
+        """The runtime of the layout, started once (a second call returns it); with parallel_layout auto, of the
+        layout rank 0's planner chose, every rank taking its answer (self.ds and self.spec become the chosen)."""
         cfg = self.cfg
+        if self.runtime is not None:
+            return self.runtime
         if isinstance(self.spec, LayoutSpec):
             self.runtime = ParallelRuntime.start(self.spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
             return self.runtime
@@ -222,6 +221,32 @@ class Build:
         self.ds, self.spec, self.layout_notes = auto_layout.apply(self.ds, choice), spec, choice.lines
         check_layout(cfg, self.ds, spec, "parallel_layout auto")
         return self.runtime
+
+    def model_parts(self, vocab: dict, ds: dict | None = None) -> ModelParts:
+        """This rank's layers and head, its DeepSpeed engine (from this build's JSON, or `ds`) and the schedule's
+        interpreter, on the started runtime."""
+        cfg, rt = self.cfg, self.start_runtime()
+        module = build_rank_module(cfg.model, rt.spec, rt.layout.stage, vocab["src_size"], vocab["tgt_size"],
+                                   cfg.train.seed)
+        engine = self.engine_for(module, module.optimizer_parameters(), ds)
+        return ModelParts(module, engine, self.runner_for(module, engine))
+
+    def engine_for(self, module, parameters, ds: dict | None = None) -> dsa.Engine:
+        """A DeepSpeed engine (through the adapter) for `module` on the started runtime, from this build's JSON or
+        `ds` (the calibration prices DeepSpeed's step for modules of several sizes, in each precision)."""
+        rt = self.start_runtime()
+        return dsa.initialize(module, parameters, self.ds if ds is None else ds, rt.grid, rt.stage_sum(),
+                              rt.rank_sum())
+
+    def runner_for(self, module: RankModule, engine: dsa.Engine, spec: LayoutSpec | None = None) -> StepRunner:
+        """The schedule's interpreter for these parts; `spec`: the runtime's layout with other pipeline units or
+        time chunks (the calibration times several on one engine), the same ranks in the same places."""
+        rt = self.start_runtime()
+        if spec is not None:
+            if (spec.num_pp, spec.num_dp) != (rt.spec.num_pp, rt.spec.num_dp):
+                raise ValueError(f"runner_for: {spec} places the ranks otherwise than the runtime's {rt.spec}")
+            rt = dataclasses.replace(rt, layout=ParallelLayout(spec, rt.rank))
+        return StepRunner(rt, engine, module, self.cfg.model.hidden)
 
     def _open_run_dir(self, checkpointer: Checkpointer, manifest: dict) -> str | None:
         """The checkpoint to resume from (or a new run's checks), once the run's files are written and every rank
@@ -263,3 +288,9 @@ class Build:
             self.runner.sync_head()
         if self.runtime is not None:
             self.runtime.close(together=False)
+
+    def close(self) -> None:
+        """Leave the job with every rank, once what was built is done with (the calibration's world of one)."""
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None

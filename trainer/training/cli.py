@@ -45,7 +45,8 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
     """The checks of a real run (config, DeepSpeed JSON, layout against the model and batch), for the world
     the layout asks for, then every rank's instruction list."""
     from trainer.config import load_config
-    from trainer.ds_config import layout_world, load_ds_config
+    from trainer.parallel.deepspeed_json import load_ds_config
+    from trainer.parallel.layout import layout_world
     from trainer.parallel.schedule import format_schedule, global_programs
     from trainer.training.build import plan
 
@@ -84,5 +85,5 @@ def train_main(config_path, overrides, ds_config_path) -> int:
             _lost_peer_exit(e, cfg, build.runtime)
         build.abandon()
         raise
-    build.runtime.close()
+    build.close()
     return 0
