@@ -46,6 +46,7 @@ def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, Layo
     ds = load_ds_config(ds_config_path, schedule_steps(cfg.train),
                         "train.schedule_steps" if cfg.train.schedule_steps else "train.max_steps")
     world = launched_world()[1] if world is None else world
+    tuning.check_cuda_graphs(cfg.train.cuda_graphs, accelerator_name()[0])
     if auto_layout.requested(ds):
         return ds, auto_layout.check(cfg, ds, world, *accelerator_name())
     spec = LayoutSpec.from_ds_config(ds, world)
@@ -106,7 +107,8 @@ def build_model_parts(cfg, ds: dict, runtime: ParallelRuntime, vocab: dict) -> M
                                cfg.train.seed)
     engine = dsa.initialize(module, module.optimizer_parameters(), ds, runtime.grid, runtime.stage_sum(),
                             runtime.rank_sum())
-    return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden))
+    graphs = tuning.graph_cache(cfg.train.cuda_graphs, runtime.device(), runtime.rank)
+    return ModelParts(module, engine, StepRunner(runtime, engine, module, cfg.model.hidden, graphs))
 
 
 def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg, device) -> list[str]:
@@ -175,6 +177,7 @@ class Build:
         dev_data = data.dev.padded(multiple) if data.dev is not None else None
         module, engine, self.runner = build_model_parts(cfg, ds, rt, manifest["vocab"])
         part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
+                      *tuning.graph_notes(cfg.train.cuda_graphs, rt.device()),
                       *lstm_weight_notes(module, engine, cfg, rt.device()), *length_notes(multiple),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
