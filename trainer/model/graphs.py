@@ -113,7 +113,8 @@ class _Slot:
         self.differentiable = differentiable
         self.inputs = tuple(x.detach().clone().requires_grad_(d) for x, d in zip(inputs, differentiable))
         self.busy = False
-        self.live: tuple = ()
+        self.live: tuple = ()  # the outputs the backward differentiates: the capture's (CUDA), the last replay's (CPU)
+        self.grad_outputs: tuple = ()  # the static output gradients (none yet: zeros at the warm-up)
         pool = backend.pool()
         backend.warm(lambda: self._backward_thunk(self._forward_thunk()))
         self.forward, outs = backend.capture(self._forward_thunk, pool)
@@ -129,9 +130,9 @@ class _Slot:
 
     def _backward_thunk(self, outs: tuple) -> tuple:
         """Gradients of the differentiable inputs and of the parameters (None where unused), given
-        `grad_outputs` (zeros at warm-up)."""
-        pairs = [(o, g if g is not None else torch.zeros_like(o)) for o, g in
-                 zip(outs, getattr(self, "grad_outputs", (None,) * len(outs))) if o.requires_grad]
+        `grad_outputs`."""
+        given = self.grad_outputs or (None,) * len(outs)
+        pairs = [(o, g if g is not None else torch.zeros_like(o)) for o, g in zip(outs, given) if o.requires_grad]
         wrt = [x for x in self.inputs if x.requires_grad] + list(self.params)
         if not pairs:
             return (None,) * len(wrt)
