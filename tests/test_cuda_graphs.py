@@ -19,9 +19,9 @@ TOL = 2e-6
 HYBRID = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 3, "time_chunks": 2}
 
 
-def _job(workers, tiny_data, tmp_path, name, world, layout, graphs, dropout=0.2, **kw):
+def _job(workers, tiny_data, tmp_path, name, world, layout, graphs, dropout=0.2, bf16=False, **kw):
     overrides = [f"data.dir={tiny_data}", *MODEL, f"model.dropout={dropout}"]
-    ds = _ds(13, layout)
+    ds = _ds(13, layout, bf16=bf16)
     if graphs:
         out = workers.run(world, graphed_steps, overrides, ds, str(tmp_path / name), 2, kw.get("prove", False),
                           kw.get("skew", 0.0))
@@ -43,10 +43,11 @@ def _same_step(ref, got, label, tol=TOL):
     assert worst < tol, f"{label}: max parameter difference {worst:.3g}"
 
 
-def test_the_replayed_step_equals_the_eager_step_in_one_process(workers, tiny_data, tmp_path):
-    eager = _job(workers, tiny_data, tmp_path, "eager", 1, {"mode": "single"}, False)
-    replayed = _job(workers, tiny_data, tmp_path, "graphs", 1, {"mode": "single"}, True)
-    _same_step(eager, replayed, "single, dropout 0.2")
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_the_replayed_step_equals_the_eager_step_in_one_process(workers, tiny_data, tmp_path, bf16):
+    eager = _job(workers, tiny_data, tmp_path, "eager", 1, {"mode": "single"}, False, bf16=bf16)
+    replayed = _job(workers, tiny_data, tmp_path, "graphs", 1, {"mode": "single"}, True, bf16=bf16)
+    _same_step(eager, replayed, f"single, dropout 0.2, {'bf16' if bf16 else 'fp32'}")  # the same operations: equal
     stats = replayed[0][0]["stats"]
     assert stats["captured"] >= 2 and stats["replays"] >= 4 and stats["eager"] == 0  # decoder and head, 2 steps
 
@@ -163,6 +164,16 @@ def test_given_masks_are_the_masks_keyed_dropout_draws():
     torch.testing.assert_close(drop(x, given), drop(x, at))
     with pytest.raises(ValueError, match="site 9"):
         given.mask(9, "tgt", 0.3, 3, 5, 8, x.dtype)
+
+
+def test_without_a_cache_the_runner_adds_no_columns():
+    from types import SimpleNamespace
+
+    from trainer.parallel.interpreter import StepRunner
+
+    assert StepRunner.graph_counts(SimpleNamespace(graphs=None)) == {}  # train.cuda_graphs=off changes nothing
+    cache = GraphCache(RecordingBackend())
+    assert StepRunner.graph_counts(SimpleNamespace(graphs=cache)) == {"cuda_graphs": 0, "cuda_graphs_mib": 0.0}
 
 
 # ---- the key ----
