@@ -46,7 +46,8 @@ def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, Layo
     ds = load_ds_config(ds_config_path, schedule_steps(cfg.train),
                         "train.schedule_steps" if cfg.train.schedule_steps else "train.max_steps")
     world = launched_world()[1] if world is None else world
-    tuning.check_cuda_graphs(cfg.train.cuda_graphs, accelerator_name()[0])
+    if cfg.train.cuda_graphs == "on":  # (the device asked only then: nothing else here starts CUDA)
+        tuning.check_cuda_graphs(cfg.train.cuda_graphs, accelerator_name()[0])
     if auto_layout.requested(ds):
         return ds, auto_layout.check(cfg, ds, world, *accelerator_name())
     spec = LayoutSpec.from_ds_config(ds, world)
