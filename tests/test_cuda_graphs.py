@@ -60,8 +60,8 @@ def test_the_replayed_step_equals_the_eager_step_in_a_2_rank_hybrid(workers, tin
     assert all(r["stats"]["replays"] > 0 for r in replayed[0])
     assert max(r["stats"]["captured"] for r in replayed[0]) > 2  # more than one slot for a shape in flight
     columns = replayed[0][0]["columns"]  # a logged row's: the sum over the ranks, and each rank's
-    assert columns["cuda_graphs"] == sum(r["stats"]["captured"] for r in replayed[0]) and columns["cuda_graphs_mib"] == 0
-    assert columns["rank1/cuda_graphs"] == replayed[0][1]["stats"]["captured"]
+    assert columns["cuda_graphs"] == sum(r["stats"]["held"] for r in replayed[0]) and columns["cuda_graphs_mib"] == 0
+    assert columns["rank1/cuda_graphs"] == replayed[0][1]["stats"]["held"] > 0
     end = replayed[0][0]["end_lines"]  # rank 0 logs every rank's line
     assert [line.split(":")[0] for line in end] == ["rank 0", "rank 1"] and all("replays" in line for line in end)
     assert replayed[0][1]["end_lines"] == []
@@ -76,6 +76,7 @@ def test_auto_proves_each_shape_and_falls_back_for_good_on_a_mismatch(workers, t
     _same_step(eager, skewed, "auto after its fallback")  # the mismatching call itself ran eagerly
     out = skewed[0][0]
     assert out["stats"]["fallbacks"] == 1 and out["stats"]["eager"] > 0 and out["stats"]["replays"] == 0
+    assert out["stats"]["held"] == 0  # the failed proof's graphs let go
     assert len(out["lines"]) == 1 and "eager from now on" in out["lines"][0]
 
 
@@ -152,7 +153,7 @@ def test_a_parameter_on_new_storage_is_recaptured():
     lin.weight.data = lin.weight.data.clone() * 2  # what a loaded checkpoint or a reshard does
     y, _ = _linear_call(cache, lin, x, mask)
     torch.testing.assert_close(y.detach(), lin(x).detach())
-    assert cache.stats.recaptures == 1 and cache.stats.captured == 1
+    assert cache.stats.recaptures == 1 and cache.stats.captured == 2 and cache.stats.held == 1
 
 
 def test_given_masks_are_the_masks_keyed_dropout_draws():
@@ -213,4 +214,4 @@ def test_real_cuda_graphs_replay_the_eager_call():
         (y * g).sum().backward()
         for got, want in zip((y, x.grad, lin.weight.grad), ref):
             torch.testing.assert_close(got.detach(), want)
-    assert cache.stats.fallbacks == 0 and cache.stats.replays == 3 and cache.stats.memory_bytes > 0
+    assert cache.stats.fallbacks == 0 and cache.stats.replays == 3 and cache.stats.held_bytes > 0

@@ -96,13 +96,14 @@ def default_backend():
 
 @dataclass
 class GraphStats:
-    captured: int = 0  # slots captured (each a forward graph and a backward graph)
+    captured: int = 0  # slots captured over the run (each a forward graph and a backward graph)
+    held: int = 0  # slots held now (what the cap counts; dropped ones and a fallback's are let go)
+    held_bytes: int = 0  # device memory reserved while capturing the held slots (0 on the CPU stand-in)
     replays: int = 0  # calls replayed
     eager: int = 0  # calls run eagerly because of the cap or a fallback
     fallbacks: int = 0  # proofs that failed (the cache is off after the first)
     proved: int = 0  # shapes proved equal to eager
     recaptures: int = 0  # shapes dropped because a parameter's storage changed
-    memory_bytes: int = 0  # device memory reserved while capturing (0 on the CPU stand-in)
 
 
 class _Slot:
@@ -113,6 +114,7 @@ class _Slot:
         self.differentiable = differentiable
         self.inputs = tuple(x.detach().clone().requires_grad_(d) for x, d in zip(inputs, differentiable))
         self.busy = False
+        self.bytes = 0  # device memory reserved while capturing it (GraphCache sets it)
         self.live: tuple = ()  # the outputs the backward differentiates: the capture's (CUDA), the last replay's (CPU)
         self.grad_outputs: tuple = ()  # the static output gradients (none yet: zeros at the warm-up)
         pool = backend.pool()
@@ -149,8 +151,12 @@ class _Slot:
         """Gradients copied out: of every input (None where not differentiable) and of every parameter."""
         with torch.no_grad():
             for s, g in zip(self.grad_outputs, grads):
-                if s is not None:
-                    s.copy_(g) if g is not None else s.zero_()
+                if s is None:
+                    continue
+                if g is None:  # (autograd materialises them; a direct caller may not)
+                    s.zero_()
+                else:
+                    s.copy_(g)
         self.backward()
         out = [g.clone() if g is not None else None for g in self.grads]
         n = sum(self.differentiable)
@@ -192,7 +198,8 @@ def _key(name: str, inputs: tuple, differentiable: tuple, bucket) -> tuple:
 
 
 def rel_diff(got: torch.Tensor | None, ref: torch.Tensor | None) -> float:
-    """max |got - ref| / max(max |ref|, 1), in fp32 (None: no gradient, the same as zeros)."""
+    """max |got - ref| / max |ref| (the reference's largest element; absolute where it is all zeros), in fp32 (None:
+    no gradient, the same as zeros)."""
     if got is None and ref is None:
         return 0.0
     if got is None or ref is None:
@@ -203,7 +210,7 @@ def rel_diff(got: torch.Tensor | None, ref: torch.Tensor | None) -> float:
         return float("inf")
     if not ref.numel():
         return 0.0
-    return float((got - ref).abs().max()) / max(float(ref.abs().max()), 1.0)
+    return float((got - ref).abs().max()) / (float(ref.abs().max()) or 1.0)
 
 
 class GraphCache:
@@ -227,6 +234,7 @@ class GraphCache:
         entry = self.entries.get(key)
         if entry is not None and entry.storage != _storage(params):
             self._drop(key)
+            self.stats.recaptures += 1
             entry = None
         if entry is None:
             entry = self.entries[key] = _Entry(_storage(params))
@@ -234,7 +242,7 @@ class GraphCache:
                 return self._eager(fn, inputs)
         slot = next((s for s in entry.slots if not s.busy), None)
         if slot is None:
-            if self.stats.captured >= self.cap:
+            if self.stats.held >= self.cap:
                 return self._at_cap(fn, inputs)
             slot = self._capture(fn, inputs, differentiable, params)
             entry.slots.append(slot)
@@ -255,15 +263,17 @@ class GraphCache:
     def _capture(self, fn: Callable, inputs: tuple, differentiable: tuple, params: list) -> _Slot:
         before = self.backend.reserved_bytes()
         slot = _Slot(self.backend, fn, inputs, differentiable, params)
-        self.stats.memory_bytes += max(self.backend.reserved_bytes() - before, 0)
+        slot.bytes = max(self.backend.reserved_bytes() - before, 0)
         self.stats.captured += 1
+        self.stats.held += 1
+        self.stats.held_bytes += slot.bytes
         return slot
 
     def _drop(self, key: tuple) -> None:
-        """A shape whose graphs read a parameter's old storage: forget them (their memory goes with them)."""
+        """Forget a shape's graphs (their memory goes with them): they read a parameter's old storage."""
         entry = self.entries.pop(key)
-        self.stats.captured -= len(entry.slots)
-        self.stats.recaptures += 1
+        self.stats.held -= len(entry.slots)
+        self.stats.held_bytes -= sum(s.bytes for s in entry.slots)
 
     def _proved(self, entry: _Entry, fn: Callable, inputs: tuple, differentiable: tuple, params: list,
                 name: str) -> bool:
@@ -290,6 +300,8 @@ class GraphCache:
         if where:
             self.stats.fallbacks += 1
             self.off = where
+            for key in list(self.entries):  # eager from now on: no graph is needed any more
+                self._drop(key)
             self.say(f"cuda_graphs=auto: a replayed {where} from eager; eager from now on")
             return False
         self.stats.proved += 1
@@ -304,8 +316,8 @@ class GraphCache:
     def summary(self) -> str:
         st = self.stats
         state = f"off ({self.off})" if self.off else "on"
-        return (f"cuda_graphs ({self.backend.name}): {st.captured} captured ({st.memory_bytes / 2 ** 20:.1f} MiB), "
-                f"{st.replays} replays, {st.proved} shapes proved, {st.fallbacks} fallbacks, {st.eager} eager calls, "
+        return (f"cuda_graphs ({self.backend.name}): {st.held} held ({st.held_bytes / 2 ** 20:.1f} MiB), "
+                f"{st.captured} captured in all, {st.replays} replays, {st.proved} shapes proved, {st.fallbacks} fallbacks, {st.eager} eager calls, "
                 f"{st.recaptures} recaptures; {state}")
 
 

@@ -472,11 +472,12 @@ class StepRunner:
         return head(enc, rows.src_mask, dec, rows.tgt_out, positions, masks)
 
     def graph_counts(self) -> dict:
-        """Metrics columns of train.cuda_graphs on this rank: graphs captured and their memory ({} when off)."""
+        """Metrics columns of train.cuda_graphs on this rank: the graphs held (slots: a forward and a backward each)
+        and their memory ({} when off)."""
         if self.graphs is None:
             return {}
         st = self.graphs.stats
-        return {"cuda_graphs": st.captured, "cuda_graphs_mib": round(st.memory_bytes / 2 ** 20, 3)}
+        return {"cuda_graphs": st.held, "cuda_graphs_mib": round(st.held_bytes / 2 ** 20, 3)}
 
     def _place_grads(self, rows: tuple[int, int], t0: int, enc_grad, dec_grad) -> None:
         """Last stage: gradients w.r.t. the top outputs of a piece (its rows, its target positions from
