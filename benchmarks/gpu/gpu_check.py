@@ -52,8 +52,8 @@ Stages, in order (the most wanted first: a deadline cuts the end):
     shipped estimates and from planner_profile.json, beside the patent run's measured step.
 The summary ends with the goals of the device-paced step (gpu_report.goals): met, not met, or not measured.
 
-`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus (compile on cuda
-only), so the script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with
+`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus (compile and
+graphs_stack on cuda only; graphs with train.cuda_graphs=auto, which is eager on a CPU), so the script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with
 a run killed by its timeout, and in the device's Python with the carried wheels: gpu_rehearsal.sh).
 """
 from __future__ import annotations
@@ -287,7 +287,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--deadline-s", type=float, default=None, help="the whole check (default 300 on cuda, 900 on cpu)")
     p.add_argument("--run-timeout-s", type=int, default=None, help="each training run (default 90 on cuda, 240 on cpu)")
     p.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(STAGES)} (default: all; compile "
-                                                 f"on cuda only)")
+                                                 f"and graphs_stack on cuda only)")
     p.add_argument("--runs", default="", help="comma-separated names of the `runs` stage to do (default: all)")
     p.add_argument("--prepare-only", action="store_true", help="prepare the DATA_DIRs into --work and stop")
     args = p.parse_args(argv)
