@@ -50,6 +50,42 @@ def early_reduce_points(overrides: list[str], ds: dict, work: str, steps: int) -
     return {**_finish(trainer, rows), "points": points}
 
 
+def graphed_steps(overrides: list[str], ds: dict, work: str, steps: int, prove: bool = False,
+                  skew: float = 0.0) -> dict:
+    """As `train_steps`, with train.cuda_graphs' cache on the CPU stand-in backend forced into the runner (`prove`:
+    as auto; `skew`: added to every replayed forward output, a backend that computes something else). Also the
+    cache's counts, the lines it said, a logged row's columns of it and the run's end lines."""
+    import dataclasses
+
+    from trainer.model.graphs import GraphCache
+
+    trainer = _trainer(overrides, ds, work)
+    lines: list = []
+    trainer.runner.graphs = GraphCache(SkewedBackend(skew), prove=prove, say=lines.append)
+    rows = [trainer.train_step() for _ in range(steps)]
+    stats = dataclasses.asdict(trainer.runner.graphs.stats)
+    columns, end_lines = trainer.watch.rank_stats(), trainer.watch.graph_lines()  # collectives: every rank
+    return {**_finish(trainer, rows), "stats": stats, "lines": lines, "columns": columns, "end_lines": end_lines}
+
+
+class SkewedBackend:
+    """The CPU stand-in, its replayed forward outputs shifted by `skew` (0: the stand-in itself)."""
+
+    def __new__(cls, skew: float):
+        from trainer.model.graphs import RecordingBackend
+
+        class Skewed(RecordingBackend):
+            def capture(self, thunk, pool):
+                replay, static = super().capture(thunk, pool)
+
+                def skewed() -> None:
+                    replay()
+                    if skew and static and static[0] is not None and static[0].requires_grad:  # the forward
+                        static[0].detach().add_(skew)
+                return skewed, static
+        return Skewed()
+
+
 def _finish(trainer, rows: list) -> dict:
     """Close the trainer's run (its run.dir lock too, so that the next job may resume from it) and return `rows`
     with, from replica 0, this rank's parameters by global name."""

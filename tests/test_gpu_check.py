@@ -310,9 +310,17 @@ def test_speed_runs_are_neither_profiled_nor_logged_to_wandb_which_runs_last():
     order = [gpu_check.STAGES.index(s) for s in ("runs", "anchor", "profiled", "scan", "short", "resume", "compile")]
     assert gpu_check.STAGES.index("wandb") > max(order) and gpu_check.STAGES.index("profiled") > order[0]
     assert gpu_check.STAGES[-1] == "planner"  # host CPU only: what the deadline may cut, done here from OUT
-    assert gpu_check.STAGES.index("graphs") < gpu_check.STAGES.index("runs")  # seconds, and the next step's question
-    assert "graphs" not in gpu_check.parse_args(["--device", "cpu"]).stages  # cuda only, as compile
-    assert "graphs" in gpu_check.parse_args(["--device", "cuda"]).stages
+    assert gpu_check.STAGES.index("graphs_stack") < gpu_check.STAGES.index("runs")  # seconds, and the next question
+    assert "graphs_stack" not in gpu_check.parse_args(["--device", "cpu"]).stages  # cuda only, as compile
+    assert "graphs_stack" in gpu_check.parse_args(["--device", "cuda"]).stages
+    # train.cuda_graphs on against off: after the runs it is compared with, rehearsed on the CPU too
+    assert gpu_check.STAGES.index("runs") < gpu_check.STAGES.index("graphs") < gpu_check.STAGES.index("profiled")
+    assert "graphs" in gpu_check.parse_args(["--device", "cpu"]).stages
+    pair = plan["graphs"]
+    assert [s["extra"] for s in pair] == [("train.cuda_graphs=off",), ("train.cuda_graphs=on",)]
+    assert all(s["model"] == "patent" and s["precision"] == "bf16" for s in pair)
+    g = sizes["graphs"]
+    assert (g["steps"] - g["warmup"]) * (1 - 1 / g["log_every"]) >= 100  # steady steps in both runs
     # steady state: at least 100 unlogged steps after the warm-up, in the runs and in the scan
     assert (sizes["steps"] - sizes["warmup"]) * (1 - 1 / sizes["log_every"]) >= 100 <= sizes["gate_min_steps"]
     assert (sizes["scan_steps"] - sizes["scan_warmup"]) * (1 - 1 / sizes["scan_log_every"]) >= 100
@@ -422,6 +430,32 @@ def test_every_module_the_check_imports_exists():
     assert names, "the check's import list was not found"
     for name in names:
         assert importlib.util.find_spec(name) is not None, f"gpu_check.sh imports {name}, which does not exist"
+
+
+def test_the_graphs_gate_compares_every_logged_step_and_wants_graphs_on_cuda():
+    from benchmarks.gpu.gpu_gates import graphs_gate
+
+    off = [{"step": s, "loss": 5.0 - s / 10, "grad_norm": 1.0} for s in (1, 10, 20)]
+    on = [{**r, "cuda_graphs": 6, "cuda_graphs_mib": 40.0} for r in off]
+    assert graphs_gate(off, on, "bf16")["ok"] and graphs_gate(off, on, "bf16")["captured"] == 6
+    assert not graphs_gate(off, [{**r, "cuda_graphs": 0} for r in on], "bf16")["ok"]  # nothing captured
+    assert graphs_gate(off, [{**r, "cuda_graphs": 0} for r in on], "bf16", need_graphs=False)["ok"]  # a CPU
+    drifted = [{**r, "grad_norm": 1.05} if r["step"] == 20 else r for r in on]
+    gate = graphs_gate(off, drifted, "bf16")
+    assert not gate["ok"] and gate["max_rel_diff"]["grad_norm"] == pytest.approx(0.05)
+    assert not graphs_gate(off[:1], on[:1], "bf16")["ok"]  # one step compares nothing over the run
+
+
+@pytest.mark.slow
+def test_the_graphs_stage_rehearses_on_the_cpu(tmp_path, prepared):
+    """The stage's two runs (off, and auto: eager on a CPU), its gate and its steady ms per step, through the CLI."""
+    out = tmp_path / "out"
+    proc = run_cli([sys.executable, "-m", "benchmarks.gpu.gpu_check", "--device", "cpu", "--stages", "data,graphs",
+                    "--work", str(tmp_path / "work"), "--data-root", str(prepared), "--out", str(out)], timeout=900)
+    assert "all checks passed" in proc.stdout, proc.stdout[-3000:]
+    graphs = json.loads((out / "gpu_check.json").read_text())["graphs"]
+    assert graphs["ok"] and graphs["steps"] == [1, 2, 4, 6] and graphs["setting"] == "auto"
+    assert graphs["max_rel_diff"]["loss"] == 0 and graphs["step_ms_off"] > 0 and graphs["step_ms_on"] > 0
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="CUDA graphs need CUDA")

@@ -112,6 +112,10 @@ class TrainConfig:
                                      "off elsewhere: docs/gpu.md)")
     tf32: bool = _key(False, "on a CUDA GPU, fp32 matmuls and cuDNN (the LSTMs) in TF32 (10-bit mantissa, "
                              "several times faster); false: true fp32. Said at start; bf16/fp16 are not affected")
+    cuda_graphs: str = _key("off", "CUDA graphs of the step per batch shape (the decoder stack and the head's loss, "
+                                   "forward and backward; docs/gpu.md): on | auto (on CUDA, each new shape first "
+                                   "proved equal to eager, else eager for good; eager elsewhere) | off. on without "
+                                   "CUDA is refused. Not yet run on a GPU")
     compile_head: bool = _key(False, "torch.compile the attention-softmax head's forward (dynamic shapes)")
     count_ops: bool = _key(False, "the train.profile_steps window counts operator launches and would-be device "
                                   "syncs per step (by place) instead of running torch.profiler")
@@ -170,6 +174,7 @@ _CHOICES = {
     "train.loss_projection": ("auto", "chunked", "whole"),
     "train.pin_cores": ("auto", "on", "off"),
     "train.stack_layers": ("auto", "on", "off"),
+    "train.cuda_graphs": ("auto", "on", "off"),
     "decode.bleu_tokenize": TOKENIZE_CHOICES,
     "data.verify": ("ids", "checksums", "full", "none"),
     "train.resume_schedule": ("keep", "stretch"),

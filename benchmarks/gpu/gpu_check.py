@@ -21,7 +21,7 @@ Stages, in order (the most wanted first: a deadline cuts the end):
  3. placement: the trainer computes on the requested device; a model step there against the CPU (fp32, TF32 off);
  4. profile: GEMM and LSTM TFLOP/s by precision at our shapes, copy rates, datasheet peaks -> device_profile.json;
  5. latency: the planner's latencies at patent length -> OUT/planner_profile.json (gpu_patent.py);
- 6. graphs (cuda only): the decoder stack's forward and backward at the patent run's shapes, eager against
+ 6. graphs_stack (cuda only): the decoder stack's forward and backward at the patent run's shapes, eager against
     replayed as CUDA graphs (gpu_graphs.py: would graphs take the host off the LSTM's step?);
  7. runs, through the real CLI (`python launch/train.py`, one process): the paper-size model (4+4 LSTM layers of
     1024, 32k joint BPE) at patent length (sentences 4x as long, no dropout) in bf16 at 128 pairs (the goal: 2x the
@@ -32,6 +32,9 @@ Stages, in order (the most wanted first: a deadline cuts the end):
  8. anchor: the minimal PyTorch program for the same model (gpu_anchor.py: nn.LSTM per side, autocast bf16, fused
     Adam) on the same data and batches, after our run of that data, batch and precision (patent at 128 pairs, the
     scan's largest batch, enja-small);
+ 8b. graphs: the patent bf16 run with train.cuda_graphs on against off (the same seed and batches; on the CPU
+    rehearsal `auto`, which is eager there: only the plumbing is rehearsed), its gate (gpu_gates.graphs_gate: every
+    logged loss and grad norm within bf16's tolerance, graphs captured) and both runs' steady ms per step;
  9. profiled: patent bf16 profiled in the steady state (steps 121-123: the device busy fraction, the union of
     its kernels over the wall), a run of its own (and, late, enja-small bf16 early, as the first check did);
 10. shared_gpu: a 2-rank hybrid (2 stages, 2 units, 2 time chunks) with both ranks on the one GPU (gloo,
@@ -49,8 +52,8 @@ Stages, in order (the most wanted first: a deadline cuts the end):
     shipped estimates and from planner_profile.json, beside the patent run's measured step.
 The summary ends with the goals of the device-paced step (gpu_report.goals): met, not met, or not measured.
 
-`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus (compile on cuda
-only), so the script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with
+`--device cpu` (or GPU_CHECK_DEVICE=cpu) runs the same stages at tiny sizes on the demo corpus (compile and
+graphs_stack on cuda only; graphs with train.cuda_graphs=auto, which is eager on a CPU), so the script itself is tested without a GPU (tests/test_gpu_check.py, also with MeCab not importable, with
 a run killed by its timeout, and in the device's Python with the carried wheels: gpu_rehearsal.sh).
 """
 from __future__ import annotations
@@ -68,7 +71,7 @@ from pathlib import Path
 from benchmarks.common import REPO
 from benchmarks.gpu import gpu_graphs, gpu_patent
 from benchmarks.gpu import gpu_profile
-from benchmarks.gpu.gpu_gates import compiled_eager_pair, training_gates
+from benchmarks.gpu.gpu_gates import compiled_eager_pair, graphs_gate, training_gates
 from benchmarks.gpu.gpu_report import add_mfu, goals, print_table
 from benchmarks.gpu.gpu_runs import log, mecab_importable, pack_runs, portability, run_group, train_run
 from data_prep.dataformat import MANIFEST
@@ -89,6 +92,7 @@ SIZES = {
         "profile_from": 5, "patent_profile_from": 120, "dev_sentences": 16, "reps": 20,
         "copy_mib": 1024, "patent_repeat": 4, "planner_overrides": [], "planner_steps": 2, "planner_timeout": 150,
         "compile": {"hidden": 256, "vocab": 8000},
+        "graphs": {"steps": 160, "log_every": 10, "warmup": 40, "setting": "on"},  # 108 steady steps each
         "gemm": [(2048, 4096, 1024), (128, 4096, 1024), (2048, 32000, 1024), (8192, 8192, 8192)],
         "lstm": [(64, 16, 256, 256), (128, 16, 1024, 1024), (128, 32, 1024, 1024), (128, 64, 1024, 1024)],
     },
@@ -103,12 +107,13 @@ SIZES = {
         "copy_mib": 16, "patent_repeat": 2, "planner_steps": 1, "planner_timeout": 400,
         "planner_overrides": ["model.emb_dim=32", "model.hidden=32", "data.min_batch_sentences=8"],
         "compile": {"hidden": 16, "vocab": 100},
+        "graphs": {"steps": 6, "log_every": 2, "warmup": 2, "setting": "auto"},  # auto: eager on a CPU (on is refused)
         "gemm": [(128, 512, 128), (16, 512, 128), (128, 1000, 128), (256, 256, 256)],
         "lstm": [(8, 8, 16, 16), (16, 8, 32, 32)],
     },
 }
-STAGES = ("environment", "data", "placement", "profile", "latency", "graphs", "runs", "anchor", "profiled", "shared_gpu",
-          "compile", "scan", "short", "resume", "portability", "wandb", "planner")
+STAGES = ("environment", "data", "placement", "profile", "latency", "graphs_stack", "runs", "anchor", "graphs", "profiled",
+          "shared_gpu", "compile", "scan", "short", "resume", "portability", "wandb", "planner")
 SHARED_STEPS = 8  # the 2-rank hybrid on one GPU and its single-process twin, every step logged
 SHARED_TOLERANCE = 1e-3  # relative, of each step's loss and grad norm (fp32, TF32 off; cuDNN's own order)
 
@@ -282,11 +287,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--deadline-s", type=float, default=None, help="the whole check (default 300 on cuda, 900 on cpu)")
     p.add_argument("--run-timeout-s", type=int, default=None, help="each training run (default 90 on cuda, 240 on cpu)")
     p.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(STAGES)} (default: all; compile "
-                                                 f"on cuda only)")
+                                                 f"and graphs_stack on cuda only)")
     p.add_argument("--runs", default="", help="comma-separated names of the `runs` stage to do (default: all)")
     p.add_argument("--prepare-only", action="store_true", help="prepare the DATA_DIRs into --work and stop")
     args = p.parse_args(argv)
-    default = [s for s in STAGES if s not in ("compile", "graphs") or args.device == "cuda"]
+    default = [s for s in STAGES if s not in ("compile", "graphs_stack") or args.device == "cuda"]
     args.stages = set(args.stages.split(",")) if args.stages else set(default)
     if args.stages - set(STAGES):
         p.error(f"--stages: unknown {sorted(args.stages - set(STAGES))} (of {', '.join(STAGES)})")
@@ -353,7 +358,11 @@ def run_plan(sizes: dict) -> dict[str, list[dict]]:
     shared = [spec("enja-small", "fp32", f"enja-small_fp32_{name}", steps=SHARED_STEPS, log_every=1, warmup=1,
                    layout=layout) for name, layout in (("single", None), ("hybrid2_shared", {
                        "mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 2}))]
-    return {"runs": runs, "short": short, "scan": scan, "profiled": profiled, "anchor": anchors, "shared_gpu": shared}
+    g = sizes["graphs"]
+    graphs = [spec("patent", "bf16", f"patent_bf16_graphs_{setting}", steps=g["steps"], log_every=g["log_every"],
+                   warmup=g["warmup"], extra=(f"train.cuda_graphs={setting}",)) for setting in ("off", g["setting"])]
+    return {"runs": runs, "short": short, "scan": scan, "profiled": profiled, "anchor": anchors, "shared_gpu": shared,
+            "graphs": graphs}
 
 
 class GpuCheck:
@@ -391,8 +400,8 @@ class GpuCheck:
                 args.device, self.sizes, args.out), 120)
         if "latency" in args.stages and self.profile:
             self.latency = report["latency"] = check.stage("latency", self.latencies, 90, need=10)
-        if "graphs" in args.stages:  # cuda only: the decoder stack's calls replayed as CUDA graphs
-            report["graphs"] = check.stage("graphs", lambda: gpu_graphs.run(
+        if "graphs_stack" in args.stages:  # cuda only: the decoder stack's calls replayed as CUDA graphs
+            report["graphs_stack"] = check.stage("graphs_stack", lambda: gpu_graphs.run(
                 self.sizes["models"]["patent"][1], 48, PAPER["hidden"], PAPER["layers"]), 120, need=30)
         self.stages_in_order()
         if "planner" in args.stages and self.latency:  # CPU work only: last, and can be done here from OUT
@@ -402,6 +411,8 @@ class GpuCheck:
     def stages_in_order(self) -> None:
         args, report, plan = self.args, self.report, self.plan
         self.train_runs("runs")
+        if "graphs" in args.stages:
+            report["graphs"] = self.graphs_pair()
         if "profiled" in args.stages:
             report[plan["profiled"][0]["report"]] = self.train(plan["profiled"][0], stage=plan["profiled"][0]["name"])
         if "shared_gpu" in args.stages:
@@ -549,6 +560,24 @@ class GpuCheck:
         log(f"2 ranks on one GPU against one process: {json.dumps(out)}")
         return out
 
+    def graphs_pair(self) -> dict:
+        """The patent bf16 run with train.cuda_graphs off and on (auto on a CPU), the same seed and batches: every
+        logged loss and grad norm compared (gpu_gates.graphs_gate), and both runs' steady ms per step."""
+        runs = [self.train(spec) for spec in self.plan["graphs"]]
+        rows = []
+        for r in runs:
+            path = self.args.work / "runs" / r["name"] / METRICS
+            rows.append([json.loads(line) for line in path.read_text().splitlines()] if path.exists() else [])
+        gate = graphs_gate(*rows, "bf16", need_graphs=self.args.device == "cuda")
+        gate.update({f"step_ms_{name}": r.get("step_ms_mean") for name, r in zip(("off", "on"), runs)},
+                    setting=self.sizes["graphs"]["setting"], errors=[r["error"] for r in runs if "error" in r])
+        if gate["errors"]:
+            gate["ok"] = False
+        off, on = gate["step_ms_off"], gate["step_ms_on"]
+        gate["speedup"] = round(off / on, 3) if off and on else None
+        log(f"cuda_graphs on against off: {json.dumps(gate)}")
+        return gate
+
     def compile_gate(self) -> dict:
         """The head's loss compiled and eager on the device, on the same batches (gpu_gates.compiled_eager_pair)."""
         dev = "cuda" if self.args.device == "cuda" else "cpu"
@@ -608,6 +637,8 @@ class GpuCheck:
         failed += [a["name"] for a in report["anchors"] if "error" in a]
         if "shared_gpu" in self.args.stages and not (report.get("shared_gpu") or {}).get("ok"):
             failed.append("shared_gpu (2 ranks on one GPU against one process)")
+        if "graphs" in self.args.stages and not (report.get("graphs") or {}).get("ok"):
+            failed.append("graphs (train.cuda_graphs on against off)")
         if "compile" in self.args.stages and not (report.get("compile_gate") or {}).get("ok"):
             failed.append("compile gate (the compiled head stays refused on CUDA)")
         return failed

@@ -9,13 +9,16 @@ loss).
   every gradient within the precision's tolerance, and how many graphs torch.compile made for batches of several
   token counts and widths (the bound the trainer relies on).
 
-Both run on the CPU in the tests (tests/test_compiled_head.py), as in the check's --device cpu rehearsal.
+- `graphs_gate(off_rows, on_rows, precision)`: a run with train.cuda_graphs on against the same run off: every
+  logged step's loss and grad norm within the precision's tolerance, and (on CUDA) graphs captured.
+
+All run on the CPU in the tests (tests/test_compiled_head.py), as in the check's --device cpu rehearsal.
 """
 from __future__ import annotations
 
 import math
 
-TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2}  # relative, of the loss and of each gradient's largest element
+TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 1e-2}  # relative, of the loss and of each gradient's largest element
 
 
 def training_gates(rows: list[dict]) -> dict:
@@ -28,6 +31,26 @@ def training_gates(rows: list[dict]) -> dict:
     return {"grad_norms": len(norms), "grad_norm_bad": bad[:5], "grad_norm_ok": bool(norms) and not bad,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
             "loss_falls": falls, "ok": bool(norms) and not bad and falls}
+
+
+def graphs_gate(off_rows: list[dict], on_rows: list[dict], precision: str, need_graphs: bool = True) -> dict:
+    """{'steps', 'max_rel_diff': {'loss', 'grad_norm'}, 'captured', 'ok', ...}: the metrics rows of a run with
+    train.cuda_graphs on against the same run off, step by step (the logged steps both have). `need_graphs`: the
+    on-run must say it captured graphs (its rows' cuda_graphs; not on a CPU, where they are eager)."""
+    off = {r["step"]: r for r in off_rows if "loss" in r}
+    on = {r["step"]: r for r in on_rows if "loss" in r}
+    steps = sorted(set(off) & set(on))
+    diff = {}
+    for key in ("loss", "grad_norm"):
+        pairs = [(on[s].get(key), off[s].get(key)) for s in steps]
+        pairs = [(a, b) for a, b in pairs if isinstance(a, (int, float)) and isinstance(b, (int, float))]
+        diff[key] = max((abs(a - b) / max(abs(b), 1e-12) for a, b in pairs), default=None)
+    captured = max((r.get("cuda_graphs") or 0 for r in on_rows), default=0)
+    tol = TOLERANCE[precision]
+    ok = (len(steps) >= 2 and all(v is not None and v <= tol for v in diff.values())
+          and (captured > 0 or not need_graphs))
+    return {"steps": steps, "max_rel_diff": diff, "tolerance": tol, "captured": captured,
+            "memory_mib": max((r.get("cuda_graphs_mib") or 0 for r in on_rows), default=0), "ok": ok}
 
 
 def _batches(vocab: int, shapes: list[tuple[int, int, int]], seed: int):

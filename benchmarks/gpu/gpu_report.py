@@ -116,8 +116,10 @@ def print_table(report: dict) -> None:
           f"(warm-up excluded); gates: every logged grad norm finite and non-zero, the loss falling")
     print_runs(report)
     print_anchors(report)
+    if report.get("graphs_stack"):
+        print(f"\nthe decoder stack as CUDA graphs: {json.dumps(report['graphs_stack'])}")
     if report.get("graphs"):
-        print(f"\nthe decoder stack as CUDA graphs: {json.dumps(report['graphs'])}")
+        print(f"\npatent bf16, train.cuda_graphs on against off: {json.dumps(report['graphs'])}")
     if report.get("shared_gpu"):
         print(f"\n2 ranks on one GPU: {json.dumps(report['shared_gpu'])}")
     print("\ngoals:")

@@ -125,3 +125,31 @@ class KeyedDropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}, site={self.site}, side={self.side}"
+
+
+class GivenMasks:
+    """Masks drawn before a call, handed to it as tensors: a `DropoutSlice` for code that cannot draw them (a CUDA
+    graph cannot make a generator, and a replay must not draw new ones). `masks[site]` is what
+    `DropoutSlice.mask(site, ...)` gave for the call's tensors, so the call drops what eager would: the same
+    keys, the same stream."""
+
+    __slots__ = ("masks",)
+
+    def __init__(self, masks: dict):
+        self.masks = masks
+
+    @staticmethod
+    def draw(masks: DropoutSlice, dropouts: list, n: int, width: int, feat: int, dtype) -> dict:
+        """{site: scaled mask (n, width, feat)} of each active KeyedDropout in `dropouts`, from the slice `masks`."""
+        return {d.site: masks.mask(d.site, d.side, d.p, n, width, feat, dtype) for d in dropouts
+                if d.training and d.p > 0}
+
+    def mask(self, site: int, side: str, p: float, n: int, width: int, feat: int, dtype,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is not None:
+            raise ValueError("GivenMasks holds (rows, positions, features) masks, not gathered tokens")
+        given = self.masks[site]
+        if tuple(given.shape) != (n, width, feat) or given.dtype != dtype:
+            raise ValueError(f"dropout site {site}: given a {tuple(given.shape)} {given.dtype} mask, the call needs "
+                             f"({n}, {width}, {feat}) {dtype}")
+        return given

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.data import Batch
+from trainer.model import graphed
 from trainer.model.dropout import DropoutKeys
+from trainer.model.graphs import GraphCache
 from trainer.model.lstm_stack import decode_stack, encode_stack
 from trainer.model.weight_grads import WeightGradQueue, deferred_weight_grads
 from trainer.model.seq2seq import Embeddings, EncoderDecoderLayer
@@ -128,8 +130,9 @@ class StepRunner:
     """Executes the schedule on this rank: `step(batches)` for an optimizer step (its accumulation window), and
     `evaluate(batch)` for the forward-only evaluation program."""
 
-    def __init__(self, runtime: ParallelRuntime, engine, module, hidden: int):
+    def __init__(self, runtime: ParallelRuntime, engine, module, hidden: int, graphs: GraphCache | None = None):
         self.rt, self.layout, self.engine, self.module, self.hidden = runtime, runtime.layout, engine, module, hidden
+        self.graphs = graphs  # train.cuda_graphs: the decoder stack and the head replayed by shape (None: eager)
         self.device = runtime.device()
         self.dtype = next(module.parameters()).dtype
         self.comm = runtime.stage_comm(self.dtype)
@@ -214,6 +217,8 @@ class StepRunner:
             ms.dropout = DropoutKeys((*key, micro), batch.size, {"src": batch.src.shape[1],
                                                                  "tgt": batch.tgt_in.shape[1]}, self.device)
             self._run(self.programs[ms.boundary], timed)
+        if self.graphs is not None:
+            self.graphs.end_step()
         return self._result(ms)
 
     def evaluate(self, batch: Batch) -> dict:
@@ -350,8 +355,16 @@ class StepRunner:
             if c == len(ms.chunks["enc"][u]) - 1:
                 state_out = [pair.decoder_init(st) for pair, st in zip(self.pairs, state_out)]
         else:
-            x, state_out = decode_stack(self.pairs, x, state_in, masks)
+            replayed = self._graphed_decode(x, state_in, masks)
+            x, state_out = replayed if replayed is not None else decode_stack(self.pairs, x, state_in, masks)
         ms.records[(kind, u, c)] = _Record(x_in, x, state_in, state_out)
+
+    def _graphed_decode(self, x, state_in: list, masks):
+        """The stage's decoders replayed as graphs (train.cuda_graphs), or None: eager. Not in evaluation, nor where
+        the schedule defers weight gradients (their backward queues work for later)."""
+        if self.graphs is None or not self.ms.train or self.weight_grads is not None:
+            return None
+        return graphed.decode(self.graphs, self.pairs, x, state_in, masks)
 
     def _embed(self, kind: str, u: int, a: int, b: int, masks):
         """(x_in, x) of a first-stage chunk: the embedding itself (x_in None) for an uncut unit or in
@@ -436,7 +449,7 @@ class StepRunner:
         self.sync_head()
         positions = to_device(rows.token_positions(), self.device)
         with deferred_weight_grads(self.head_weight_grads if ms.train else None):  # (None: no deferral here)
-            loss_sum, nll_sum = self.module.head(enc, rows.src_mask, dec, rows.tgt_out, positions, masks)
+            loss_sum, nll_sum = self._head_loss(enc, rows, dec, positions, masks)
             if self.poison and ms.train:  # fault injection (trainer.training.faults): a non-finite loss
                 loss_sum = loss_sum * float("nan")
             ms.metrics += torch.stack([loss_sum.detach(), nll_sum]).double()
@@ -447,6 +460,24 @@ class StepRunner:
             self._place_grads((a, b), t0, enc.grad, dec.grad)
         else:
             ms.shard_grads[ins.unit] = (enc.grad, dec.grad)
+
+    def _head_loss(self, enc, rows, dec, positions, masks):
+        """The head's (loss_sum, nll_sum) on a piece, replayed as a graph (train.cuda_graphs) where it can be: in
+        training, the projection's weight gradient not deferred."""
+        head, ms = self.module.head, self.ms
+        if self.graphs is not None and ms.train and self.head_weight_grads is None:
+            replayed = graphed.head_loss(self.graphs, head, enc, rows.src_mask, dec, rows.tgt_out, positions, masks)
+            if replayed is not None:
+                return replayed
+        return head(enc, rows.src_mask, dec, rows.tgt_out, positions, masks)
+
+    def graph_counts(self) -> dict:
+        """Metrics columns of train.cuda_graphs on this rank: the graphs held (slots: a forward and a backward each)
+        and their memory ({} when off)."""
+        if self.graphs is None:
+            return {}
+        st = self.graphs.stats
+        return {"cuda_graphs": st.held, "cuda_graphs_mib": round(st.held_bytes / 2 ** 20, 3)}
 
     def _place_grads(self, rows: tuple[int, int], t0: int, enc_grad, dec_grad) -> None:
         """Last stage: gradients w.r.t. the top outputs of a piece (its rows, its target positions from

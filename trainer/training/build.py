@@ -48,6 +48,8 @@ def plan(cfg, ds_config_path: str, world: int | None = None) -> tuple[dict, Layo
     ds = load_ds_config(ds_config_path, schedule_steps(cfg.train),
                         "train.schedule_steps" if cfg.train.schedule_steps else "train.max_steps")
     world = launched_world()[1] if world is None else world
+    if cfg.train.cuda_graphs == "on":  # (the device asked only then: nothing else here starts CUDA)
+        tuning.check_cuda_graphs(cfg.train.cuda_graphs, accelerator_name()[0])
     if auto_layout.requested(ds):
         return ds, auto_layout.check(cfg, ds, world, *accelerator_name())
     spec = LayoutSpec.from_ds_config(ds, world)
@@ -172,6 +174,7 @@ class Build:
         dev_data = data.dev.padded(multiple) if data.dev is not None else None
         module, engine, self.runner = self.model_parts(manifest["vocab"])
         part_notes = [pinned, tune_head(module, cfg.train, rt, manifest["vocab"]["tgt_size"]), *tf32,
+                      *tuning.graph_notes(cfg.train.cuda_graphs, rt.device()),
                       *lstm_weight_notes(module, engine, cfg, rt.device()), *length_notes(multiple),
                       *(tuning.precision_notes(rt.device(), engine.precision, cfg.model.hidden) if rt.is_rank0 else [])]
         global_micro = global_micro_batch(ds, rt.spec.num_dp)
@@ -246,7 +249,8 @@ class Build:
             if (spec.num_pp, spec.num_dp) != (rt.spec.num_pp, rt.spec.num_dp):
                 raise ValueError(f"runner_for: {spec} places the ranks otherwise than the runtime's {rt.spec}")
             rt = dataclasses.replace(rt, layout=ParallelLayout(spec, rt.rank))
-        return StepRunner(rt, engine, module, self.cfg.model.hidden)
+        graphs = tuning.graph_cache(self.cfg.train.cuda_graphs, rt.device(), rt.rank)
+        return StepRunner(rt, engine, module, self.cfg.model.hidden, graphs)
 
     def _open_run_dir(self, checkpointer: Checkpointer, manifest: dict) -> str | None:
         """The checkpoint to resume from (or a new run's checks), once the run's files are written and every rank

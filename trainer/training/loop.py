@@ -129,6 +129,8 @@ class Trainer:
     def _end(self) -> None:
         self.runner.sync_head()
         self.watch.finish(self.state.step)
+        for line in self.watch.graph_lines():
+            self.log.message(line)
 
     def _early_stop(self) -> bool:
         patience = self.cfg.early_stop_patience

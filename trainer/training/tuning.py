@@ -247,3 +247,34 @@ def compile_head(head, device: torch.device) -> None:
                              "nothing with it (grad norm 0 at every step), and its compiled/eager gate has not passed "
                              "on a GPU since; train without it (the eager head is the one checked there)")
     head.token_loss = torch.compile(head.token_loss, dynamic=True)
+
+
+class GraphsRefused(ValueError):
+    """train.cuda_graphs=on where there is no CUDA."""
+
+
+def check_cuda_graphs(setting: str, device_type: str) -> None:
+    """train.cuda_graphs=on needs CUDA: refused in one line before anything starts (a dry run too)."""
+    if setting == "on" and device_type != "cuda":
+        raise GraphsRefused(f"train.cuda_graphs=on needs CUDA, and this process would train on {device_type}: use "
+                            f"auto (graphs where CUDA is, eager elsewhere) or off")
+
+
+def graph_cache(setting: str, device: torch.device, rank: int):
+    """train.cuda_graphs as it applies on this rank: a GraphCache of CUDA graphs (auto: each new shape proved
+    against eager first), or None (off, or auto without CUDA: the eager step, unchanged)."""
+    if setting == "off" or device.type != "cuda":
+        return None
+    from trainer.model.graphs import CudaBackend, GraphCache
+
+    return GraphCache(CudaBackend(), prove=setting == "auto", say=lambda text: print(f"rank {rank}: {text}", flush=True))
+
+
+def graph_notes(setting: str, device: torch.device) -> list[str]:
+    if setting == "off":
+        return []
+    if device.type != "cuda":
+        return [f"cuda_graphs: train.cuda_graphs={setting} without CUDA: the eager step"]
+    proof = "; each new shape proved against eager first" if setting == "auto" else ""
+    return [f"cuda_graphs: the decoder stack and the head's loss replayed as CUDA graphs per batch shape "
+            f"(train.cuda_graphs={setting}{proof}; not yet run on a GPU)"]

@@ -91,10 +91,22 @@ class StepWatch:
         rank calls it on the same steps)."""
         mine = {**timeline.fractions(self.runner.take_kind_seconds(), self.interval_wall), **timeline.memory_mb(),
                 "optimizer_mb": round(self.runner.engine.optimizer_state_bytes() / 2 ** 20, 3)}
+        mine.update(self.runner.graph_counts())  # train.cuda_graphs: the same keys on every rank, or none
         self.interval_wall = 0.0
         keys = list(mine)  # the same keys, in the same order, on every rank: one small tensor travels
         every = self.rt.all_gather(host(torch.tensor([float(mine[k]) for k in keys], dtype=torch.float64)))
-        return timeline.rank_columns([dict(zip(keys, row)) for row in host(every).tolist()])
+        per_rank = [dict(zip(keys, row)) for row in host(every).tolist()]
+        totals = {k: sum(r[k] for r in per_rank) for k in ("cuda_graphs", "cuda_graphs_mib") if k in keys}
+        return {**timeline.rank_columns(per_rank), **{k: round(v, 3) for k, v in totals.items()}}
+
+    def graph_lines(self) -> list[str]:
+        """At the run's end, with train.cuda_graphs: every rank's line (graphs captured, replays, fallbacks), for
+        rank 0's log (a collective: every rank calls it); [] when graphs are off."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return []
+        lines = self.rt.all_gather_object(f"rank {self.rt.rank}: {graphs.summary()}")
+        return lines if self.rt.is_rank0 else []
 
     def finish(self, step: int) -> None:
         """At the run's end: a profiled window it ended inside, and RUN_DIR/timing/rank{R}.json: mean seconds per
