@@ -93,58 +93,64 @@ def test_resume_is_exact(tiny_data, tmp_path, name, ranks, layout, bf16, zero):
     assert got == ref, f"{name}: resumed losses differ: {[(s, ref[s], got[s]) for s in ref if ref[s] != got[s]]}"
 
 
-def test_layout_change_on_resume(tiny_data, tmp_path):
+@pytest.fixture(scope="module")
+def single_reference(tiny_data, tmp_path_factory) -> dict[int, float]:
+    """The uninterrupted single fp32 run without dropout, 12 steps: the losses every layout change must continue
+    (trained once for the module: three tests compare against it)."""
+    root = tmp_path_factory.mktemp("single_reference")
+    train(tiny_data, root / "ref", 1, ds_config(root, SINGLE), "model.dropout=0", "train.max_steps=12")
+    return losses(root / "ref")
+
+
+def test_layout_change_on_resume(tiny_data, tmp_path, single_reference):
     """hybrid_2 (steps 1-4) -> single (5-8) -> hybrid_2 (9-12) continues the loss of an uninterrupted
     single run: weights and Adam state are keyed by global layer. Dropout 0 (the RNG streams of two
     layouts cannot match); tolerance: fp32 summation order, as in the parity tests."""
     extra = ("model.dropout=0", "train.max_steps=12")
     single, hybrid = ds_config(tmp_path, SINGLE), ds_config(tmp_path, HYBRID)
-    train(tiny_data, tmp_path / "ref", 1, single, *extra)
     run = tmp_path / "run"
     train(tiny_data, run, 2, hybrid, *extra, faults="die@5:1", check=False)
     proc = train(tiny_data, run, 1, single, *extra, "train.resume=auto", faults="die@9:0", check=False)
     assert "layout changed (hybrid 2x1" in proc.stdout + proc.stderr
     proc = train(tiny_data, run, 2, hybrid, *extra, "train.resume=auto")
     assert "layout changed (single 1x1" in proc.stdout + proc.stderr
-    ref, got = losses(tmp_path / "ref"), losses(run)
+    ref, got = single_reference, losses(run)
     assert sorted(got) == list(range(1, 13))
     worst = max(abs(ref[s] - got[s]) for s in ref)
     print(f"layout change: max |loss - single| over 12 steps = {worst:.3g}")
     assert worst < 1e-5
 
 
-def test_layout_and_zero_change_on_resume(tiny_data, tmp_path):
+def test_layout_and_zero_change_on_resume(tiny_data, tmp_path, single_reference):
     """data_2 with ZeRO-1 (steps 1-4) -> hybrid_2 without it (5-8) -> data_2 with it (9-12), through the CLI:
     the checkpoints hold whole parameters whatever the sharding, so the run continues the uninterrupted single
     run (dropout 0; fp32 summation-order tolerance, as test_layout_change_on_resume)."""
     extra = ("model.dropout=0", "train.max_steps=12")
-    single, hybrid, zero = ds_config(tmp_path, SINGLE), ds_config(tmp_path, HYBRID), ds_config(tmp_path, DATA, zero=1)
-    train(tiny_data, tmp_path / "ref", 1, single, *extra)
+    hybrid, zero = ds_config(tmp_path, HYBRID), ds_config(tmp_path, DATA, zero=1)
     run = tmp_path / "run"
     train(tiny_data, run, 2, zero, *extra, faults="die@5:1", check=False)
     proc = train(tiny_data, run, 2, hybrid, *extra, "train.resume=auto", faults="die@9:0", check=False)
     assert "layout changed (data 1x2" in proc.stdout + proc.stderr
     train(tiny_data, run, 2, zero, *extra, "train.resume=auto")
-    ref, got = losses(tmp_path / "ref"), losses(run)
+    ref, got = single_reference, losses(run)
     assert sorted(got) == list(range(1, 13))
     worst = max(abs(ref[s] - got[s]) for s in ref)
     print(f"ZeRO-1 data_2 -> hybrid_2 -> ZeRO-1 data_2: max |loss - single| over 12 steps = {worst:.3g}")
     assert worst < 1e-5
 
 
-def test_layout_change_on_resume_with_dropout(tiny_data, tmp_path):
+def test_layout_change_on_resume_with_dropout(tiny_data, tmp_path, single_reference):
     """With dropout on (0.3), the masks are keyed by (seed, step, micro-batch, site, row, position), not
     by a rank's generator, so hybrid_2 -> single -> hybrid_2 still continues the uninterrupted single run
     to summation-order tolerance, dropout included."""
     extra = ("model.dropout=0.3", "train.max_steps=12")
     single, hybrid = ds_config(tmp_path, SINGLE), ds_config(tmp_path, HYBRID)
     train(tiny_data, tmp_path / "ref", 1, single, *extra)
-    train(tiny_data, tmp_path / "nodrop", 1, single, "model.dropout=0", "train.max_steps=12")
     run = tmp_path / "run"
     train(tiny_data, run, 2, hybrid, *extra, faults="die@5:1", check=False)
     train(tiny_data, run, 1, single, *extra, "train.resume=auto", faults="die@9:0", check=False)
     train(tiny_data, run, 2, hybrid, *extra, "train.resume=auto")
-    ref, got, nodrop = losses(tmp_path / "ref"), losses(run), losses(tmp_path / "nodrop")
+    ref, got, nodrop = losses(tmp_path / "ref"), losses(run), single_reference
     assert sorted(got) == list(range(1, 13))
     assert max(abs(ref[s] - nodrop[s]) for s in ref) > 1e-4, "dropout must change the losses far more than the tolerance"
     worst = max(abs(ref[s] - got[s]) for s in ref)

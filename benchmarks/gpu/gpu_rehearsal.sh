@@ -15,7 +15,8 @@
 # environment (rebuilt when gpu_image.txt changes), prepared data, OUT. PYTHON312: the interpreter
 # (default python3.12 on PATH, else pyenv's newest 3.12). .whl/ is made first if missing
 # (gpu_wheels.sh --wheels-only, network). Exit 0 only if the carried wheels fit the image and the check
-# passed; its report is in $GPU_REHEARSAL_CACHE/out.
+# passed; its report is in $GPU_REHEARSAL_CACHE/out. Where the wheels do not fit, the check runs its imports
+# and environment stage only (unless ARGS name --stages).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE="${GPU_REHEARSAL_CACHE:-$PWD/.rehearsal}"
@@ -65,6 +66,12 @@ FAILED=0
 PIN_ARGS=()
 for pin in "${PINS[@]}"; do PIN_ARGS+=(--image-pin "$pin"); done
 "$VENV/bin/python" -m benchmarks.gpu.gpu_rehearsal --check-wheels .whl "${PIN_ARGS[@]}" || FAILED=1
+if (( FAILED )) && [[ " ${CHECK_ARGS[*]} " != *" --stages"* ]]; then
+  # the wheels do not fit the image: the device would fail the same way, so the check's imports and its
+  # environment stage show how (the try it would spend), not its every stage (minutes that prove nothing more)
+  say "the carried wheels do not fit the image: running the check's imports and environment stage only"
+  CHECK_ARGS+=(--stages environment)
+fi
 
 OVERLAY=""
 if (( ${#PINS[@]} )); then  # the pinned versions in front of the environment's own, as if the image held them
