@@ -743,8 +743,7 @@ def test_train_cli_refuses_a_foreign_run_dir_and_leaves_it_alone(tmp_path, tiny_
     (run / "spm.src.model").write_text("not a model\n")
     (run / "metrics.jsonl").write_text('{"step": 99}\n')
     args = [sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", f"data.dir={tiny_data}",
-            f"run.dir={run}", "train.max_steps=2", "logging.wandb_mode=disabled", "model.hidden=16", "model.emb_dim=16",
-            "decode.dev_max_sentences=8"]  # (the final validation's decode of an untrained model: 8 of the 40)
+            f"run.dir={run}", "train.max_steps=2", "logging.wandb_mode=disabled", "model.hidden=16", "model.emb_dim=16"]
     r = run_cli(args, check=False, timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "no data_manifest.json written by the trainer" in r.stderr and "run.overwrite=true" in r.stderr
