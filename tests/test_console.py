@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO, run_cli
+from trainer.config import merge_overrides
 from trainer.observe.logger import compact_line
 
 NOISE = ("Using topology", "SEED_LAYERS", "Attempting to get learning rate", "built successfully",
@@ -103,7 +104,8 @@ def test_a_log_file_tells_the_story_and_deepspeed_stays_quiet(tiny_data, tmp_pat
     assert first.endswith("ETA -")  # no ETA from the warm-up step (issue 30)
     decode = out.stdout.index("dev BLEU: decoding 8 dev sentences (beam 1) with ")  # said before the silent part
     assert decode < out.stdout.index("step 10: dev loss")
-    loud = run_cli([*base, f"run.dir={tmp_path / 'loud'}", "logging.verbose=true"], timeout=300)
+    loud = run_cli(merge_overrides(base, [f"run.dir={tmp_path / 'loud'}", "logging.verbose=true",
+                                          "train.max_steps=1"]), timeout=300)  # (what is said at the start)
     assert "SEED_LAYERS" in loud.stdout + loud.stderr  # everything comes back
 
 

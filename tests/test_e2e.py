@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
+from tests.conftest import REPO, deepspeed_cmd, launch_main, read_metrics, run_cli
 
 pytestmark = pytest.mark.slow  # real CLIs as processes; the fast tier is `pytest -m "not slow" tests`
 
 
 
-def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
+def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path, capsys):
     run_dir = tmp_path / "run"
     ds = json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text())
     ds["scheduler"]["params"].update(warmup_num_steps=5, warmup_max_lr=0.003)  # a short run: warm up fast
@@ -56,12 +56,14 @@ def test_hybrid_training_then_single_process_translation(tiny_data, tmp_path):
     assert set(result) >= {"bleu", "chrf", "signature"} and "tok:ja-mecab" in result["signature"]  # raw Japanese target
     assert 0 <= result["bleu"] <= 100 and 0 <= result["chrf"] <= 100 and result["sentences"] == n_in
     # the quickstart's report: a baseline scored the same way beside the model, then sample sentences
-    proc = run_cli([sys.executable, "launch/evaluate.py", "--run", run_dir, "--src", src, "--ref",
-                    tiny_data / "test.tgt.txt", "--beam", "1", "--baseline", tiny_data / "test.tgt.txt", "--show", "2"])
-    lines = proc.stdout.splitlines()
-    assert lines[1].split()[0] == "model" and float(lines[1].split()[1]) == result["bleu"]
+    # (evaluate's main in this process: the process itself ran just above)
+    code, report, _ = launch_main("evaluate", ["--run", run_dir, "--src", src, "--ref", tiny_data / "test.tgt.txt",
+                                               "--beam", "1", "--baseline", tiny_data / "test.tgt.txt", "--show", "2"],
+                                  capsys)
+    lines = report.splitlines()
+    assert code == 0 and lines[1].split()[0] == "model" and float(lines[1].split()[1]) == result["bleu"]
     assert lines[2].split()[0] == "test.tgt.txt" and lines[2].split()[1:] == ["100.00", "100.00"]
-    assert proc.stdout.count("reference: ") == 2 and "[2] source:" in proc.stdout
+    assert report.count("reference: ") == 2 and "[2] source:" in report
     # wandb ran offline without an API key, inside the run directory, and holds what a dashboard needs
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert runs

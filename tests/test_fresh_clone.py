@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, launch_main, run_cli
 
 TOP = ("launch", "trainer", "data_prep", "ds_configs", "benchmarks")
 
@@ -91,21 +91,25 @@ def _run(clone: Path, argv: list[str], *extra: str, env=None, timeout=600) -> su
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_the_readmes_planner_commands_run_on_a_fresh_clone_or_say_how_to_prepare_their_data(tmp_path):
+def test_the_readmes_planner_commands_run_on_a_fresh_clone_or_say_how_to_prepare_their_data(tmp_path, capsys,
+                                                                                             monkeypatch):
     commands = doc_commands("docs/planner.md")
     plans = [c for c in commands if c[:2] == ["python", "launch/plan.py"]]
     assert len(plans) == 4 and commands[0] == ["bash", "launch/prepare_demo.sh"]
     clone = fresh_clone(tmp_path / "clone")
-    for argv in plans:  # nothing prepared yet: each says the command that prepares what it needs
-        r = _run(clone, argv, timeout=300)
-        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-        if "paper_size" in " ".join(argv):
-            assert "not prepared (no manifest.json)" in r.stderr and "--out data/enja32k_joint" in r.stderr
-        elif "my_machine.json" in argv and "--calibrate" not in argv:
-            assert "--profile my_machine.json: no such file" in r.stderr  # made by the --calibrate before it
-        else:
-            assert "data.dir=data/demo: not prepared (no manifest.json)" in r.stderr
-            assert "prepare it first: bash launch/prepare_demo.sh" in r.stderr
+    with monkeypatch.context() as m:  # the refusals through plan.py's main in this process, from the clone (the
+        m.chdir(clone)                # commands below run it as the real process, three times)
+        for argv in plans:  # nothing prepared yet: each says the command that prepares what it needs
+            code, _, err = launch_main("plan", argv[2:], capsys)
+            assert code == 2 and "Traceback" not in err, err[-3000:]
+            if "paper_size" in " ".join(argv):
+                assert "not prepared (no manifest.json)" in err and "--out data/enja32k_joint" in err
+            elif "my_machine.json" in argv and "--calibrate" not in argv:
+                assert "--profile my_machine.json: no such file" in err  # made by the --calibrate before it
+            else:
+                assert "data.dir=data/demo: not prepared (no manifest.json)" in err
+                assert "prepare it first: bash launch/prepare_demo.sh" in err
+    assert not [p.name for p in clone.iterdir() if p.name not in TOP]  # the refusals wrote nothing
     small = {"PAIRS": "600", "VOCAB": "600"}  # the README's command on a smaller corpus
     assert _run(clone, commands[0], env=small).returncode == 0
     assert (clone / "data" / "demo" / "manifest.json").exists()

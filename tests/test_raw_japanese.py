@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, read_metrics, run_cli
+from tests.conftest import REPO, launch_main, read_metrics, run_cli
 
 CHEM = "<chem>SiO<sub>2</sub></chem>"
 
@@ -60,7 +60,7 @@ def translate(run_dir, *args, stdin: str):
 
 
 @pytest.mark.slow
-def test_translate_pipes_streams_and_keeps_formulas_and_empty_lines(raw_run, tiny_data):
+def test_translate_pipes_streams_and_keeps_formulas_and_empty_lines(raw_run, tiny_data, capsys):
     src = (tiny_data / "test.src.txt").read_text(encoding="utf-8").splitlines()[:6]
     lines = [src[0], "", f"the layer is made of {CHEM} and the sensor is coupled to the housing .", *src[1:]]
     proc = translate(raw_run, "--beam", "2", "--buffer-size", "3", stdin="\n".join(lines) + "\n")
@@ -81,20 +81,21 @@ def test_translate_pipes_streams_and_keeps_formulas_and_empty_lines(raw_run, tin
     for r in rows:
         links = [tuple(map(int, pair.split("-"))) for pair in r[3].split()]
         assert [t for _, t in links] == list(range(len(links))) and all(s >= 0 for s, _ in links)
-    bad = piped([sys.executable, "launch/translate.py", "--run", raw_run, "--n-best", "4", "--beam", "2"], "x\n",
-                check=False)
-    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --n-best 4") and "Traceback" not in bad.stderr
+    code, _, err = launch_main("translate", ["--run", raw_run, "--n-best", "4", "--beam", "2"], capsys)  # in-process
+    assert code == 2 and err.strip().startswith("error: --n-best 4") and "Traceback" not in err
 
 
 @pytest.mark.slow
-def test_evaluate_score_average_and_ensemble(raw_run, tiny_data, tmp_path):
+def test_evaluate_score_average_and_ensemble(raw_run, tiny_data, tmp_path, capsys):
     src, ref = tiny_data / "test.src.txt", tiny_data / "test.tgt.txt"
     n = len(src.read_text(encoding="utf-8").splitlines())
-    evaluate = [sys.executable, "launch/evaluate.py", "--src", src, "--ref", ref, "--json", "--beam", "1"]
-    auto = json.loads(run_cli([*evaluate, "--run", raw_run]).stdout.splitlines()[-1])
+    flags = ["--src", src, "--ref", ref, "--json", "--beam", "1"]
+    auto = json.loads(run_cli([sys.executable, "launch/evaluate.py", *flags, "--run", raw_run]).stdout.splitlines()[-1])
     assert "tok:ja-mecab" in auto["signature"] and auto["tokenize"] == "ja-mecab"
-    forced = json.loads(run_cli([*evaluate, "--run", raw_run, "--tokenize", "13a", "--max-len-ratio", "1.5",
-                                 "--length-penalty", "0.6"]).stdout.splitlines()[-1])
+    code, out, _ = launch_main("evaluate", [*flags, "--run", raw_run, "--tokenize", "13a", "--max-len-ratio", "1.5",
+                                            "--length-penalty", "0.6"], capsys)  # the same entry point, in-process
+    assert code == 0
+    forced = json.loads(out.splitlines()[-1])
     assert "tok:13a" in forced["signature"] and forced["sentences"] == n
     scored = run_cli([sys.executable, "launch/score.py", "--run", raw_run, "--src", src, "--ref", ref]).stdout
     rows = [line.split("\t") for line in scored.splitlines()]
@@ -107,9 +108,8 @@ def test_evaluate_score_average_and_ensemble(raw_run, tiny_data, tmp_path):
         proc = run_cli([sys.executable, "launch/translate.py", *models, "--input", src, "--output", tmp_path / "o.txt",
                         "--beam", "2"])
         assert len((tmp_path / "o.txt").read_text(encoding="utf-8").splitlines()) == n, proc.stderr
-    too_many = run_cli([sys.executable, "launch/average.py", "--run", raw_run, "--last", "9", "--out", model],
-                       check=False)
-    assert too_many.returncode == 2 and "train.keep_last >= 9" in too_many.stderr
+    code, _, err = launch_main("average", ["--run", raw_run, "--last", "9", "--out", model], capsys)  # in-process
+    assert code == 2 and "train.keep_last >= 9" in err
 
 
 @pytest.mark.slow

@@ -285,10 +285,24 @@ def test_weights_of_another_shape_are_one_error_naming_the_tensor(tmp_path):
     structure.weights(checkpoint.load(str(path)), torch.nn.Linear(4, 3), str(path))
 
 
+@pytest.fixture(scope="module")
+def saved_at_2(tiny_data, tmp_path_factory, ds_single) -> Path:
+    """A run that saved step 2 and died at step 3 (HNMT_FAULTS die@3:0), before any validation: what the two resumes
+    below start from, each on a copy of its own."""
+    run = tmp_path_factory.mktemp("saved_at_2") / "run"
+    train(tiny_data, run, ds_single, "train.max_steps=4", "train.save_every=2", faults="die@3:0", check=False)
+    return run
+
+
+def _copy_run(run: Path, tmp_path: Path) -> Path:
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
 @pytest.mark.slow
-def test_a_forced_resume_onto_another_hidden_size_is_one_line(tiny_data, tmp_path, ds_single):
-    run = tmp_path / "run"
-    train(tiny_data, run, ds_single, "train.max_steps=2")
+def test_a_forced_resume_onto_another_hidden_size_is_one_line(tiny_data, tmp_path, ds_single, saved_at_2):
+    run = _copy_run(saved_at_2, tmp_path)
+    assert checkpoint.read_pointer(str(run), "latest") == "step_00000002"
     proc = train(tiny_data, run, ds_single, "train.max_steps=4", "train.resume=auto", "train.resume_force=true",
                  "model.hidden=24", check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -320,9 +334,8 @@ def test_the_final_line_says_why_there_is_no_dev_bleu():
 
 
 @pytest.mark.slow
-def test_a_run_resumed_before_its_first_validation_says_no_dev_bleu_yet(tiny_data, tmp_path, ds_single):
-    run = tmp_path / "run"
-    train(tiny_data, run, ds_single, "train.max_steps=4", "train.save_every=2", faults="die@3:0", check=False)
+def test_a_run_resumed_before_its_first_validation_says_no_dev_bleu_yet(tiny_data, tmp_path, ds_single, saved_at_2):
+    run = _copy_run(saved_at_2, tmp_path)
     proc = train(tiny_data, run, ds_single, "train.max_steps=2", "train.resume=auto")
     out = proc.stdout + proc.stderr
     assert "nothing to do: the run is at step 2" in out and "-1.00" not in out, out[-3000:]
