@@ -249,10 +249,29 @@ def test_the_deepspeed_json_is_refused_before_the_model_is_built(tmp_path, chang
     ("decode.max_len_ratio=-3", "decode.max_len_ratio=-3.0: must be > 0"),
     ("decode.length_penalty=inf", "decode.length_penalty=inf: must be a finite number"),
     ("train.max_time_min=inf", "train.max_time_min=inf: must be a finite number"),
+    ("model.residual=maybe", r"model.residual': Value 'maybe' is not a valid bool"),
 ])
 def test_config_values_name_the_key_and_the_problem(override, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [override])
+
+
+def test_residual_layers_refuse_to_be_stacked_into_one_lstm_call_and_auto_runs_them_by_layer():
+    """model.residual adds a layer's input to its output, between every two layers: train.stack_layers=on (one
+    multi-layer call) is refused naming both keys; auto and off load, and auto resolves to a call per layer even
+    where it would stack (fp32 on CUDA)."""
+    import torch
+
+    from trainer.training.tuning import stack_layers
+
+    with pytest.raises(ConfigError, match=r"train.stack_layers=on with model.residual=true: .* use auto or off"):
+        load_config(None, ["model.residual=true", "train.stack_layers=on"])
+    for mode in ("auto", "off"):
+        assert load_config(None, ["model.residual=true", f"train.stack_layers={mode}"]).model.residual is True
+    assert stack_layers("auto", torch.device("cuda"), "fp32") == (True, "train.stack_layers=auto: stacked for fp32 "
+                                                                         "on cuda")
+    stacked, why = stack_layers("auto", torch.device("cuda"), "fp32", residual=True)
+    assert not stacked and "by layer (model.residual" in why
 
 
 BOMB = ("[&a [x, x, x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "
