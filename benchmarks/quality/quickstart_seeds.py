@@ -4,7 +4,8 @@
 
 Per seed N: `WORK=DIR/seed_N bash launch/quickstart.sh train.seed=N` (the corpus, prepare, training on 2 ranks,
 test translation with beam 5, the plot: every phase, as shipped), timed from outside. Then from its files:
-test BLEU and chrF of RUN/test.hyp (sacreBLEU, the target language's tokenizer, as launch/evaluate.py scores
+the CPU seconds of its processes (the quickstart's own last line, launch/phases.sh: what a quiet machine's
+wall time follows), test BLEU and chrF of RUN/test.hyp (sacreBLEU, the target language's tokenizer, as launch/evaluate.py scores
 it), the share of the reference's ordinals (第N) the translation has (`number_copy.ordinals`, the measure
 `python -m benchmarks.quality.number_copy` prints as ordinals_right), and dev BLEU at each validation
 (metrics.jsonl). The bar (issue 42): test BLEU >= 95 and ordinals right >= 95% on every seed, the whole
@@ -31,6 +32,7 @@ from benchmarks.results import command, record, write
 
 BAR = {"test_bleu": 95.0, "ordinals_right": 0.95, "wall_s": 240.0}
 PHASE = re.compile(r"^quickstart: .*?\btrain ([\d.]+) s", re.M)
+TOTAL = re.compile(r"^quickstart: .*; total [\d.]+ s \(CPU ([\d.]+) s\)", re.M)  # launch/phases.sh's last line
 
 
 def run_quickstart(work: Path, seed: int) -> tuple[float, str]:
@@ -71,27 +73,28 @@ def main() -> None:
     p.add_argument("--no-record", action="store_true", help="print only; append no record")
     args = p.parse_args()
     cmd = command("benchmarks.quality.quickstart_seeds")
-    print("| seed | test BLEU | chrF | ordinals right | dev BLEU by validation | wall s | train s | load before -> after "
-          "|\n|---:|---:|---:|---:|---|---:|---:|---|", flush=True)
+    print("| seed | test BLEU | chrF | ordinals right | dev BLEU by validation | wall s | train s | CPU s | load before -> "
+          "after |\n|---:|---:|---:|---:|---|---:|---:|---:|---|", flush=True)
     failed = []
     for seed in args.seeds:
         work = (args.work / f"seed_{seed}").resolve()
         load0 = os.getloadavg()[0]
         wall, out = run_quickstart(work, seed)
         load1 = os.getloadavg()[0]
-        train = PHASE.findall(out)
+        train, cpu = PHASE.findall(out), TOTAL.findall(out)
         f = scores(work)
         steps = f["dev_bleu_steps"][-1] if f["dev_bleu_steps"] else None
         figures = {"test_bleu": f["test_bleu"], "test_chrf": f["test_chrf"],
                    "ordinals_right_pct": round(100 * f["ordinals_right"], 1), "ordinals": f["ordinals"],
                    "wrong_ordinals": f["wrong_ordinals"],
-                   f"dev_bleu_by_{f['dev_bleu_steps'][0] if steps else 0}_steps": f["dev_bleu"], "wall_s": round(wall, 1), "train_s": float(train[-1]) if train else None}
+                   f"dev_bleu_by_{f['dev_bleu_steps'][0] if steps else 0}_steps": f["dev_bleu"], "wall_s": round(wall, 1), "train_s": float(train[-1]) if train else None,
+                   "cpu_s": float(cpu[-1]) if cpu else None}
         met = {"test_bleu": f["test_bleu"] >= BAR["test_bleu"], "ordinals_right": f["ordinals_right"] >= BAR[
             "ordinals_right"], "wall_s": wall <= BAR["wall_s"]}
         failed += [f"seed {seed}: {k}" for k, ok in met.items() if not ok]
         print(f"| {seed} | {f['test_bleu']:.2f} | {f['test_chrf']:.2f} | {100 * f['ordinals_right']:.1f}% "
               f"({f['ordinals']}) | {', '.join(f'{b:.2f}' for b in f['dev_bleu'])} | {wall:.1f} | "
-              f"{figures['train_s']} | {load0:.1f} -> {load1:.1f} |", flush=True)
+              f"{figures['train_s']} | {figures['cpu_s']} | {load0:.1f} -> {load1:.1f} |", flush=True)
         if not args.no_record:
             rec = record("bleu", "scores", command=cmd, machine_name=args.machine, figures=figures,
                          settings={"what": f"the quickstart (residual layers, dot attention, lr 1e-2, {steps} steps), "
