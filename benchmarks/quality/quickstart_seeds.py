@@ -19,12 +19,15 @@ average before and after: on a shared machine the wall time is an upper bound, t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 from benchmarks.common import REPO, metrics
 from benchmarks.quality.number_copy import ordinals
@@ -60,9 +63,12 @@ def scores(work: Path) -> dict:
     tokenize = resolve_tokenize("auto", "ja", ref)
     s = score(hyp, ref, tokenize)
     dev = [(r["step"], r["dev_bleu"]) for r in metrics(run) if "dev_bleu" in r]
+    model = yaml.safe_load((run / "config.yaml").read_text())["model"]
+    lr = json.loads((run / "ds_config.json").read_text())["optimizer"]["params"]["lr"]
+    recipe = (f"{'residual layers, ' if model.get('residual') else ''}{model['attention']} attention, lr {lr:g}")
     return {"test_bleu": round(s.bleu, 2), "test_chrf": round(s.chrf, 2), **ordinals(src, ref, hyp),
             "dev_bleu_steps": [step for step, _ in dev], "dev_bleu": [round(b, 2) for _, b in dev],
-            "tokenize": f"{tokenize} ({s.bleu_signature})"}
+            "tokenize": f"{tokenize} ({s.bleu_signature})", "recipe": recipe}
 
 
 def main() -> None:
@@ -97,8 +103,7 @@ def main() -> None:
               f"{figures['train_s']} | {figures['cpu_s']} | {load0:.1f} -> {load1:.1f} |", flush=True)
         if not args.no_record:
             rec = record("bleu", "scores", command=cmd, machine_name=args.machine, figures=figures,
-                         settings={"what": f"the quickstart (residual layers, dot attention, lr 1e-2, {steps} steps), "
-                                           f"seed {seed}", "corpus": "demo claims (test set)",
+                         settings={"what": f"the quickstart ({f['recipe']}, {steps} steps), seed {seed}", "corpus": "demo claims (test set)",
                                    "tokenize": f["tokenize"], "steps": steps, "layout": "hybrid_2", "seed": seed},
                          note=f"the whole quickstart's wall time, timed from outside, on a machine shared with other "
                               f"work: load average {load0:.1f} before, {load1:.1f} after (scores are deterministic "
