@@ -7,9 +7,9 @@
 # (BLEU tokenized by MeCab, ja-mecab, as for any Japanese target).
 # Prints test BLEU/chrF beside the word-by-word baseline, then three test sentences; writes the training plot.
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
-# learning rate, 1e-2), STEPS (2000: the steps trained) of SCHEDULE (2000: the LR schedule's length, demo.yaml's
-# train.max_steps; STEPS above it lengthen it): the demo's model (a residual second layer, general attention)
-# leaves the plateau where the claim frame is right and the nouns wrong by step 1250, and has the rest of the
+# learning rate, 1e-2), STEPS (1500: the steps trained) of SCHEDULE (1500: the LR schedule's length, demo.yaml's
+# train.max_steps; STEPS above it lengthen it): the demo's model (a residual second layer, concat attention)
+# leaves the plateau where the claim frame is right and the nouns wrong by step 750, and has the other half of the
 # schedule, which decays to 0 at its last step, to converge (docs/training.md, "The quickstart";
 # docs/journal/2026-12-05.md), MAX_WORDS (20: the longest English claim; the generator's default is 50), WORK
 # (data and runs go under here; default: the repo's data/ and runs/).
@@ -27,8 +27,8 @@ MAX_WORDS=${MAX_WORDS:-20}
 DATA=$WORK/data/demo
 TEXT=${DATA}_text
 RUN=$WORK/runs/demo
-STEPS=${STEPS:-2000}
-SCHEDULE=${SCHEDULE:-2000}
+STEPS=${STEPS:-1500}
+SCHEDULE=${SCHEDULE:-1500}
 [ "$STEPS" -gt "$SCHEDULE" ] && SCHEDULE=$STEPS
 source launch/phases.sh
 

@@ -22,7 +22,7 @@ from tests.parallel_jobs import early_reduce_points, train_steps
 
 TOL = 2e-6
 # general attention (the score's W_a, a parameter of the head summed over its shards), stated here: the harness's
-# defaults are the demo's (trainer/configs/demo.yaml), whose dot attention has none
+# defaults are the demo's (trainer/configs/demo.yaml), whose attention is another
 PLAIN_MODEL = ["model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "train.seed=7",
                "data.min_batch_sentences=8", "model.attention=general", "model.residual=false"]
 MODEL = [*PLAIN_MODEL[:-1], "model.residual=true"]
@@ -230,9 +230,9 @@ def test_three_accumulation_steps_match_single(workers, tiny_data, tmp_path, sin
 
 
 def test_bidirectional_bottom_layer_in_the_quickstart_layout_matches_single(workers, tiny_data, tmp_path):
-    """The quickstart's model (a bidirectional bottom encoder layer, residual layers above it, dot attention,
+    """The quickstart's model (a bidirectional bottom encoder layer, residual layers above it, concat attention,
     dropout) in its layout (hybrid_2, one pipeline unit) and in a pipelined one (3 units), against single."""
-    quick = [*PLAIN_MODEL[:-2], "model.attention=dot", "model.residual=true", "model.bidirectional_bottom=true"]
+    quick = [*PLAIN_MODEL[:-2], "model.attention=concat", "model.residual=true", "model.bidirectional_bottom=true"]
     ref = _run(workers, tiny_data, tmp_path, "single_bi", 1, 13, {"mode": "single"}, dropout=0.3, model=quick)
     for units in (1, 3):
         layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": units, "time_chunks": 1}
