@@ -5,7 +5,7 @@
 Per seed N: `WORK=DIR/seed_N bash launch/quickstart.sh train.seed=N` (the corpus, prepare, training on 2 ranks,
 test translation with beam 5, the plot: every phase, as shipped), timed from outside. Then from its files:
 the CPU seconds of its processes (the quickstart's own last line, launch/phases.sh: what a quiet machine's
-wall time follows), test BLEU and chrF of RUN/test.hyp (sacreBLEU, the target language's tokenizer, as launch/evaluate.py scores
+wall time follows), test BLEU and chrF of RUN's test translations (sacreBLEU, the target language's tokenizer, as launch/evaluate.py scores
 it), the share of the reference's ordinals (第N) the translation has (`number_copy.ordinals`, the measure
 `python -m benchmarks.quality.number_copy` prints as ordinals_right), and dev BLEU at each validation
 (metrics.jsonl). The bar (issue 42): test BLEU >= 95 and ordinals right >= 95% on every seed, the whole
@@ -32,6 +32,7 @@ import yaml
 from benchmarks.common import REPO, metrics
 from benchmarks.quality.number_copy import ordinals
 from benchmarks.results import command, record, write
+from trainer.artifacts.run_dir import CONFIG, DS_CONFIG, TEST_HYP
 
 BAR = {"test_bleu": 95.0, "ordinals_right": 0.95, "wall_s": 240.0}
 PHASE = re.compile(r"^quickstart: .*?\btrain ([\d.]+) s", re.M)
@@ -59,12 +60,12 @@ def scores(work: Path) -> dict:
     from trainer.metrics import resolve_tokenize, score
 
     text, run = work / "data" / "demo_text", work / "runs" / "demo"
-    src, ref, hyp = (read_lines(str(p)) for p in (text / "test.en", text / "test.ja", run / "test.hyp"))
+    src, ref, hyp = (read_lines(str(p)) for p in (text / "test.en", text / "test.ja", run / TEST_HYP))
     tokenize = resolve_tokenize("auto", "ja", ref)
     s = score(hyp, ref, tokenize)
     dev = [(r["step"], r["dev_bleu"]) for r in metrics(run) if "dev_bleu" in r]
-    model = yaml.safe_load((run / "config.yaml").read_text())["model"]
-    lr = json.loads((run / "ds_config.json").read_text())["optimizer"]["params"]["lr"]
+    model = yaml.safe_load((run / CONFIG).read_text())["model"]
+    lr = json.loads((run / DS_CONFIG).read_text())["optimizer"]["params"]["lr"]
     recipe = (f"{'residual layers, ' if model.get('residual') else ''}{model['attention']} attention, lr {lr:g}")
     return {"test_bleu": round(s.bleu, 2), "test_chrf": round(s.chrf, 2), **ordinals(src, ref, hyp),
             "dev_bleu_steps": [step for step, _ in dev], "dev_bleu": [round(b, 2) for _, b in dev],
