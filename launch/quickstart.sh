@@ -7,11 +7,12 @@
 # (BLEU tokenized by MeCab, ja-mecab, as for any Japanese target).
 # Prints test BLEU/chrF beside the word-by-word baseline, then three test sentences; writes the training plot.
 # Environment overrides: RANKS (2), DS_CONFIG (ds_configs/demo_hybrid_2.json: hybrid_2 with the demo's
-# learning rate, 5e-3), STEPS (2000: the steps trained) of SCHEDULE (3000: the LR schedule's length, demo.yaml's
-# train.max_steps; STEPS above it lengthen it): by step 2000 of the 3000-step schedule dev BLEU has converged, while
-# a schedule that decays over 2000 steps never learns the content words (docs/BENCHMARKS.md, "The quickstart in
-# 2000 steps"), MAX_WORDS (20: the longest English claim; the generator's default is 50), WORK (data and runs go
-# under here; default: the repo's data/ and runs/).
+# learning rate, 1e-2), STEPS (1500: the steps trained) of SCHEDULE (1500: the LR schedule's length, demo.yaml's
+# train.max_steps; STEPS above it lengthen it): the demo's model (a residual second layer, concat attention)
+# leaves the plateau where the claim frame is right and the nouns wrong by step 750, and has the other half of the
+# schedule, which decays to 0 at its last step, to converge (docs/training.md, "The quickstart";
+# docs/journal/2026-12-05.md), MAX_WORDS (20: the longest English claim; the generator's default is 50), WORK
+# (data and runs go under here; default: the repo's data/ and runs/).
 # Arguments: config overrides for the training run, KEY=VALUE after the demo's YAML (e.g. train.seed=2).
 # A rerun starts a new run: an earlier runs/demo is kept aside, moved to runs/demo.prev-DATE-TIME (it says so;
 # delete those when you no longer need them). data/demo is prepared again (the same corpus, from the same seed).
@@ -26,8 +27,8 @@ MAX_WORDS=${MAX_WORDS:-20}
 DATA=$WORK/data/demo
 TEXT=${DATA}_text
 RUN=$WORK/runs/demo
-STEPS=${STEPS:-2000}
-SCHEDULE=${SCHEDULE:-3000}
+STEPS=${STEPS:-1500}
+SCHEDULE=${SCHEDULE:-1500}
 [ "$STEPS" -gt "$SCHEDULE" ] && SCHEDULE=$STEPS
 source launch/phases.sh
 

@@ -11,7 +11,7 @@ from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
 from tests.planner_profiles import measured_profile, write
 
 TINY = ["model.emb_dim=16", "model.hidden=16", "model.layers=2", "model.dropout=0.1", "data.min_batch_sentences=8",
-        "model.bidirectional_bottom=false"]
+        "model.bidirectional_bottom=false", "model.attention=general"]
 
 
 def _profile(tmp_path, tiny_data):

@@ -151,7 +151,8 @@ def test_overrides_may_stand_anywhere_on_the_command_line(capsys):
 def test_print_config_lists_every_key_with_its_help(capsys):
     from trainer.config import Config, describe
 
-    text = describe(load_config(None, ["logging.wandb_mode=off"]))
+    cfg = load_config(None, ["logging.wandb_mode=off"])
+    text = describe(cfg)
     import dataclasses
 
     for section in dataclasses.fields(Config):
@@ -165,7 +166,8 @@ def test_print_config_lists_every_key_with_its_help(capsys):
 
     from omegaconf import OmegaConf
 
-    assert OmegaConf.load(io.StringIO(text)).train.max_steps == 3000
+    loaded = OmegaConf.to_container(OmegaConf.load(io.StringIO(text)))
+    assert loaded == OmegaConf.to_container(cfg) and loaded["train"]["max_steps"] == 1500  # demo.yaml's
 
 
 def test_text_keys_take_the_word_typed(tmp_path):
@@ -250,10 +252,29 @@ def test_the_deepspeed_json_is_refused_before_the_model_is_built(tmp_path, chang
     ("decode.max_len_ratio=-3", "decode.max_len_ratio=-3.0: must be > 0"),
     ("decode.length_penalty=inf", "decode.length_penalty=inf: must be a finite number"),
     ("train.max_time_min=inf", "train.max_time_min=inf: must be a finite number"),
+    ("model.residual=maybe", r"model.residual': Value 'maybe' is not a valid bool"),
 ])
 def test_config_values_name_the_key_and_the_problem(override, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [override])
+
+
+def test_residual_layers_refuse_to_be_stacked_into_one_lstm_call_and_auto_runs_them_by_layer():
+    """model.residual adds a layer's input to its output, between every two layers: train.stack_layers=on (one
+    multi-layer call) is refused naming both keys; auto and off load, and auto resolves to a call per layer even
+    where it would stack (fp32 on CUDA)."""
+    import torch
+
+    from trainer.training.tuning import stack_layers
+
+    with pytest.raises(ConfigError, match=r"train.stack_layers=on with model.residual=true: .* use auto or off"):
+        load_config(None, ["model.residual=true", "train.stack_layers=on"])
+    for mode in ("auto", "off"):
+        assert load_config(None, ["model.residual=true", f"train.stack_layers={mode}"]).model.residual is True
+    assert stack_layers("auto", torch.device("cuda"), "fp32") == (True, "train.stack_layers=auto: stacked for fp32 "
+                                                                         "on cuda")
+    stacked, why = stack_layers("auto", torch.device("cuda"), "fp32", residual=True)
+    assert not stacked and "by layer (model.residual" in why
 
 
 BOMB = ("[&a [x, x, x, x, x, x, x, x, x, x], &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a], "

@@ -320,3 +320,41 @@ def test_tie_embeddings_shares_the_target_embedding_parameter():
 
     untied = build_model(BASE, SRC_VOCAB, TGT_VOCAB)
     assert untied.head.proj.weight is not untied.embeddings.tgt.weight
+
+
+def test_residual_layers_add_their_input_above_the_bottom_layer_and_are_never_stacked():
+    """model.residual: each side of a layer above the bottom one returns its input plus what the same layer
+    without it returns (the same weights: no parameter is added); the bottom layer, whose input is the
+    embedding, is unchanged. In evaluation (no dropout between layers) a plain model runs its layers as one call
+    per side, a residual one a call per layer, and padding still never leaks (zero stays zero)."""
+    from trainer.model.lstm_stack import runs_of_layers
+
+    cfg = replace(BASE, emb_dim=8, hidden=8, layers=3)
+    plain = build_model(cfg, SRC_VOCAB, TGT_VOCAB, seed=4).eval()
+    res = build_model(replace(cfg, residual=True), SRC_VOCAB, TGT_VOCAB, seed=4).eval()
+    assert plain.state_dict().keys() == res.state_dict().keys()
+    assert [p.residual for p in res.pairs] == [False, True, True] and not any(p.residual for p in plain.pairs)
+    gen = torch.Generator().manual_seed(3)
+    pairs = [(random_ids(gen, n, SRC_VOCAB), random_ids(gen, m, TGT_VOCAB)) for n, m in [(6, 5), (3, 2)]]
+    src, lengths, tgt_in, tgt_out = pad_batch(pairs)
+    x = torch.randn(2, src.shape[1], 8, generator=gen) * (src != PAD_ID).unsqueeze(-1)
+    y = torch.randn(2, tgt_in.shape[1], 8, generator=gen)
+    with torch.no_grad():
+        for k, (a, b) in enumerate(zip(plain.pairs, res.pairs)):
+            (out_a, st_a), (out_b, st_b) = a.encode(x, lengths), b.encode(x, lengths)
+            torch.testing.assert_close(out_b, out_a + x if k else out_a, atol=ATOL, rtol=0)
+            assert torch.all(out_b[1, lengths[1]:] == 0)  # padded positions stay zero
+            torch.testing.assert_close(st_b[0], st_a[0], atol=ATOL, rtol=0)  # the recurrence is the layer's own
+            dec_a, _ = a.decode(y, a.decoder_init(st_a))
+            dec_b, _ = b.decode(y, b.decoder_init(st_b))
+            torch.testing.assert_close(dec_b, dec_a + y if k else dec_a, atol=ATOL, rtol=0)
+        emb = plain.embeddings.embed_src(src)
+        assert [len(r) for r in runs_of_layers(list(plain.pairs), "dec", emb)] == [3]
+        assert [len(r) for r in runs_of_layers(list(res.pairs), "dec", emb)] == [1, 1, 1]
+        assert not torch.allclose(logits_of(res, src, lengths, tgt_in), logits_of(plain, src, lengths, tgt_in))
+        # the whole model equals its layers called one by one, with the adds
+        h = res.embeddings.embed_tgt(tgt_in)
+        _, inits = res.encode(src, lengths)
+        for pair, init in zip(res.pairs, inits):
+            h, _ = pair.decode(h, init)
+        torch.testing.assert_close(res.decode(tgt_in, inits)[0], h, atol=ATOL, rtol=0)

@@ -6,6 +6,8 @@ SGD at lr 1, so a parameter's change IS its clipped gradient; clipping active; 2
 per step; uneven head shards, padding, several pipeline units and time chunks; dropout 0. Compared with
 `single`: the loss and the global gradient norm of both steps, and every parameter after the updates.
 Then the shipped optimizer (Adam, warm-up, clipping) over several steps: the modes agree step by step.
+The model has residual layers (model.residual, as the quickstart's), so every layout runs the adds across its
+stage boundaries and time chunks; one test runs the plain model (no residual) in the pipelined layouts.
 """
 from __future__ import annotations
 
@@ -19,8 +21,11 @@ from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
 from tests.parallel_jobs import early_reduce_points, train_steps
 
 TOL = 2e-6
-MODEL = ["model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "train.seed=7",
-         "data.min_batch_sentences=8"]
+# general attention (the score's W_a, a parameter of the head summed over its shards), stated here: the harness's
+# defaults are the demo's (trainer/configs/demo.yaml), whose attention is another
+PLAIN_MODEL = ["model.layers=4", "model.emb_dim=16", "model.hidden=16", "model.dropout=0", "train.seed=7",
+               "data.min_batch_sentences=8", "model.attention=general", "model.residual=false"]
+MODEL = [*PLAIN_MODEL[:-1], "model.residual=true"]
 
 
 def _ds(micro: int, layout: dict, bf16: bool = False, fp16: bool = False, gas: int = 2) -> dict:
@@ -33,8 +38,8 @@ def _ds(micro: int, layout: dict, bf16: bool = False, fp16: bool = False, gas: i
 
 
 def _run(workers, tiny_data, tmp_path, name, world, micro, layout, bf16=False, dropout=0.0, extra=(), fp16=False,
-         gas=2):
-    out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *MODEL, f"model.dropout={dropout}", *extra],
+         gas=2, model=MODEL):
+    out = workers.run(world, train_steps, [f"data.dir={tiny_data}", *model, f"model.dropout={dropout}", *extra],
                       _ds(micro, layout, bf16, fp16, gas), str(tmp_path / name), 2)
     params = {}
     for rank_out in out:
@@ -90,6 +95,19 @@ def single14(workers, tiny_data, tmp_path_factory):
 ])
 def test_pipelined_layouts_match_single(workers, tiny_data, tmp_path, single13, name, world, layout):
     _compare(single13, _run(workers, tiny_data, tmp_path, name, world, 13, layout), name)
+
+
+def test_the_plain_model_without_residual_layers_matches_single(workers, tiny_data, tmp_path, single13):
+    """model.residual=false (the default): the pipelined layouts, units and time chunks, still single's step; and
+    the residual model is another model (its step differs from the plain one's by far more than the tolerance)."""
+    ref = _run(workers, tiny_data, tmp_path, "single_plain", 1, 13, {"mode": "single"}, model=PLAIN_MODEL)
+    moved = max(float(np.abs(single13[1][k] - v).max()) for k, v in ref[1].items())
+    assert moved > 10 * TOL, f"model.residual must change the step far more than the tolerance ({moved:.3g})"
+    for name in ("hybrid_2", "pipeline_2", "hybrid_4"):
+        world, micro, layout = LAYOUTS[name]
+        _compare(ref, _run(workers, tiny_data, tmp_path, f"{name}_plain", world, micro, layout,
+                                model=PLAIN_MODEL),
+                 f"{name} plain")
 
 
 @pytest.mark.parametrize("name,world,layout", [
@@ -212,14 +230,14 @@ def test_three_accumulation_steps_match_single(workers, tiny_data, tmp_path, sin
 
 
 def test_bidirectional_bottom_layer_in_the_quickstart_layout_matches_single(workers, tiny_data, tmp_path):
-    """The quickstart's model (a bidirectional bottom encoder layer, dropout) in its layout (hybrid_2, one
-    pipeline unit) and in a pipelined one (3 units), against single."""
-    bi = ("model.bidirectional_bottom=true",)
-    ref = _run(workers, tiny_data, tmp_path, "single_bi", 1, 13, {"mode": "single"}, dropout=0.3, extra=bi)
+    """The quickstart's model (a bidirectional bottom encoder layer, residual layers above it, concat attention,
+    dropout) in its layout (hybrid_2, one pipeline unit) and in a pipelined one (3 units), against single."""
+    quick = [*PLAIN_MODEL[:-2], "model.attention=concat", "model.residual=true", "model.bidirectional_bottom=true"]
+    ref = _run(workers, tiny_data, tmp_path, "single_bi", 1, 13, {"mode": "single"}, dropout=0.3, model=quick)
     for units in (1, 3):
         layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": units, "time_chunks": 1}
-        _compare(ref, _run(workers, tiny_data, tmp_path, f"hybrid_bi_{units}", 2, 13, layout, dropout=0.3, extra=bi),
-                 f"hybrid_2 bidirectional, {units} units")
+        _compare(ref, _run(workers, tiny_data, tmp_path, f"hybrid_bi_{units}", 2, 13, layout, dropout=0.3,
+                           model=quick), f"hybrid_2 bidirectional, {units} units")
 
 
 LAYOUTS = {

@@ -245,7 +245,7 @@ def test_a_profile_for_another_model_is_refused(tmp_path):
 # ---- launch/plan.py ----
 def _tiny_cfg(tiny_data):
     return ["model.emb_dim=16", "model.hidden=16", "model.layers=2", "model.dropout=0.1", f"data.dir={tiny_data}",
-            "data.min_batch_sentences=8", "model.bidirectional_bottom=false"]
+            "data.min_batch_sentences=8", "model.bidirectional_bottom=false", "model.attention=general"]
 
 
 def _tiny_profile(tmp_path, tiny_data, **kw):

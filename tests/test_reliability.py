@@ -47,7 +47,8 @@ def ds_config(tmp_path: Path, layout: dict, bf16: bool = False, total_steps: int
 
 def train_cmd(data, run_dir, ranks: int, ds: str, *overrides) -> list[str]:
     args = ["launch/train.py", "--deepspeed_config", ds, f"data.dir={data}", f"run.dir={run_dir}",
-            "model.layers=2", "model.emb_dim=16", "model.hidden=16", "model.dropout=0.3", "train.seed=7",
+            "model.layers=2", "model.emb_dim=16", "model.hidden=16", "model.dropout=0.3", "model.attention=general",
+            "train.seed=7",
             "train.eval_every=4", "train.save_every=2", "train.log_every=1", "train.keep_last=10",
             "data.min_batch_sentences=8", "decode.dev_max_sentences=8", "logging.wandb_mode=disabled",
             "logging.progress=false"]

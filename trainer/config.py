@@ -46,6 +46,9 @@ class ModelConfig:
     dropout: float = _key(0.2, "dropout between layers and before the output projection, in [0, 1)")
     label_smoothing: float = _key(0.1, "label smoothing of the training loss, in [0, 1)")
     tie_embeddings: bool = _key(False, "share the target embedding with the output projection (single/data only)")
+    residual: bool = _key(False, "residual connections: each encoder/decoder layer above the bottom one adds its "
+                                 "input to its output (never one multi-layer call with the layer below: "
+                                 "train.stack_layers)")
     lstm_kernel: str = _key("fused", "LSTM layers: fused (torch's LSTM; oneDNN on CPU, cuDNN on GPU) | stepwise "
                                      "(trainer.model.lstm: one GEMM per step, chunk-invariant cost; CPU, wide "
                                      "models and time-chunked layouts) | auto (stepwise on a CPU at hidden >= "
@@ -235,6 +238,9 @@ def validate(cfg: DictConfig) -> None:
     if 0 < cfg.train.schedule_steps < cfg.train.max_steps:
         raise ConfigError(f"train.schedule_steps={cfg.train.schedule_steps} < train.max_steps={cfg.train.max_steps}: "
                           f"the LR schedule would end before training does; raise it, or 0 (= train.max_steps)")
+    if cfg.model.residual and cfg.train.stack_layers == "on":
+        raise ConfigError("train.stack_layers=on with model.residual=true: a residual add sits between every two "
+                          "layers, so no two can be one LSTM call; use auto or off (a call per layer)")
     problem = tokenizer_problem(cfg.decode.bleu_tokenize)  # auto: checked once the data's language is known
     if problem:
         raise ConfigError(f"decode.bleu_tokenize={cfg.decode.bleu_tokenize}: {problem}")

@@ -67,11 +67,14 @@ def machine() -> str:
 
 
 def commit() -> str | None:
-    """The checkout's short commit, `-dirty` when tracked files have uncommitted changes (None outside git)."""
+    """The checkout's short commit, `-dirty` when tracked files have uncommitted changes (None outside git). The
+    records themselves (benchmarks/results/*.jsonl) do not count: a benchmark of several runs appends one after
+    each, and its later runs measured the same code."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                               check=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results/*.jsonl"], cwd=REPO,
                                capture_output=True, text=True, check=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None

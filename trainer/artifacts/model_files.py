@@ -115,7 +115,7 @@ def describe(cfg: DictConfig, src_vocab: int, tgt_vocab: int) -> str:
     m = cfg.model
     return (f"model.emb_dim={m.emb_dim}, model.hidden={m.hidden}, model.layers={m.layers}, model.attention="
             f"{m.attention}, model.bidirectional_bottom={m.bidirectional_bottom}, model.tie_embeddings="
-            f"{m.tie_embeddings}, vocabularies {src_vocab}/{tgt_vocab}")
+            f"{m.tie_embeddings}, model.residual={m.residual}, vocabularies {src_vocab}/{tgt_vocab}")
 
 
 # ---- the exported model file (launch/export.py writes it, translate --model reads it) ----

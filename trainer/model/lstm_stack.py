@@ -11,8 +11,9 @@ compute: the same recurrences, the top layer's outputs and every layer's final s
 
 It can only be one call where nothing happens between two layers: consecutive unidirectional layers on the
 fused kernel (`model.lstm_kernel`; not the stepwise one), whose dropout between them is inactive (p = 0, or
-evaluation). The keyed dropout masks (trainer.model.dropout) must be the same in every layout, which a kernel's
-own dropout between layers is not. Everything else runs a layer at a time, as before.
+evaluation), and no residual add (model.residual) feeds the upper one. The keyed dropout masks
+(trainer.model.dropout) must be the same in every layout, which a kernel's own dropout between layers is not.
+Everything else runs a layer at a time, as before.
 
 `flatten_for_cudnn` puts a stack's weights into one buffer in cuDNN's layout (the parameters become views of
 it), so a cuDNN call reads them in place; without it, and for bf16 always (nn.LSTM.flatten_parameters() skips
@@ -211,14 +212,15 @@ def flatten_for_cudnn(lstms: list[nn.LSTM]) -> bool:
 def cudnn_weight_groups(pairs: list, stacked: bool) -> list[list[nn.LSTM]]:
     """The LSTMs of `pairs` (EncoderDecoderLayers, in order) grouped as their calls will read them: with `stacked`
     (no dropout between layers, so `encode_stack` / `decode_stack` make one call of them), each side's
-    consecutive layers on the fused kernel as one group; else every LSTM alone. A bidirectional encoder and a
-    stepwise layer are always alone."""
+    consecutive layers on the fused kernel as one group; else every LSTM alone. A bidirectional encoder, a
+    stepwise layer and a residual one (model.residual) are always alone."""
     groups: list[list[nn.LSTM]] = []
     for side in ("encoder", "decoder"):
         run: list[nn.LSTM] = []
         for pair in pairs:
             lstm = getattr(pair, side)
-            if stacked and pair.stack and pair.kernel != "stepwise" and not lstm.bidirectional:
+            if (stacked and pair.stack and not pair.residual and pair.kernel != "stepwise"
+                    and not lstm.bidirectional):
                 run.append(lstm)
                 continue
             groups += [run] if run else []

@@ -56,10 +56,16 @@ class EncoderDecoderLayer(nn.Module):
 
     The bottom layer (k = 0) may have a bidirectional encoder: each direction has hidden/2 units and
     their final states are concatenated to initialise the decoder.
+
+    `residual`: each side's output is its input plus the LSTM's (dropped-out) output, in layers above the bottom
+    one, whose input is as wide as their output (hidden). The add reads only this layer's own input, at the same
+    rows and positions, so it holds in any placement and any cut of time. No parameters: checkpoints do not
+    change. Such a layer is never one layer of a multi-layer LSTM call (`stackable`): the add sits between it
+    and the layer below.
     """
 
     def __init__(self, *, index: int, emb_dim: int, hidden: int, dropout: float, bidirectional: bool = False,
-                 kernel: str = "fused", time_chunked: bool = False):
+                 kernel: str = "fused", time_chunked: bool = False, residual: bool = False):
         super().__init__()
         # model.lstm_kernel: "stepwise" runs unidirectional layers with trainer.model.lstm; "auto" decides
         # per call from the input's device and dtype and whether the layer is called in time chunks
@@ -72,6 +78,7 @@ class EncoderDecoderLayer(nn.Module):
             raise ValueError(f"model.hidden={hidden} must be even for a bidirectional bottom layer")
         self.index = index
         self.bidirectional = bidirectional
+        self.residual = bool(residual) and in_dim == hidden and index > 0
         self.encoder = nn.LSTM(in_dim, hidden // 2 if bidirectional else hidden, batch_first=True,
                                bidirectional=bidirectional)
         self.decoder = nn.LSTM(in_dim, hidden, batch_first=True)
@@ -86,15 +93,17 @@ class EncoderDecoderLayer(nn.Module):
         array, or a tensor read back to the host), state: carried from the previous time chunk (None at
         the start).
 
-        Returns out (batch, src_len, hidden), zero at padded positions, and the state at each row's
-        true end, shaped for the decoder: (1, batch, hidden) x 2 (both directions concatenated), or,
-        for a bidirectional encoder, the raw per-direction state.
+        Returns out (batch, src_len, hidden), zero at padded positions (a residual layer's input is the
+        layer below's output, zero there too), and the state at each row's true end, shaped for the decoder:
+        (1, batch, hidden) x 2 (both directions concatenated), or, for a bidirectional encoder, the raw
+        per-direction state.
         """
         if self._stepwise(x) and not self.bidirectional:
             out, state = run_stepwise(self.encoder, x, host_lengths(lengths), state)
         else:
             out, state = run_bulk_then_packed(self.encoder, x, host_lengths(lengths), state)
-        return self.enc_dropout(out, masks), state
+        out = self.enc_dropout(out, masks)
+        return (x + out if self.residual else out), state
 
     def _stepwise(self, x: torch.Tensor) -> bool:
         return self.kernel == "stepwise" or (self.kernel == "auto" and auto_stepwise(x, self.decoder.hidden_size,
@@ -102,8 +111,9 @@ class EncoderDecoderLayer(nn.Module):
 
     def stackable(self, side: str, x: torch.Tensor) -> bool:
         """Can this layer's `side` ('enc' | 'dec') be one layer of a multi-layer call on input like `x`
-        (trainer.model.lstm_stack): the fused kernel, one direction."""
-        return self.stack and not self._stepwise(x) and (side == "dec" or not self.bidirectional)
+        (trainer.model.lstm_stack): the fused kernel, one direction, no residual add below it."""
+        return (self.stack and not self.residual and not self._stepwise(x)
+                and (side == "dec" or not self.bidirectional))
 
     def drops(self, side: str) -> bool:
         """Is the dropout on this layer's `side` outputs active (training with p > 0)?"""
@@ -128,7 +138,8 @@ class EncoderDecoderLayer(nn.Module):
             out, state = run_stepwise(self.decoder, y, None, state)
         else:
             out, state = self.decoder(y, state)
-        return self.dec_dropout(out, masks), state
+        out = self.dec_dropout(out, masks)
+        return (y + out if self.residual else out), state
 
     def forward(self, x: torch.Tensor, src_lengths: torch.Tensor, y: torch.Tensor):
         enc_out, enc_state = self.encode(x, src_lengths)
@@ -395,7 +406,8 @@ def layer_builders(cfg, src_vocab: int, tgt_vocab: int, time_chunked: bool = Fal
         specs.append((EncoderDecoderLayer, dict(index=k, emb_dim=cfg.emb_dim, hidden=cfg.hidden,
                                                 dropout=cfg.dropout,
                                                 bidirectional=bool(cfg.bidirectional_bottom and k == 0),
-                                                kernel=cfg.lstm_kernel, time_chunked=time_chunked)))
+                                                kernel=cfg.lstm_kernel, time_chunked=time_chunked,
+                                                residual=bool(cfg.residual))))
     return specs
 
 

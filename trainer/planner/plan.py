@@ -47,8 +47,9 @@ class Workload:
 
     def stacked(self, device_type: str) -> bool:
         """Whether a stage's LSTM layers run as one call per side on this device (train.stack_layers as the trainer
-        applies it: trainer.training.tuning.stack_layers; never with dropout between them)."""
-        on, _ = tuning.stack_layers(self.cfg.train.stack_layers, torch.device(device_type), self.precision)
+        applies it: trainer.training.tuning.stack_layers; never with dropout between them, nor residual layers)."""
+        on, _ = tuning.stack_layers(self.cfg.train.stack_layers, torch.device(device_type), self.precision,
+                                    self.cfg.model.residual)
         return on and self.cfg.model.dropout == 0
 
     def tokens(self, window) -> int:

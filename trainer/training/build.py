@@ -108,7 +108,7 @@ def lstm_weight_notes(module: RankModule, engine: dsa.Engine, cfg, device) -> li
     """train.stack_layers as it applies, and on CUDA the LSTM weights in cuDNN's flat layout, by the groups their
     calls read (one stack per side where no dropout sits between the layers); not under ZeRO, whose own flat buffer
     holds them."""
-    stacked, why = tuning.stack_layers(cfg.train.stack_layers, device, engine.precision)
+    stacked, why = tuning.stack_layers(cfg.train.stack_layers, device, engine.precision, cfg.model.residual)
     for layer in module.layers:
         if isinstance(layer, EncoderDecoderLayer):
             layer.stack = stacked

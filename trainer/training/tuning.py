@@ -209,12 +209,15 @@ def precision_notes(device: torch.device, precision: str, width: int) -> list[st
             f"\"bf16\": {{\"enabled\": false}} in the DeepSpeed JSON may train faster"]
 
 
-def stack_layers(configured: str, device: torch.device, precision: str) -> tuple[bool, str]:
+def stack_layers(configured: str, device: torch.device, precision: str, residual: bool = False) -> tuple[bool, str]:
     """train.stack_layers as it applies, and why. auto: one call per side for fp32 on CUDA, where cuDNN's 4-layer
     stack took 30.5 ms forward and backward against 36.1 for the layers one at a time; a call per layer elsewhere:
     in bf16 the stack launched 20% more kernels on a host-bound step (19.9 against 17.0-18.3 ms; the patent run
     35.0 against 30.8 ms per step), and on a CPU they are level (H200 and Intel Xeon, 2026-12-04:
-    benchmarks/results/gpu/2026-12-04-v2, docs/gpu.md)."""
+    benchmarks/results/gpu/2026-12-04-v2, docs/gpu.md). `residual` (model.residual): a call per layer, whatever is
+    configured (trainer.config refuses on with it)."""
+    if residual:
+        return False, f"train.stack_layers={configured}: by layer (model.residual adds between the layers)"
     if configured != "auto":
         return configured == "on", f"train.stack_layers={configured}"
     on = device.type == "cuda" and precision == "fp32"
