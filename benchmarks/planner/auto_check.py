@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.common import REPO, ds_variant, prepare_enja, train
 from trainer.artifacts import run_dir as run_dir_names
 
@@ -83,3 +84,16 @@ def auto_check(args: argparse.Namespace) -> None:
         print(f"| {case[0]} | {case[1]} | `{row['chosen']}` | {row['auto_ms']:.1f} | {row['best']} | {row['best_ms']:.1f} | "
               f"{100 * row['slower_by']:+.1f}%{'' if row['within_goal'] else ' **'} |")
     (args.work / "auto_check.json").write_text(json.dumps(out, indent=1))
+    records.write(auto_records(out, args))
+
+
+def auto_records(rows: list[dict], args: argparse.Namespace) -> list[dict]:
+    """One record per model and precision (table "auto" of the planner's question): auto's choice and its ms per
+    step against the fastest shipped layout's, the median round of each."""
+    return [records.record(
+        "planner", "auto", command=records.command("benchmarks.planner auto-check"),
+        settings={"model": row["model"], "precision": row["precision"], "ranks": 2, "threads_per_rank": 1,
+                  "steps": args.steps, "rounds": args.rounds, "chosen": row["chosen"], "fastest_shipped": row["best"]},
+        figures={"auto_step_ms": round(row["auto_ms"], 1), "fastest_shipped_step_ms": round(row["best_ms"], 1),
+                 **{f"{label}_step_ms": round(ms, 1) for label, ms in row["medians"].items() if label != "auto"}},
+        ratios={"auto_slower_by": round(row["slower_by"], 4)}) for row in rows]

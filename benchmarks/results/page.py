@@ -360,6 +360,7 @@ def planner(records: list[dict]) -> tuple[list[str], list[dict]]:
         one = next(iter(cells.values()))["figures"]["one_gpu_step_ms"]
         pred_rows.append([machine, model, scenario, profile, link_, number(one, 1),
                           *(_pick(cells.get(n)) for n in (2, 4, 8)), when_, journal])
+    auto_lines, autos = _auto_table(records)
     intro = ("The layout planner (`launch/plan.py`) against measured steps on this machine kind (32 layouts of "
              "enja-small; a row is within when its predicted step is within 10% of the measured one), and what it "
              "predicts for GPUs: **predictions, not measurements**.")
@@ -367,7 +368,23 @@ def planner(records: list[dict]) -> tuple[list[str], list[dict]]:
                                "rescored", "measured", ""], rows), "",
             "Predicted (the planner's pick on N GPUs, and each mode's best speed-up over one GPU):", "",
             *table(["GPU", "model", "scenario", "profile", "link", "one GPU ms", "2 GPUs", "4 GPUs", "8 GPUs",
-                    "predicted", ""], pred_rows)], summaries + preds
+                    "predicted", ""], pred_rows), "",
+            *auto_lines], summaries + preds + autos
+
+
+def _auto_table(records: list[dict]) -> tuple[list[str], list[dict]]:
+    """parallel_layout auto's choice trained against the fastest shipped layout (benchmarks.planner auto-check)."""
+    autos = latest([r for r in records if r["table"] == "auto"],
+                   lambda r: (r["machine"], r["settings"]["model"], r["settings"]["precision"]))
+    rows = [[r["machine"], r["settings"]["model"], r["settings"]["precision"], f"`{r['settings']['chosen']}`",
+             number(r["figures"]["auto_step_ms"], 1), r["settings"]["fastest_shipped"],
+             number(r["figures"]["fastest_shipped_step_ms"], 1), f"{100 * r['ratios']['auto_slower_by']:+.1f}%",
+             r["settings"].get("rounds", 1), stamp(r), link(r)] for r in autos]
+    intro = ("`parallel_layout: {\"mode\": \"auto\"}` trained against the fastest shipped 2-rank layout (2 ranks x 1 "
+             "thread, measured; the goal: auto within 5%):")
+    return [intro, "", *(table(["machine", "model", "precision", "auto chose", "its ms/step", "fastest shipped",
+                                "its ms/step", "auto slower by", "rounds", "measured", ""], rows) if rows
+                         else ["not measured"])], autos
 
 
 def _pick(r: dict | None) -> str:
