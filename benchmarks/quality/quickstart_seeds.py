@@ -19,7 +19,6 @@ average before and after: on a shared machine the wall time is an upper bound, t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -27,12 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from benchmarks.common import REPO, metrics
+from data_prep import userfiles
 from benchmarks.quality.number_copy import ordinals
 from benchmarks.results import command, record, write
 from trainer.artifacts.run_dir import CONFIG, DS_CONFIG, TEST_HYP
+from trainer.config import read_yaml
+from trainer.ds_config import MAX_BYTES
 
 BAR = {"test_bleu": 95.0, "ordinals_right": 0.95, "wall_s": 240.0}
 PHASE = re.compile(r"^quickstart: .*?\btrain ([\d.]+) s", re.M)
@@ -64,8 +64,8 @@ def scores(work: Path) -> dict:
     tokenize = resolve_tokenize("auto", "ja", ref)
     s = score(hyp, ref, tokenize)
     dev = [(r["step"], r["dev_bleu"]) for r in metrics(run) if "dev_bleu" in r]
-    model = yaml.safe_load((run / CONFIG).read_text())["model"]
-    lr = json.loads((run / DS_CONFIG).read_text())["optimizer"]["params"]["lr"]
+    model = read_yaml(str(run / CONFIG)).model  # the run's own files, through the project's strict readers
+    lr = userfiles.read_json(str(run / DS_CONFIG), MAX_BYTES, "the run's DeepSpeed JSON")["optimizer"]["params"]["lr"]
     recipe = (f"{'residual layers, ' if model.get('residual') else ''}{model['attention']} attention, lr {lr:g}")
     return {"test_bleu": round(s.bleu, 2), "test_chrf": round(s.chrf, 2), **ordinals(src, ref, hyp),
             "dev_bleu_steps": [step for step, _ in dev], "dev_bleu": [round(b, 2) for _, b in dev],
