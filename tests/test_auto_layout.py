@@ -48,6 +48,9 @@ def test_auto_that_cannot_be_planned_is_refused_in_one_line(tiny_data, tmp_path,
         plan(cfg, _auto_json(tmp_path, profile="nowhere.json"), world=2)
     with pytest.raises(LayoutError, match=r"parallel_layout\.num_pp: not a key of mode=auto"):
         plan(cfg, _auto_json(tmp_path, num_pp=2), world=2)
+    for bad in (-0.1, 0.6, "0.1", True):
+        with pytest.raises(LayoutError, match=r"^parallel_layout\.margin=.*: must be a number in 0 \.\. 0\.5"):
+            plan(cfg, _auto_json(tmp_path, margin=bad), world=2)
     unprepared = load_config(None, [*TINY, f"data.dir={tmp_path / 'raw'}"])
     with pytest.raises(FileNotFoundError, match=r"data\.dir=.*raw: not prepared \(no manifest\.json\)"):
         plan(unprepared, _auto_json(tmp_path, profile=str(_profile(tmp_path, tiny_data))), world=2)
@@ -79,8 +82,10 @@ def test_auto_takes_the_planners_fastest_layout_of_the_ranks_launched_and_caches
     # the planner's own ranking of 2-rank layouts, at the JSON's micro-batch as one process's
     base = {**load_ds_config(path, None), "parallel_layout": {"mode": "single"}}
     ranked, _, _ = planner.rank_layouts(planner.workload(cfg, base, 2), load(str(profile)), 2, screen_steps=2)
-    best = next(p for p in ranked if p.candidate.ranks == 2)
+    fits = [p for p in ranked if p.candidate.ranks == 2]
+    best, why = auto_layout.pick(fits, auto_layout.DEFAULT_MARGIN)
     assert spec == best.candidate.spec and spec.world_size == 2
+    assert (f"parallel_layout auto: {why}" in choice.lines) == bool(why)
     assert choice.lines[-1] == f"parallel_layout auto: chose {best.candidate.label()}: {json.dumps(choice.layout)}"
     assert "ranked in" in choice.lines[0] and choice.lines[1].startswith(f"  1. {best.candidate.label()}: predicted ")
     run_ds = auto_layout.apply(ds, choice)  # one replica's share of the global micro-batch
@@ -90,6 +95,32 @@ def test_auto_takes_the_planners_fastest_layout_of_the_ranks_launched_and_caches
     assert again == spec and "from the cache" in cached.lines[0] and cached.lines[1:] == choice.lines[1:]
     other = auto_layout.AutoRequest(request.profile, 3, 2, "cpu")  # another number of steps: ranked again
     assert "ranked in" in auto_layout.choose(cfg, ds, other)[1].lines[0]
+
+
+def test_auto_does_not_order_layouts_closer_than_the_planners_error():
+    from trainer.parallel.layout import LayoutSpec
+    from trainer.planner.candidates import Candidate
+    from trainer.planner.plan import Prediction
+    from trainer.training.auto_layout import handoffs, pick
+
+    def pred(ms, mode="hybrid", pp=2, dp=1, units=2, chunks=1, shares=None, screened=False):
+        spec = LayoutSpec(mode, pp, dp, micro_batches=units, time_chunks=chunks, head_shares=shares)
+        return Prediction(Candidate(spec, pp * dp, 1), ms / 1000, 1.0, screened_only=screened)
+
+    hybrid = pred(125.4, shares=(10, 6))
+    data = pred(127.8, "data", 1, 2, 1)
+    assert handoffs(hybrid.candidate.spec) == 4 and handoffs(data.candidate.spec) == 1
+    chosen, why = pick([hybrid, data], 0.10)  # 1.9% apart: closer than the planner's error
+    assert chosen is data and why.startswith("data 2 is predicted 1.9% slower than hybrid 2 u2 c1 shares 10:6, within "
+                                             "the planner's error (margin 0.1): taken for its 1 pipeline hand-off(s) "
+                                             "per step against 4, even head shares")
+    assert pick([hybrid, data], 0.0) == (hybrid, "")  # margin 0: the fastest prediction
+    assert pick([pred(100.0), pred(125.0, "data", 1, 2, 1)], 0.10)[0].candidate.spec.mode == "hybrid"  # 25% apart
+    even = pred(104.0)  # same hand-offs, even shares: preferred to uneven ones within the margin
+    assert pick([hybrid := pred(100.0, shares=(10, 6)), even], 0.10)[0] is even
+    assert pick([hybrid, pred(101.0, "data", 1, 2, 1, screened=True)], 0.10)[0] is hybrid  # screened rows: not taken
+    fewer = pred(103.0, chunks=1, units=1)
+    assert pick([pred(100.0, units=2, chunks=2), fewer], 0.05)[0] is fewer
 
 
 @pytest.mark.slow

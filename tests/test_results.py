@@ -5,9 +5,10 @@ record. Nothing is measured here."""
 from __future__ import annotations
 
 import copy
-import sys
 import json
 import re
+import shlex
+import sys
 
 import pytest
 
@@ -44,6 +45,8 @@ def test_every_question_has_records_and_each_names_a_command_in_the_checkout(rec
         missing |= {f"python -m {m}" for m in cited(MODULE, r["command"]) if module_file(m) is None}
         missing |= {p for p in cited(PATH, r["command"]) if not (REPO / p).exists()}
         assert r["command"].split()[0] in ("python", "bash", "git", "WORK=/tmp/qs"), r["command"]
+        if r["command"].startswith("python -m "):  # a module name, then its arguments (not a quoted "module sub")
+            assert re.fullmatch(r"[\w.]+", shlex.split(r["command"])[2]), r["command"]
     assert not missing, f"records name commands the checkout lacks: {sorted(missing)}"
 
 

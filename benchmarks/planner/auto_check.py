@@ -91,7 +91,7 @@ def auto_records(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     """One record per model and precision (table "auto" of the planner's question): auto's choice and its ms per
     step against the fastest shipped layout's, the median round of each."""
     return [records.record(
-        "planner", "auto", command=records.command("benchmarks.planner auto-check"),
+        "planner", "auto", command=records.command("benchmarks.planner"),
         settings={"model": row["model"], "precision": row["precision"], "ranks": 2, "threads_per_rank": 1,
                   "steps": args.steps, "rounds": args.rounds, "chosen": row["chosen"], "fastest_shipped": row["best"]},
         figures={"auto_step_ms": round(row["auto_ms"], 1), "fastest_shipped_step_ms": round(row["best_ms"], 1),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -82,7 +83,10 @@ def commit() -> str | None:
 
 
 def command(module: str) -> str:
-    """This process's command line as `python -m MODULE ARGS` (what a reader types to measure it again)."""
+    """This process's command line as `python -m MODULE ARGS` (what a reader types to measure it again); `module` is
+    the dotted name alone (a subcommand is in sys.argv already)."""
+    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", module):
+        raise ValueError(f"{module!r}: not a module name (the subcommand and options come from sys.argv)")
     return shlex.join(["python", "-m", module, *sys.argv[1:]])
 
 
