@@ -182,36 +182,45 @@ def _run_peer_tool(python: Path, tool: str, config: Path, log: Path, extra: list
         raise PeerError(f"OpenNMT-py {tool} failed ({proc.returncode}); log {log}: {tail[0] if tail else ''}")
 
 
-def peer_data(python: Path, work: Path) -> Path:
-    """WORK/onmt/: OpenNMT-py's corpus config and its word-level vocabularies (built once)."""
-    root = work / "onmt"
+def peer_data(python: Path, work: Path, folder: str = "onmt",
+              corpus: tuple[Path, Path] = (ENJA / "train.en", ENJA / "train.ja")) -> Path:
+    """WORK/FOLDER/: OpenNMT-py's corpus config for `corpus` (source, target text: by default small_parallel_enja's
+    words) and its vocabularies of the corpus's space-separated tokens (built once)."""
+    root = work / folder
     root.mkdir(parents=True, exist_ok=True)
     base = {"src_vocab": str(root / "vocab.src"), "tgt_vocab": str(root / "vocab.tgt"),
             "save_data": str(root / "samples"), "overwrite": True,
-            "data": {"corpus_1": {"path_src": str(ENJA / "train.en"), "path_tgt": str(ENJA / "train.ja"),
-                                  "weight": 1}}}
+            "data": {"corpus_1": {"path_src": str(corpus[0]), "path_tgt": str(corpus[1]), "weight": 1}}}
     # OpenNMT-py reads -config as YAML, of which JSON is a subset
     (root / "data.json").write_text(json.dumps(base, indent=1))
     if not (root / "vocab.tgt").exists():
-        if not ENJA.exists():
-            raise PeerError(f"{ENJA}: not found (the shared data folder beside the checkout)")
+        for path in corpus:
+            if not path.exists():
+                raise PeerError(f"{path}: not found" + (" (the shared data folder beside the checkout)"
+                                                         if path.parent == ENJA else ""))
         _run_peer_tool(python, "build_vocab", root / "data.json", root / "build_vocab.log", ["-n_sample", "-1"], 1800)
     return root
 
 
 def train_peer(python: Path, root: Path, name: str, options: dict, threads: int, steps: int, warmup: int,
-               timeout: int = 7200, profile: tuple[int, int] | None = None) -> dict:
+               timeout: int = 7200, profile: tuple[int, int] | None = None, budget_s: float | None = None,
+               seed: int = 1) -> dict:
+    """ROOT/runs/NAME: OpenNMT-py trained `steps` steps (or until `budget_s` seconds have passed since its training
+    loop's first batch: opennmt_runner.py --budget-s), its checkpoint saved at the end; its steps' throughput after
+    `warmup`."""
     run = root / "runs" / name
     if run.exists():
         shutil.rmtree(run)
     run.mkdir(parents=True)
     config = {**json.loads((root / "data.json").read_text()), **options, "save_model": str(run / "model"),
               "train_steps": steps, "valid_steps": 10 * steps, "save_checkpoint_steps": 10 * steps,
-              "report_every": max(1, steps // 10), "num_workers": 0, "seed": 1, "world_size": 1, "gpu_ranks": []}
+              "report_every": max(1, steps // 10), "num_workers": 0, "seed": seed, "world_size": 1, "gpu_ranks": []}
     (run / "config.json").write_text(json.dumps(config, indent=1))
     # num_workers 0: batches are made in the process between steps, as ours are; DataLoader workers would
     # compete with the 2 compute threads for the cores during steps.
     extra = ["--threads", str(threads), "--steps-file", str(run / "steps.jsonl")]
+    if budget_s is not None:
+        extra += ["--budget-s", str(budget_s)]
     if profile:  # (after step, steps): torch.profiler over that window, to RUN/profile.json
         extra += ["--profile-from", str(profile[0]), "--profile-steps", str(profile[1]),
                   "--profile-out", str(run / "profile.json")]

@@ -4,15 +4,23 @@
     VENV/bin/python benchmarks/peers/opennmt_runner.py build_vocab -config CONFIG ...
     VENV/bin/python benchmarks/peers/opennmt_runner.py train -config CONFIG ... --threads N --steps-file FILE
                                                         [--profile-from S --profile-steps N --profile-out FILE]
+                                                        [--budget-s SECONDS]
+    VENV/bin/python benchmarks/peers/opennmt_runner.py translate -config CONFIG ... --threads N
 
 Imports nothing from this repository: it runs under the venv's interpreter, next to OpenNMT-py 3.5.1.
-Two things it adds around `onmt.bin.train.main`, both outside the training arithmetic:
+What it adds around `onmt.bin.train.main`, all outside the training arithmetic:
 
-* torch's thread count (OpenNMT-py has no option for it on CPU);
+* torch's thread count (OpenNMT-py has no option for it on CPU; translate gets it too);
 * a clock around `Trainer._gradient_accumulation` (forward, loss, backward and the optimizer step of one
   training step: what our trainer's `step_time_s` covers), one JSON line per step to FILE, so both
   trainers are timed over the same part of a step. Each line also has the wall time since the end of the
-  previous step, which adds OpenNMT-py's batch preparation and reporting.
+  previous step, which adds OpenNMT-py's batch preparation and reporting, and the wall time since the training
+  loop (`Trainer.train`) had its first batch (`train_s`) and since it began (`loop_s`: its reading of the
+  corpus before the first batch added);
+* with --budget-s, a wall-clock stop, which OpenNMT-py lacks: once SECONDS have passed since the loop's first
+  batch, the loop is handed no further batch, so it ends as at its last step and saves its checkpoint
+  (`model_step_N.pt`, N the steps taken) as it always does at the end (`_Budget`). The check comes before
+  each batch is fetched, after the previous step and its reporting: the run overshoots by less than a step.
 
 With --profile-steps N, torch.profiler runs over steps S+1 .. S+N and FILE gets what our trainer's
 `train.profile_steps` writes (trainer/observe/profiling.py: wall and self CPU ms per step, and each operator's
@@ -104,7 +112,49 @@ class _Window:
         self.prof = None
 
 
-def _clock_steps(path: str, window: _Window | None) -> None:
+class _Budget:
+    """The training loop's clocks: `loop_start` when `Trainer.train` starts reading batches, `start` once its first
+    batch is in hand (what the budget counts: OpenNMT-py reads and sorts the corpus before its first batch, start-up
+    as our trainer's loading of its data before its loop is); with `seconds`, no batch is fetched once that much
+    time has passed since `start` (None: the clocks only)."""
+
+    def __init__(self, seconds: float | None = None, clock=time.perf_counter):
+        self.seconds, self.clock = seconds, clock
+        self.loop_start = self.start = None
+
+    def since(self, mark: float | None) -> float | None:
+        return None if mark is None else self.clock() - mark
+
+    def spent(self) -> bool:
+        return self.seconds is not None and self.start is not None and self.clock() - self.start >= self.seconds
+
+    def batches(self, source):
+        """`source`'s items until the budget is spent, checked before each is fetched."""
+        self.loop_start = self.clock()
+        items = iter(source)
+        while not self.spent():
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            if self.start is None:
+                self.start = self.clock()
+            yield item
+
+
+def _clock_training(budget: _Budget) -> None:
+    """`Trainer.train` reads its batches through `budget.batches`."""
+    import onmt.trainer
+
+    inner = onmt.trainer.Trainer.train
+
+    def train(self, train_iter, *args, **kwargs):
+        return inner(self, budget.batches(train_iter), *args, **kwargs)
+
+    onmt.trainer.Trainer.train = train
+
+
+def _clock_steps(path: str, window: _Window | None, budget: _Budget | None = None) -> None:
     import onmt.trainer
 
     inner = onmt.trainer.Trainer._gradient_accumulation
@@ -127,7 +177,9 @@ def _clock_steps(path: str, window: _Window | None) -> None:
                               "pairs": sum(int(b["src"].size(0)) for b in true_batches),
                               "src_tokens": total_stats.n_src_words - src_before,
                               "tgt_tokens": total_stats.n_words - tgt_before,
-                              "step_time_s": end - start, "wall_s": wall}) + "\n")
+                              "step_time_s": end - start, "wall_s": wall,
+                              "train_s": budget.since(budget.start) if budget else None,
+                              "loop_s": budget.since(budget.loop_start) if budget else None}) + "\n")
 
     onmt.trainer.Trainer._gradient_accumulation = timed
 
@@ -145,12 +197,13 @@ def main() -> None:
     if sys.argv[1:2] in (["-h"], ["--help"]):
         print(__doc__)
         return
-    if len(sys.argv) < 2 or sys.argv[1] not in ("check", "build_vocab", "train"):
-        sys.exit("usage: opennmt_runner.py check | build_vocab ARGS | train ARGS [--threads N] [--steps-file FILE]")
+    if len(sys.argv) < 2 or sys.argv[1] not in ("check", "build_vocab", "train", "translate"):
+        sys.exit("usage: opennmt_runner.py check | build_vocab ARGS | train ARGS [--threads N] [--steps-file FILE] "
+                 "[--budget-s S] | translate ARGS [--threads N]")
     command, argv = sys.argv[1], sys.argv[2:]
     threads, steps_file = _take(argv, "--threads"), _take(argv, "--steps-file")
     profile_from, profile_steps = _take(argv, "--profile-from"), _take(argv, "--profile-steps")
-    profile_out = _take(argv, "--profile-out")
+    profile_out, budget_s = _take(argv, "--profile-out"), _take(argv, "--budget-s")
     _stand_in_for_spacy()
     import torch
 
@@ -164,6 +217,13 @@ def main() -> None:
         return
     if command == "build_vocab":
         from onmt.bin.build_vocab import main as entry
+    elif command == "translate":
+        import argparse
+
+        # OpenNMT-py 3.5.1 stores its options as an argparse.Namespace in the checkpoint, which torch >= 2.6 no
+        # longer unpickles by default (torch.load weights_only); the checkpoint is the one the train command wrote
+        torch.serialization.add_safe_globals([argparse.Namespace])
+        from onmt.bin.translate import main as entry
     else:
         window = None
         if profile_steps and int(profile_steps) > 0:
@@ -171,8 +231,10 @@ def main() -> None:
                 sys.exit("--profile-steps needs --steps-file and --profile-out")
             _mark_phases()
             window = _Window(int(profile_from or 0) + 1, int(profile_steps), profile_out)
+        budget = _Budget(float(budget_s) if budget_s else None)
+        _clock_training(budget)
         if steps_file:
-            _clock_steps(steps_file, window)
+            _clock_steps(steps_file, window, budget)
         from onmt.bin.train import main as entry
     sys.argv = [f"onmt_{command}", *argv]
     entry()
