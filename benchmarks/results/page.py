@@ -319,8 +319,28 @@ def peers(records: list[dict]) -> tuple[list[str], list[dict]]:
     intro = ("One rank against OpenNMT-py 3.5.1 on the same model and batches (enja-small, 64 pairs per step, 2 "
              "threads), measured side by side in one run; ours over OpenNMT-py without and with input feeding. The "
              "target: fp32 >= 1.2x OpenNMT-py without input feeding. The pairs/s is the command's median round.")
+    transformer_lines, transformers = _transformer_table(records)
     return [intro, "", *table(["machine", "who", "precision", "setting", "pairs/s", "by round",
-                               "vs OpenNMT-py, without / with input feeding", "measured", ""], rows)], shown
+                               "vs OpenNMT-py, without / with input feeding", "measured", ""], rows), "",
+            *transformer_lines], shown + transformers
+
+
+def _transformer_table(records: list[dict]) -> tuple[list[str], list[dict]]:
+    """A Transformer beside ours after the same training wall time (benchmarks.peers.transformer_peer)."""
+    shown = by_machine(latest([r for r in records if r["table"] == "transformer"],
+                              lambda r: (r["machine"], r["settings"]["system"], r["settings"]["precision"],
+                                         r["settings"]["minutes"])))
+    rows = [[r["machine"], r["settings"]["system"], r["settings"]["model"], r["settings"]["precision"],
+             r["settings"]["threads"], f"{r['settings']['minutes']:g}", r["settings"]["batch"],
+             number(r["figures"]["steps"]), number(r["figures"]["test_bleu"], 2), number(r["figures"]["train_s"]),
+             number(r["figures"]["decode_s"]), stamp(r), link(r)] for r in shown]
+    intro = ("A Transformer (OpenNMT-py 3.5.1: 3+3 layers, d_model 256, in its own virtualenv) beside ours on "
+             "enja-small, each trained for the same minutes of wall time on the same CPU and the same 8k BPE pieces, "
+             "then test BLEU (500 sentences, beam 5, sacreBLEU 13a); decoding's wall time apart "
+             "(`python -m benchmarks.peers.transformer_peer`, whose docstring says how each side is set up and timed):")
+    return [intro, "", *(table(["machine", "who", "model", "precision", "threads", "minutes", "batch", "steps",
+                                "test BLEU", "train wall s", "decode wall s", "measured", ""], rows) if rows
+                         else ["not measured"])], shown
 
 
 def bleu(records: list[dict]) -> tuple[list[str], list[dict]]:
