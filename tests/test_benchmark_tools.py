@@ -149,6 +149,89 @@ def test_spacy_stand_in_fails_loudly_when_used(monkeypatch):
     assert not hasattr(stand_in, "__file__")  # introspection sees a plain module, not an error
 
 
+def test_the_transformer_peers_schedules_are_sized_to_the_budget():
+    """Each side's expected steps are the budget over its probe's seconds per step after the warm-up; the
+    Transformer's noam warms up over a tenth of them (at most 4000) and peaks at PEAK_LR whatever the warm-up."""
+    from benchmarks.peers import transformer_peer as tp
+
+    rows = [(1, 9.0), (2, 9.6), (3, 10.1), (4, 10.5), (5, 11.0), (6, 11.5)]  # step 1 waited for the first batches
+    assert tp.probe_rate(rows, warmup=4) == pytest.approx(0.5)
+    assert tp.expected_steps(600.0, 0.5) == 1200 and tp.expected_steps(1.0, 5.0) == 1
+    with pytest.raises(tp.PeerError, match="two after step 4"):
+        tp.probe_rate(rows[:4], warmup=4)
+    with pytest.raises(tp.PeerError, match="cannot size a schedule"):
+        tp.expected_steps(600.0, 0.0)
+    for steps, warmup in ((1200, 120), (5, 1), (10**6, 4000)):
+        got_warmup, factor = tp.noam(steps)
+        assert got_warmup == warmup
+        assert factor * tp.D_MODEL ** -0.5 * warmup ** -0.5 == pytest.approx(tp.PEAK_LR)  # noam's peak, at the warm-up
+    # the usual factor 2 with warm-up 4000 at d_model 256 is the peak chosen
+    assert 2 * 256 ** -0.5 * 4000 ** -0.5 == pytest.approx(tp.PEAK_LR, rel=0.02)
+    opts = tp.transformer_options(warmup=120, learning_rate=0.7, batch_tokens=1024)
+    assert opts["encoder_type"] == opts["decoder_type"] == "transformer" and opts["enc_layers"] == opts["dec_layers"] == 3
+    assert (opts["hidden_size"], opts["word_vec_size"], opts["heads"], opts["transformer_ff"]) == (256, 256, 4, 1024)
+    assert opts["dropout"] == opts["attention_dropout"] == [0.1] and opts["label_smoothing"] == 0.1
+    assert (opts["decay_method"], opts["warmup_steps"], opts["learning_rate"]) == ("noam", 120, 0.7)
+    assert (opts["batch_type"], opts["batch_size"]) == ("tokens", 1024) and opts["position_encoding"]
+    assert opts["src_vocab_size"] == opts["tgt_vocab_size"] == common.VOCAB_SIZE
+
+
+def test_the_runners_budget_hands_no_batch_once_spent():
+    """opennmt_runner.py --budget-s: the budget counts from the loop's first batch (the corpus read before it is
+    start-up) and no batch is fetched once it is spent; without a budget it is a clock only."""
+    now = [100.0]
+    budget = opennmt_runner._Budget(10.0, clock=lambda: now[0])
+    fetched = []
+
+    def batches():
+        now[0] += 8.0  # OpenNMT-py reads and sorts the corpus before its first batch
+        for i in range(100):
+            fetched.append(i)
+            yield i
+
+    assert budget.since(budget.start) is None and not budget.spent()  # the loop has not begun
+    taken = []
+    for b in budget.batches(batches()):
+        taken.append(b)
+        now[0] += 3.0  # a step
+    assert taken == [0, 1, 2, 3] and fetched == [0, 1, 2, 3]  # after 12 s no fifth batch was even fetched
+    assert budget.spent() and budget.since(budget.start) == pytest.approx(12.0)
+    assert budget.since(budget.loop_start) == pytest.approx(20.0)
+    clock_only = opennmt_runner._Budget(None, clock=lambda: now[0])
+    assert list(clock_only.batches(iter(range(5)))) == [0, 1, 2, 3, 4] and not clock_only.spent()
+
+
+def _transformer_rows() -> list[dict]:
+    signature = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    test = lambda b: {"bleu": b, "chrf": b + 3, "signature": signature}  # noqa: E731
+    return [{"system": "OpenNMT-py 3.5.1, Transformer", "model": "Transformer 3+3, d_model 256, 4 heads, FFN 1024",
+             "precision": "fp32", "steps": 1310, "train_s": 600.4, "decode_s": 41.2, "batch": "1024 tokens",
+             "schedule": "noam, warm-up 131", "test": test(18.25)},
+            {"system": "ours", "model": "enja-small", "precision": "bf16", "steps": 4480, "train_s": 600.1,
+             "decode_s": 30.6, "batch": "64 pairs", "schedule": "warm-up 100, linear decay to 0 at step 4500",
+             "test": test(27.5)}]
+
+
+def test_the_transformer_peers_table_and_records_say_budget_steps_and_bleu(monkeypatch):
+    from benchmarks.peers import transformer_peer as tp
+    from benchmarks.results import check
+    from benchmarks.results.page import render
+
+    lines = tp.table(_transformer_rows(), threads=2, minutes=10.0, cpu="AMD EPYC (2 cores)")
+    assert lines[0].startswith("| system | precision | threads | minutes | steps done | test BLEU (13a) |")
+    assert lines[2] == "| OpenNMT-py 3.5.1, Transformer | fp32 | 2 | 10 | 1310 | 18.25 | 600 | 41 | AMD EPYC (2 cores) |"
+    assert lines[3] == "| ours | bf16 | 2 | 10 | 4480 | 27.50 | 600 | 31 | AMD EPYC (2 cores) |"
+    monkeypatch.setattr(sys, "argv", ["x", "--minutes", "10"])
+    recs = tp.to_records(_transformer_rows(), argparse.Namespace(threads=2, minutes=10.0, seed=1), busy=False)
+    for r in recs:
+        check(r)
+    assert [(r["question"], r["table"], r["figures"]["test_bleu"]) for r in recs] == [
+        ("peers", "transformer", 18.25), ("peers", "transformer", 27.5)]
+    text = render(recs)
+    assert "| enja-small | bf16 | 2 | 10 | 64 pairs | 4,480 | 27.50 | 600 | 30.6 |" in text
+    assert "python -m benchmarks.peers.transformer_peer --minutes 10" in text
+
+
 def test_peak_measures_positive_rates_per_precision_and_thread_count():
     result = peak.measure([1, 2], reps=2, rounds=2, shapes={"tiny": (48, 64, 32), "small": (96, 64, 64)})
     for precision in ("fp32", "bf16"):
