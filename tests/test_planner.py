@@ -221,6 +221,30 @@ def test_candidates_are_layouts_the_trainer_accepts_with_unique_instructions(dev
             assert len(set(prog)) == len(prog)  # costs are keyed by (rank, instruction)
 
 
+def test_every_shipped_layout_is_one_the_planner_can_choose():
+    """parallel_layout auto chooses among the planner's candidates: every layout ds_configs/ ships is one of them
+    (hybrid_2_wide's head cut along time was not, so auto could never pick the fastest wide layout)."""
+    import json
+
+    from trainer.parallel.layout import layout_world
+    from tests.conftest import REPO
+
+    cfg = ModelConfig(layers=4)
+    missing = []
+    for path in sorted((REPO / "ds_configs").glob("*.json")):
+        ds = json.loads(path.read_text())
+        world = layout_world(ds)
+        spec = LayoutSpec.from_ds_config(ds, world)
+        cands, _ = enumerate_layouts(world, cfg, min_batch=8, global_batch=ds["train_micro_batch_size_per_gpu"] *
+                                     spec.num_dp)
+        if spec not in {c.spec for c in cands}:
+            missing.append(path.name)
+    assert not missing, f"shipped layouts the planner never ranks: {missing}"
+    wide = next(c for c in enumerate_layouts(2, cfg, 8, 64)[0] if c.spec.head_split == "time"
+                and c.spec.time_chunks == 4)
+    assert wide.label() == "hybrid 2 u1 c4 head by time" and wide.layout_json()["head_split"] == "time"
+
+
 def test_a_profile_for_another_model_is_refused(tmp_path):
     dims = _dims()
     with pytest.raises(ProfileError, match="calibrated for another model.*hidden: 8 there, 16 here"):

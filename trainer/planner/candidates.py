@@ -29,6 +29,8 @@ class Candidate:
         extra = f" u{s.micro_batches} c{s.time_chunks}"
         if s.head_parallel and s.head_schedule == "per_unit":
             extra += " per_unit"
+        if s.head_parallel and s.head_split == "time":
+            extra += " head by time"
         if s.head_shares:
             extra += " shares " + ":".join(str(w) for w in s.head_shares)
         return f"{name} {grid}{extra}"
@@ -41,6 +43,8 @@ class Candidate:
             out.update(micro_batches=s.micro_batches, time_chunks=s.time_chunks)
         if s.head_parallel:
             out["head_schedule"] = s.head_schedule
+            if s.head_split != LayoutSpec.__dataclass_fields__["head_split"].default:
+                out["head_split"] = s.head_split
             if s.head_shares:
                 out["head_shares"] = list(s.head_shares)
         if s.partition_method != LayoutSpec.__dataclass_fields__["partition_method"].default:
@@ -96,4 +100,6 @@ def _layouts(devices: int, threads: int, partition_method: str) -> list[tuple[La
                     specs.append((LayoutSpec("hybrid", **base, head_shares=(10,) * (num_pp - 1) + (last,)), threads))
                 if units >= num_pp:
                     specs.append((LayoutSpec("hybrid", **base, head_schedule="per_unit"), threads))
+                if units == 1 and chunks >= num_pp:  # the head cut along time: each stage a block of time chunks
+                    specs.append((LayoutSpec("hybrid", **base, head_split="time"), threads))
     return specs
