@@ -44,7 +44,7 @@ TOP = 5  # ranking rows the log names
 CPU_PROFILE = "cpu_profile.json"  # in the cache directory: where an auto run on a CPU looks for its profile
 CACHE = "layouts.json"
 MAX_CACHE_BYTES = 1 << 20
-VERSION = 2  # of what a cached ranking means: raise it when the planner's model changes
+VERSION = 3  # of what a cached ranking means: raise it when the planner's model changes
 
 
 def requested(ds: dict) -> bool:
