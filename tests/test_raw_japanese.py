@@ -26,7 +26,10 @@ def raw_run(tiny_data, tmp_path_factory):
     run_cli([sys.executable, "launch/train.py", "--deepspeed_config", tmp / "ds.json", f"data.dir={tiny_data}",
              f"run.dir={run_dir}", "model.emb_dim=32", "model.hidden=64", "train.max_steps=80",
              "train.eval_every=20", "train.log_every=10", "train.keep_last=4", "train.threads=1",
-             "decode.dev_max_sentences=40", "logging.wandb_mode=disabled", "logging.progress=false"], timeout=600)
+             "decode.dev_max_sentences=40", "logging.wandb_mode=disabled", "logging.progress=false",
+             # an 80-step model rarely says </s>: without a cap every hypothesis runs to 2 x source + 10 pieces, and
+             # the decoding of this file's tests (plumbing, not quality) was most of its time
+             "decode.max_len_ratio=1.2", "decode.max_len_add=4"], timeout=600)
     return run_dir
 
 
