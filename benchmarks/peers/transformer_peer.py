@@ -63,6 +63,7 @@ from pathlib import Path
 from benchmarks import results as records
 from benchmarks.common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, metrics, prepare_enja, train
 from benchmarks.peers.opennmt_peer import PEER, PeerError, _run_peer_tool, peer_data, peer_venv, train_peer
+from data_prep.dataformat import SPM_MODELS
 
 D_MODEL = 256
 PEAK_LR = 2e-3
@@ -225,7 +226,7 @@ def peer(args, python: Path, data: Path) -> dict:
     warmup, factor = noam(planned)
     options = transformer_options(warmup=warmup, learning_rate=factor, batch_tokens=args.batch_tokens)
     run = train_transformer(python, root, "transformer", options, args.threads, args.seed, budget_s=60 * args.minutes)
-    hyps, decode_s = translate_transformer(python, run["checkpoint"], files["test_src"], data / "spm.tgt.model",
+    hyps, decode_s = translate_transformer(python, run["checkpoint"], files["test_src"], data / SPM_MODELS["tgt"],
                                            args.threads)
     (run["checkpoint"].parent / "test_13a.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     return {"system": f"{PEER}, Transformer", "model": TRANSFORMER, "precision": "fp32", "steps": run["steps"],
