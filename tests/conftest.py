@@ -118,6 +118,17 @@ DEFAULT_TIMEOUT_S = 600  # per test; a multi-process test that hangs fails inste
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: starts the real CLIs as processes (end-to-end, faults), or costs "
                                        "seconds (tests/tiers.py); `pytest -m 'not slow' tests` is the fast tier")
+    default_stop_signals()
+
+
+def default_stop_signals() -> None:
+    """SIGINT and SIGHUP as an interactive shell leaves them, however the suite was started: `nohup` ignores SIGHUP,
+    and a background job of a non-interactive shell (`bash .ci/run &`) ignores SIGINT, for this process and every
+    process it starts, where the signal tests would then test the launcher instead of the code."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
