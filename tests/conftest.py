@@ -122,12 +122,13 @@ def pytest_configure(config):
 
 
 def default_stop_signals() -> None:
-    """SIGINT and SIGHUP as an interactive shell leaves them, however the suite was started: `nohup` ignores SIGHUP,
-    and a background job of a non-interactive shell (`bash .ci/run &`) ignores SIGINT, for this process and every
-    process it starts, where the signal tests would then test the launcher instead of the code."""
+    """SIGINT, SIGQUIT and SIGHUP as an interactive shell leaves them, however the suite was started: `nohup` ignores
+    SIGHUP, and a background job of a non-interactive shell (`bash .ci/run &`) ignores SIGINT and SIGQUIT, for this
+    process and every process it starts, where the signal tests would then test the launcher instead of the code."""
     import signal
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 

@@ -139,6 +139,8 @@ def test_launched_two_ranks_with_auto_log_their_choice_and_train(tiny_data, tmp_
     assert written["parallel_layout"] == layout and layout["num_pp"] * layout["num_dp"] == 2
     rows = read_metrics(run_dir)
     assert rows[-1]["step"] == 8 and all(r["loss"] == r["loss"] for r in rows)
+    trained = [r for r in rows if "grad_norm" in r]  # it learned, not only ran: every logged step moved the weights
+    assert trained and all(0 < r["grad_norm"] < float("inf") for r in trained), trained
     assert f"layout: mode={layout['mode']} num_pp={layout['num_pp']} num_dp={layout['num_dp']}" in train.stdout
 
 

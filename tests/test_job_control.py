@@ -131,13 +131,6 @@ def wandb_steps(run: Path) -> dict:
     return out
 
 
-def _interactive_signals() -> None:
-    """SIGINT and SIGQUIT back to their defaults, as an interactive shell gives its jobs: pytest started
-    as a background job of a script (`bash .ci/run &`) has them ignored, and a job would inherit that."""
-    for sig in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 class Terminal:
     """A pseudo-terminal whose session leader is a minimal shell (tests/pty_shell.py) running `cmd` as its
     foreground job: typing ^C there is a SIGINT to the job's process group, as in a terminal window."""
@@ -147,7 +140,7 @@ class Terminal:
         self.master, slave = os.openpty()
         self.shell = subprocess.Popen([sys.executable, str(REPO / "tests" / "pty_shell.py"), *map(str, cmd)],
                                       cwd=REPO, env=env, stdin=slave, stdout=slave, stderr=slave,
-                                      start_new_session=True, preexec_fn=_interactive_signals)
+                                      start_new_session=True)  # the stop signals as a shell's: tests/conftest.py
         os.close(slave)
         self.output = b""
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -168,9 +168,14 @@ def _mirror(config: Path, model, ds_config: Path, ds: dict) -> dict:
             "src_vocab_size": VOCAB_SIZE, "tgt_vocab_size": VOCAB_SIZE}
 
 
+def threads_env(threads: int) -> dict:
+    """This environment with `threads` OpenMP/MKL threads and unbuffered Python (a peer's tool, or ours' decoding)."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
 def _run_peer_tool(python: Path, tool: str, config: Path, log: Path, extra: list[str], timeout: int,
                    threads: int = 1) -> None:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = threads_env(threads)
     try:
         with log.open("w") as out:
             proc = subprocess.run([str(python), str(RUNNER), tool, "-config", str(config), *extra],

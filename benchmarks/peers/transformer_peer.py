@@ -62,7 +62,8 @@ from pathlib import Path
 
 from benchmarks import results as records
 from benchmarks.common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, metrics, prepare_enja, train
-from benchmarks.peers.opennmt_peer import PEER, PeerError, _run_peer_tool, peer_data, peer_venv, train_peer
+from benchmarks.peers.opennmt_peer import (PEER, PeerError, _run_peer_tool, peer_data, peer_venv, threads_env,
+                                           train_peer)
 from data_prep.dataformat import SPM_MODELS
 
 D_MODEL = 256
@@ -117,10 +118,10 @@ def piece_corpus(data: Path, out: Path) -> dict[str, Path]:
     import sentencepiece as spm
 
     from data_prep.binary import TokenArray
-    from data_prep.dataformat import MANIFEST, SPM_MODELS
+    from trainer.data import read_manifest
 
     files = {"train_src": out / "train.en", "train_tgt": out / "train.ja", "test_src": out / "test.en"}
-    stamp, checksum = out / "source.json", json.loads((data / MANIFEST).read_text()).get("checksum")
+    stamp, checksum = out / "source.json", read_manifest(str(data)).get("checksum")
     if stamp.exists() and json.loads(stamp.read_text()).get("checksum") == checksum and all(
             p.exists() for p in files.values()):
         return files
@@ -234,10 +235,6 @@ def peer(args, python: Path, data: Path) -> dict:
             "first_batch_s": run["first_batch_s"], "decode_s": decode_s,
             "schedule": f"noam, warm-up {warmup}, factor {factor:.3g} (peak {PEAK_LR:g})",
             "batch": f"{args.batch_tokens} tokens", "options": options, "test": score_13a(hyps)}
-
-
-def threads_env(threads: int) -> dict:
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
 
 
 def table(rows: list[dict], *, threads: int, minutes: float, cpu: str) -> list[str]:

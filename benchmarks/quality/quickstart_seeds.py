@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from benchmarks.common import REPO, metrics
-from data_prep import userfiles
 from benchmarks.quality.number_copy import ordinals
 from benchmarks.results import command, record, write
+from data_prep import userfiles
 from trainer.artifacts.run_dir import CONFIG, DS_CONFIG, TEST_HYP
 from trainer.config import read_yaml
 from trainer.ds_config import MAX_BYTES

@@ -189,7 +189,7 @@ def pick(ranked: list, margin: float) -> tuple:
     """(the prediction auto takes, why in words or ""), from predictions fastest first (module docstring): among
     those within `margin` of the fastest, the fewest hand-offs, even head shares, then the fastest."""
     fastest = ranked[0]
-    tied = [p for p in ranked if not p.screened_only and p.step_s <= fastest.step_s * (1 + margin)] or [fastest]
+    tied = [p for p in ranked if p is fastest or (not p.screened_only and p.step_s <= fastest.step_s * (1 + margin))]
     chosen = min(tied, key=lambda p: (handoffs(p.candidate.spec), bool(p.candidate.spec.head_shares), p.step_s))
     if chosen is fastest:
         return chosen, ""
