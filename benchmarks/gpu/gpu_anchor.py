@@ -52,6 +52,20 @@ def build(src_vocab: int, tgt_vocab: int, emb: int, hidden: int, layers: int):
     return Anchor()
 
 
+def cpu_precision(asked: str) -> tuple[str, str | None]:
+    """(the precision the anchor runs in on this CPU, a note where it is not `asked`). Where PyTorch does not run
+    bf16 in oneDNN (torch.ops.mkldnn._is_mkldnn_bf16_supported() false: an AVX2-only CPU), a multi-layer nn.LSTM
+    under autocast bf16 fails in PyTorch itself ("could not create a primitive descriptor for the LSTM forward
+    propagation primitive", torch 2.11 and 2.13, AMD EPYC with AVX2 only, 2026-12-06): the program a user would
+    write cannot run there, so the anchor runs in fp32 and says so."""
+    import torch
+
+    if asked != "bf16" or torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return asked, None
+    return "fp32", ("fp32, not bf16: PyTorch runs no bf16 in oneDNN on this CPU, and nn.LSTM under autocast bf16 "
+                    "fails there (could not create a primitive descriptor for the LSTM forward propagation primitive)")
+
+
 def batches(data: str, batch: int, seed: int = 1):
     """The trainer's batches of the first epoch, endlessly (trainer.data.make_batches, 100-batch length windows)."""
     from trainer.data import ParallelData, make_batches
@@ -76,7 +90,8 @@ def run(args) -> dict:
     vocab = read_manifest(args.data)["vocab"]
     model = build(vocab["src_size"], vocab["tgt_size"], args.emb, args.hidden, args.layers).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9, fused=dev.type == "cuda")
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    precision, note = cpu_precision(args.precision) if dev.type == "cpu" else (args.precision, None)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     stream, losses, pairs, tokens = batches(args.data, args.batch), [], 0, 0
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for step in range(args.steps):
@@ -98,7 +113,8 @@ def run(args) -> dict:
     sync()
     seconds = time.perf_counter() - start
     steps = args.steps - args.warmup
-    return {"program": "anchor (nn.LSTM x2, autocast, fused Adam)", "device": str(dev), "precision": args.precision,
+    return {"program": "anchor (nn.LSTM x2, autocast, fused Adam)", "device": str(dev), "precision": precision,
+            **({"precision_asked": args.precision, "note": note} if note else {}),
             "batch": args.batch, "emb": args.emb, "hidden": args.hidden, "layers": args.layers, "steps": steps,
             "warmup": args.warmup, "pairs_per_s": pairs / seconds, "tokens_per_s": tokens / seconds,
             "step_ms_mean": 1000 * seconds / steps, "losses": losses,
