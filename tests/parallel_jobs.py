@@ -86,6 +86,27 @@ class SkewedBackend:
         return Skewed()
 
 
+def auto_precision(overrides: list[str], ds: dict, work: str, ratios: list) -> dict:
+    """A trainer built with bf16.enabled "auto", where this rank's measured bf16/fp32 GEMM ratio is
+    `ratios[rank]` (each rank a different CPU, as far as the choice can tell): the precision its engine trains in,
+    the line the run logs and one step's row."""
+    from trainer.config import load_config, merge_overrides
+    from trainer.training import tuning
+    from trainer.training.build import Build, plan
+
+    measured = tuning.bf16_over_fp32
+    tuning.bf16_over_fp32 = lambda width: (ratios[int(os.environ["RANK"])], "set by the test")
+    try:
+        cfg = load_config(None, merge_overrides(BASE, overrides, [f"run.dir={work}/run", "logging.wandb_mode=disabled",
+                                                                  "logging.progress=false"]))
+        build = Build(cfg, *plan(cfg, _ds_file(ds, work)))
+        trainer = build.trainer()
+    finally:
+        tuning.bf16_over_fp32 = measured
+    rows = [trainer.train_step()]
+    return {**_finish(trainer, rows), "precision": trainer.engine.precision, "lines": list(build.precision_lines)}
+
+
 def _finish(trainer, rows: list) -> dict:
     """Close the trainer's run (its run.dir lock too, so that the next job may resume from it) and return `rows`
     with, from replica 0, this rank's parameters by global name."""

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from tests.conftest import REPO
 from trainer.observe.cpu_threads import ThreadClock, thread_cpu
 from trainer.training import tuning
 
@@ -136,3 +137,42 @@ def test_a_bf16_run_is_told_once_measured_when_bf16_is_the_slower_on_this_cpu(tm
 
 def test_the_gemm_timing_is_positive_in_both_precisions():
     assert tuning.time_gemm(32, torch.float32, rows=8) > 0 and tuning.time_gemm(32, torch.bfloat16, rows=8) > 0
+
+
+# ---- "bf16": {"enabled": "auto"}: the precision the device runs faster ------------------------------------------
+
+def test_bf16_auto_chooses_what_this_device_runs_faster(monkeypatch):
+    """A CPU: bf16 where a GEMM of the model's width takes at most BF16_SLOWER times fp32's (AMX), fp32 where it
+    takes more (an AVX2-only AMD EPYC: 47x); CUDA: what the GPU has; the line says which and why."""
+    ratio = {"now": 47.0}
+    monkeypatch.setattr(tuning, "bf16_over_fp32", lambda width: (ratio["now"], "measured now"))
+    on, line = tuning.bf16_choice("cpu", 256)
+    assert not on and line == ("precision: bf16.enabled=auto -> fp32: a bf16 GEMM at width 256 takes 47.00x fp32's "
+                               "time on this CPU (measured now)")
+    ratio["now"] = 0.4
+    assert tuning.bf16_choice("cpu", 256)[0] and "-> bf16" in tuning.bf16_choice("cpu", 256)[1]
+    ratio["now"] = tuning.BF16_SLOWER
+    assert tuning.bf16_choice("cpu", 256)[0]
+    for has in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda has=has: has)
+        on, line = tuning.bf16_choice("cuda", 1024)
+        assert on is has and ("-> bf16: the GPU runs bf16" if has else "-> fp32: the GPU has no bf16") in line
+    assert tuning.bf16_choice("hpu", 1024)[0]
+
+
+def test_bf16_auto_is_a_value_of_bf16_enabled_only_and_goes_to_deepspeed_as_true_or_false(tmp_path):
+    from trainer.ds_config import DSConfigError, bf16_auto, validate, with_bf16
+    from trainer.parallel.deepspeed_json import load_ds_config
+
+    ds = json.loads((REPO / "ds_configs" / "demo_hybrid_2.json").read_text())
+    assert ds["bf16"] == {"enabled": "auto"} and bf16_auto(ds)  # the quickstart's
+    loaded = load_ds_config(str(REPO / "ds_configs" / "demo_hybrid_2.json"), 100)  # DeepSpeed's own reader passes it
+    assert bf16_auto(loaded) and with_bf16(loaded, False)["bf16"] == {"enabled": False} and bf16_auto(loaded)
+    for section, value, message in (("bf16", "yes", 'bf16.enabled="yes": must be true, false or "auto"'),
+                                     ("fp16", "auto", 'fp16.enabled="auto": must be true or false')):
+        with pytest.raises(DSConfigError, match=message):
+            validate({**ds, section: {"enabled": value}}, "x.json")
+    with pytest.raises(DSConfigError, match="fp16.enabled and bf16.enabled are both set"):
+        validate({**ds, "fp16": {"enabled": True}}, "x.json")
+    with pytest.raises(DSConfigError, match="grad_accum_dtype.*chosen at launch"):
+        validate({**ds, "data_types": {"grad_accum_dtype": "bf16"}}, "x.json")

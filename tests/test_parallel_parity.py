@@ -12,13 +12,14 @@ stage boundaries and time chunks; one test runs the plain model (no residual) in
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
 import pytest
 
 from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
-from tests.parallel_jobs import early_reduce_points, train_steps
+from tests.parallel_jobs import auto_precision, early_reduce_points, train_steps
 
 TOL = 2e-6
 # general attention (the score's W_a, a parameter of the head summed over its shards), stated here: the harness's
@@ -345,3 +346,16 @@ def test_a_cli_run_saves_the_same_checkpoint_files_as_single(tiny_data, tmp_path
     ref = _cli_run(tmp_path, tiny_data, "single", 1, 14, {"mode": "single"})
     grid = {"mode": "hybrid", "num_pp": 2, "num_dp": 2, "micro_batches": 2, "time_chunks": 2}
     _compare(ref, _cli_run(tmp_path, tiny_data, "grid_2x2", 4, 7, grid), "grid_2x2 through the CLI")
+
+
+def test_bf16_auto_trains_every_rank_in_rank_0s_choice(workers, tiny_data, tmp_path):
+    """bf16.enabled "auto" in a 2-rank hybrid whose ranks measure opposite answers (rank 0 bf16 the faster, rank 1
+    the slower): both train in rank 0's choice, and the run says which and why; then the other way round."""
+    layout = {"mode": "hybrid", "num_pp": 2, "num_dp": 1, "micro_batches": 2, "time_chunks": 1}
+    ds = {**_ds(8, layout), "bf16": {"enabled": "auto"}}
+    for ratios, precision in (([0.5, 40.0], "bf16"), ([40.0, 0.5], "fp32")):
+        out = workers.run(2, auto_precision, [f"data.dir={tiny_data}", *MODEL], ds, str(tmp_path / precision), ratios)
+        assert [r["precision"] for r in out] == [precision, precision]
+        assert out[0]["lines"] == [f"precision: bf16.enabled=auto -> {precision}: a bf16 GEMM at width 16 takes "
+                                   f"{ratios[0]:.2f}x fp32's time on this CPU (set by the test)"]
+        assert all(math.isfinite(r["rows"][0]["loss"]) for r in out)

@@ -59,7 +59,11 @@ def validate(ds, path: str) -> None:
     for key in ("bf16", "fp16"):
         sec = _section(path, ds, key)
         if "enabled" in sec:
-            _check(path, f"{key}.enabled", sec["enabled"], isinstance(sec["enabled"], bool), "true or false")
+            if key == "bf16":  # "auto": chosen at launch by what the device does (bf16_auto)
+                _check(path, "bf16.enabled", sec["enabled"], isinstance(sec["enabled"], bool) or sec["enabled"] == AUTO,
+                       'true, false or "auto" (bf16 where the device runs it faster than fp32)')
+            else:
+                _check(path, f"{key}.enabled", sec["enabled"], isinstance(sec["enabled"], bool), "true or false")
     _check_fp16(ds, path)
     zero = _section(path, ds, "zero_optimization")
     if "stage" in zero:
@@ -89,6 +93,20 @@ def validate(ds, path: str) -> None:
     _check_grad_accum_dtype(ds, path)
 
 
+AUTO = "auto"
+
+
+def bf16_auto(ds: dict) -> bool:
+    """`"bf16": {"enabled": "auto"}`: the precision is chosen at launch, by what the device runs faster
+    (trainer.training.tuning.bf16_choice; every rank takes rank 0's choice: trainer.training.build)."""
+    return (ds.get("bf16") or {}).get("enabled") == AUTO
+
+
+def with_bf16(ds: dict, on: bool) -> dict:
+    """A copy of `ds` with bf16.enabled set to `on` (the other keys of its bf16 section kept)."""
+    return {**ds, "bf16": {**(ds.get("bf16") or {}), "enabled": on}}
+
+
 FP16_KEYS = {"loss_scale": ("a finite number >= 0 (0: dynamic loss scaling)", lambda v: _is_number(v) and v >= 0),
              "initial_scale_power": ("an integer in 0..64", lambda v: _is_int(v) and 0 <= v <= 64),
              "loss_scale_window": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
@@ -103,8 +121,8 @@ def _check_fp16(ds: dict, path: str) -> None:
     if not fp16.get("enabled"):
         return
     if bf16.get("enabled"):
-        raise DSConfigError(f"{path}: fp16.enabled and bf16.enabled are both true: choose one (bf16 where the GPU "
-                            f"has it, fp16 on V100/T4-class GPUs)")
+        raise DSConfigError(f"{path}: fp16.enabled and bf16.enabled are both {'set' if bf16_auto(ds) else 'true'}: "
+                            f"choose one (bf16 where the GPU has it, fp16 on V100/T4-class GPUs)")
     for key, (what, ok) in FP16_KEYS.items():
         if key in fp16:
             _check(path, f"fp16.{key}", fp16[key], ok(fp16[key]), what)
@@ -150,6 +168,9 @@ def _check_grad_accum_dtype(ds: dict, path: str) -> None:
     """Gradients accumulate in the weights' precision (fp32 masters beside bf16/fp16 weights); DeepSpeed would
     switch to another optimizer (BF16_Optimizer) or refuse (without ZeRO) for any other."""
     value = (ds.get("data_types") or {}).get("grad_accum_dtype")
+    if value is not None and bf16_auto(ds):
+        raise DSConfigError(f"{path}: data_types.grad_accum_dtype={json.dumps(value)} with bf16.enabled \"auto\": "
+                            f"gradients accumulate in the weights' precision, chosen at launch; drop it")
     precision = "bf16" if ds.get("bf16", {}).get("enabled") else "fp16" if ds.get("fp16", {}).get("enabled") else "fp32"
     if value is not None and DTYPE_NAMES.get(value) != precision:
         raise DSConfigError(f"{path}: data_types.grad_accum_dtype={json.dumps(value)}: gradients accumulate in the "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from trainer.ds_config import MAX_BYTES, DSConfigError, complete_schedule, read_json_file, validate
+from trainer.ds_config import MAX_BYTES, DSConfigError, bf16_auto, complete_schedule, read_json_file, validate, with_bf16
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.layout import SECTION
 
@@ -59,7 +59,7 @@ def _check_known_keys(ds: dict, path: str) -> None:
     not know, so `gradient_clіpping` spelt with a Cyrillic і trained with clipping off and no word. DeepSpeed's
     own reader, run on the JSON, says which keys it reads (trainer.parallel.deepspeed_adapter.unread_keys); a
     key it would ignore, or refuse only once the model is built, is refused here in one line."""
-    for unread in dsa.unread_keys(ds):
+    for unread in dsa.unread_keys(with_bf16(ds, True) if bf16_auto(ds) else ds):  # "auto": true or false at launch
         if unread.key == SECTION:
             continue
         hint = _spelling(unread.key.rpartition(".")[2], unread.known)

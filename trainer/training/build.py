@@ -21,7 +21,7 @@ from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.resume import RunIdentity
 from trainer.config import schedule_steps
 from trainer.data import BatchStream, Prefetcher, RunData, load_run_data
-from trainer.ds_config import check_batch, global_micro_batch
+from trainer.ds_config import bf16_auto, check_batch, global_micro_batch, with_bf16
 from trainer.metrics import dev_tokenize
 from trainer.model.flops import batch_flops
 from trainer.model.seq2seq import EncoderDecoderLayer
@@ -157,6 +157,7 @@ class Build:
         self.runtime: ParallelRuntime | None = None
         self.runner: StepRunner | None = None
         self.layout_notes: tuple = ()
+        self._bf16: tuple | None = None  # bf16.enabled "auto" as rank 0 decided it: (bf16?, the line saying why)
 
     def trainer(self) -> Trainer:
         cfg, rt = self.cfg, self.start_runtime()
@@ -200,7 +201,7 @@ class Build:
                     f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
                     f"gas={engine.accumulation_steps} {engine.precision} zero_stage={engine.zero_stage}")
-        for line in [*self.layout_notes, *part_notes, *notes, *schedule, *schedule_notes(ds),
+        for line in [*self.precision_lines, *self.layout_notes, *part_notes, *notes, *schedule, *schedule_notes(ds),
                      *zero_notes(engine, rt.spec)]:
             log.message(line)
         return Trainer(train_cfg=cfg.train, runtime=rt, state=state, stream=stream, module=module, engine=engine,
@@ -217,13 +218,31 @@ class Build:
             return self.runtime
         if isinstance(self.spec, LayoutSpec):
             self.runtime = ParallelRuntime.start(self.spec, cfg.train.comm_timeout_s, verbose=cfg.logging.verbose)
-            return self.runtime
-        request = self.spec
-        self.runtime, (spec, choice) = ParallelRuntime.start_agreed(
-            lambda world: auto_layout.choose(cfg, self.ds, request), cfg.train.comm_timeout_s, cfg.logging.verbose)
-        self.ds, self.spec, self.layout_notes = auto_layout.apply(self.ds, choice), spec, choice.lines
-        check_layout(cfg, self.ds, spec, "parallel_layout auto")
+        else:  # the planner ranks the layouts in the precision the run will train in
+            request = self.spec
+            self.runtime, (spec, choice) = ParallelRuntime.start_agreed(
+                lambda world: auto_layout.choose(cfg, self._precise(self.ds), request), cfg.train.comm_timeout_s,
+                cfg.logging.verbose)
+            self.ds, self.spec, self.layout_notes = auto_layout.apply(self.ds, choice), spec, choice.lines
+            check_layout(cfg, self.ds, spec, "parallel_layout auto")
+        if bf16_auto(self.ds):  # every rank trains in rank 0's choice
+            self._bf16 = self.runtime.broadcast_object(self._bf16_choice() if self.runtime.is_rank0 else None)
+            self.ds = self._precise(self.ds)
         return self.runtime
+
+    def _bf16_choice(self) -> tuple[bool, str]:
+        """bf16.enabled "auto" decided on this process's device (once; rank 0's is every rank's)."""
+        if self._bf16 is None:
+            self._bf16 = tuning.bf16_choice(accelerator_name()[0], self.cfg.model.hidden)
+        return self._bf16
+
+    def _precise(self, ds: dict) -> dict:
+        """`ds` with bf16.enabled "auto" made true or false."""
+        return with_bf16(ds, self._bf16_choice()[0]) if bf16_auto(ds) else ds
+
+    @property
+    def precision_lines(self) -> tuple:
+        return (self._bf16[1],) if self._bf16 is not None else ()
 
     def model_parts(self, vocab: dict, ds: dict | None = None) -> ModelParts:
         """This rank's layers and head, its DeepSpeed engine (from this build's JSON, or `ds`) and the schedule's

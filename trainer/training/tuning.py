@@ -17,9 +17,10 @@ are timed at the chosen chunk, as above, and the faster is cached. On an acceler
 
 bf16 against fp32 on a CPU: with AMX (Intel Xeon) or fast bf16 units a bf16 step is much cheaper; on a CPU
 without them (an Intel Xeon that exposes AVX-512-bf16 but no AMX: a whole enja-small step 1.36x slower than
-fp32, docs/BENCHMARKS.md) it is dearer. A run in bf16 times one GEMM of the model's width in both
-precisions, once per machine (cached), and says so when bf16 is the slower: the precision changes the numbers,
-not only the speed, so it stays the user's choice.
+fp32, docs/BENCHMARKS.md) it is dearer, and on an AVX2-only AMD EPYC, where PyTorch emulates it, 47x dearer. A run
+in bf16 times one GEMM of the model's width in both precisions, once per machine (cached), and says so when bf16
+is the slower: the precision changes the numbers, not only the speed, so it stays the user's choice, unless the
+JSON says `"bf16": {"enabled": "auto"}` (bf16_choice), as the quickstart's does.
 """
 from __future__ import annotations
 
@@ -194,19 +195,43 @@ def time_gemm(width: int, dtype: torch.dtype, rows: int = 512) -> float:
     return best
 
 
+def bf16_over_fp32(width: int) -> tuple[float, str]:
+    """(bf16 time over fp32 time of a GEMM of the model's width on this CPU, where from): measured once per CPU,
+    thread count, torch and width, then cached."""
+    key = f"bf16_over_fp32|{cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
+    ratio, fresh = _cached(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 10000,
+                           lambda: round(time_gemm(width, torch.bfloat16) / time_gemm(width, torch.float32), 3))
+    return ratio, "measured now" if fresh else "measured on this machine earlier"
+
+
+def bf16_choice(device_type: str, width: int) -> tuple[bool, str]:
+    """`"bf16": {"enabled": "auto"}` decided for this device: (bf16?, the line that says why). CUDA: bf16 where
+    the GPU has it (torch.cuda.is_bf16_supported: Ampere and later), fp32 elsewhere (fp16 stays an explicit
+    choice: it needs loss scaling). A CPU: bf16 where a GEMM of the model's width runs in it at most BF16_SLOWER
+    times fp32's time (AMX, AVX-512 bf16: faster; an AVX2-only AMD EPYC, where PyTorch emulates bf16: 47x
+    slower, and its LSTM leaves oneDNN), else fp32. Other accelerators: bf16."""
+    if device_type == "cuda":
+        on = torch.cuda.is_bf16_supported()
+        why = "the GPU " + ("runs bf16" if on else "has no bf16 (before Ampere; fp16 with loss scaling is a choice)")
+    elif device_type == "cpu":
+        ratio, origin = bf16_over_fp32(width)
+        on = ratio <= BF16_SLOWER
+        why = f"a bf16 GEMM at width {width} takes {ratio:.2f}x fp32's time on this CPU ({origin})"
+    else:
+        on, why = True, f"the {device_type} device"
+    return on, f"precision: bf16.enabled=auto -> {'bf16' if on else 'fp32'}: {why}"
+
+
 def precision_notes(device: torch.device, precision: str, width: int) -> list[str]:
     """One line for the run's log when it trains in bf16 (`precision`: bf16 | fp16 | fp32) on a CPU where bf16
     was measured slower than fp32."""
     if device.type != "cpu" or precision != "bf16":
         return []
-    key = f"bf16_over_fp32|{cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}|width {width}"
-    ratio, fresh = _cached(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1000,
-                           lambda: round(time_gemm(width, torch.bfloat16) / time_gemm(width, torch.float32), 3))
-    origin = "measured now" if fresh else "measured on this machine earlier"
+    ratio, origin = bf16_over_fp32(width)
     if ratio < BF16_SLOWER:
         return []
     return [f"note: bf16 is {ratio:.1f}x slower than fp32 on this CPU (a GEMM at width {width}, {origin}; no AMX?): "
-            f"\"bf16\": {{\"enabled\": false}} in the DeepSpeed JSON may train faster"]
+            f"\"bf16\": {{\"enabled\": false}} (or \"auto\") in the DeepSpeed JSON may train faster"]
 
 
 def stack_layers(configured: str, device: torch.device, precision: str, residual: bool = False) -> tuple[bool, str]:
