@@ -407,7 +407,9 @@ def test_gpu_wheels_runs_from_a_fresh_shell_and_shows_pips_errors(tmp_path):
 @pytest.mark.timeout(3600)
 def test_rehearsal_in_the_devices_python_passes_and_catches_an_old_typing_extensions():
     """benchmarks/gpu/gpu_rehearsal.sh (PyPI: 2.6 GB of wheels, a 4.8 GB environment in .rehearsal/, reused while
-    gpu_image.txt stays; ~6 minutes from nothing on a quiet machine): the check's CPU path in a copy of the
+    gpu_image.txt stays; ~6 minutes from nothing on a quiet machine, of which the environment's build, about
+    two, is started in the background when the suite collects this test: conftest.start_rehearsal_build, whose
+    build this run waits for on the script's lock): the check's CPU path in a copy of the
     device's Python with the carried wheels, then the same with typing_extensions 4.12.2 on the image, which
     the carried pydantic_core cannot import (typing_extensions.Sentinel): the try it would have spent."""
     good = run_cli(["bash", "benchmarks/gpu/gpu_rehearsal.sh"], timeout=3000, check=False)

@@ -7,6 +7,7 @@
 # in a version a carried wheel cannot use fails here as it would there.
 #
 #   bash benchmarks/gpu/gpu_rehearsal.sh [--image-pin NAME==VERSION ...] [-- ARGS of gpu_check.py]
+#   bash benchmarks/gpu/gpu_rehearsal.sh --build-only   # the environment and .whl/ only, then exit 0
 #
 #   --image-pin NAME==VERSION   rehearse against another version of an image package (installed in front
 #                               of the environment's own, as if the image held it), e.g.
@@ -14,7 +15,9 @@
 # Environment: GPU_REHEARSAL_CACHE (default .rehearsal/ in the checkout, ignored by git): wheels, the
 # environment (rebuilt when gpu_image.txt changes), prepared data, OUT. PYTHON312: the interpreter
 # (default python3.12 on PATH, else pyenv's newest 3.12). .whl/ is made first if missing
-# (gpu_wheels.sh --wheels-only, network). Exit 0 only if the carried wheels fit the image and the check
+# (gpu_wheels.sh --wheels-only, network). One build at a time ($CACHE/build.lock): a second invocation waits
+# for the first's build and uses it (the test suite starts a --build-only in the background when it collects
+# the rehearsal's test, so that its minutes of download overlap the tests before it). Exit 0 only if the carried wheels fit the image and the check
 # passed; its report is in $GPU_REHEARSAL_CACHE/out. Where the wheels do not fit, the check runs its imports
 # and environment stage only (unless ARGS name --stages).
 set -euo pipefail
@@ -22,12 +25,14 @@ cd "$(dirname "$0")/../.."
 CACHE="${GPU_REHEARSAL_CACHE:-$PWD/.rehearsal}"
 PINS=()
 CHECK_ARGS=()
+BUILD_ONLY=0
 while (( $# )); do
   case "$1" in
+    --build-only) BUILD_ONLY=1; shift ;;
     --image-pin) PINS+=("$2"); shift 2 ;;
     --image-pin=*) PINS+=("${1#*=}"); shift ;;
     --) shift; CHECK_ARGS=("$@"); break ;;
-    *) echo "gpu_rehearsal: unknown argument $1 (--image-pin NAME==VERSION, -- ARGS)" >&2; exit 2 ;;
+    *) echo "gpu_rehearsal: unknown argument $1 (--image-pin NAME==VERSION, --build-only, -- ARGS)" >&2; exit 2 ;;
   esac
 done
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -50,6 +55,11 @@ IMAGE=benchmarks/gpu/gpu_image.txt
 KEY="$(sha256sum "$IMAGE" | cut -c1-12)-$("$PY312" -c 'import platform; print(platform.python_version())')"
 VENV="$CACHE/venv-$KEY"
 mkdir -p "$CACHE/wheels"
+exec 9>"$CACHE/build.lock"
+if ! flock -n 9; then
+  say "another invocation is building $CACHE: waiting for it"
+  flock 9
+fi
 if [[ ! -f "$VENV/.complete" ]]; then
   say "building $VENV with $("$PY312" --version) ($PY312): the image's packages of $IMAGE"
   rm -rf "$VENV" && "$PY312" -m venv "$VENV"
@@ -62,6 +72,8 @@ fi
 "$VENV/bin/python" -m benchmarks.gpu.gpu_rehearsal --check-venv  # nothing the image lacks
 
 [[ -n "$(ls .whl/*.whl 2>/dev/null)" ]] || { say "no .whl/: making it"; bash benchmarks/gpu/gpu_wheels.sh --wheels-only; }
+flock -u 9
+(( BUILD_ONLY )) && { say "built: $VENV and .whl/"; exit 0; }
 FAILED=0
 PIN_ARGS=()
 for pin in "${PINS[@]}"; do PIN_ARGS+=(--image-pin "$pin"); done
