@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,6 +96,36 @@ def test_auto_takes_the_planners_fastest_layout_of_the_ranks_launched_and_caches
     assert again == spec and "from the cache" in cached.lines[0] and cached.lines[1:] == choice.lines[1:]
     other = auto_layout.AutoRequest(request.profile, 3, 2, "cpu")  # another number of steps: ranked again
     assert "ranked in" in auto_layout.choose(cfg, ds, other)[1].lines[0]
+
+
+def test_a_dry_run_with_bf16_auto_ranks_the_layouts_in_the_precision_a_run_would_train_in(tiny_data, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """`--dry-run` of a 2-rank auto layout with bf16.enabled "auto" on a CPU where bf16 is the slower: the precision
+    line first, then the planner's ranking of fp32 steps (its cache key says fp32)."""
+    from tests.conftest import launch_main
+    from trainer.training import tuning
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ratio = {"now": 40.0}
+    monkeypatch.setattr(tuning, "bf16_over_fp32", lambda width: (ratio["now"], "set by the test"))
+    path = Path(_auto_json(tmp_path, profile=str(_profile(tmp_path, tiny_data)), steps=2))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "bf16": {"enabled": "auto"}}))
+
+    def dry_run() -> list[str]:
+        code, out, err = launch_main("train", ["--deepspeed_config", path, "--dry-run", *TINY,
+                                               f"data.dir={tiny_data}"], capsys)
+        assert code == 0, err
+        return out.splitlines()
+
+    lines = dry_run()
+    assert lines[0] == ("precision: bf16.enabled=auto -> fp32: a bf16 GEMM at width 16 takes 40.00x fp32's time on "
+                        "this CPU (set by the test)") and "ranked in" in lines[1]
+    ratio["now"] = 0.5  # bf16 the faster: ranked again, in bf16 (the cached fp32 ranking is not its answer)
+    lines = dry_run()
+    assert "-> bf16" in lines[0] and "ranked in" in lines[1]
+    ratio["now"] = 40.0
+    assert "from the cache" in dry_run()[1]
 
 
 def test_auto_does_not_order_layouts_closer_than_the_planners_error():

@@ -51,14 +51,19 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
     from trainer.training.build import plan
 
     from trainer.parallel.layout import LayoutSpec
-    from trainer.parallel.runtime import launched_world
-    from trainer.training import auto_layout
+    from trainer.ds_config import bf16_auto, with_bf16
+    from trainer.parallel.runtime import accelerator_name, launched_world
+    from trainer.training import auto_layout, tuning
 
     cfg = load_config(config_path, overrides)
     loaded = load_ds_config(ds_config_path, None)
     world = launched_world()[1] if auto_layout.requested(loaded) else layout_world(loaded)
     _, spec = plan(cfg, ds_config_path, world=world)
     if not isinstance(spec, LayoutSpec):  # parallel_layout auto: what a run of this world would choose
+        if bf16_auto(loaded):  # in the precision it would choose (trainer.training.build.Build.start_runtime)
+            on, line = tuning.bf16_choice(accelerator_name()[0], cfg.model.hidden)
+            loaded = with_bf16(loaded, on)
+            print(line)
         spec, choice = auto_layout.choose(cfg, loaded, spec)
         print("\n".join(choice.lines))
     print(f"mode={spec.mode} num_pp={spec.num_pp} num_dp={spec.num_dp} micro_batches={spec.micro_batches} "
