@@ -353,6 +353,8 @@ def test_a_signal_to_one_process_of_the_job_stops_it_whole_with_a_save(tiny_data
           f"{time.time() - sent:.1f}s later")
     assert not alive, f"still running 90 s after the {signal.Signals(signum).name} to the {target}: {alive}"
     last = assert_saved_at_the_last_step(run)
+    if target != "rank1":  # the ranks' last lines may still be on their way through the terminal to its reader
+        term.wait_for(f"after step {last}: saved", 30)
     text = term.text
     if target == "rank1":
         term.wait_for("[shell] exit ", 30)
