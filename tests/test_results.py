@@ -195,3 +195,14 @@ def test_the_benchmarks_write_records_the_page_reads(monkeypatch):
     assert "| wide | bf16 | hybrid_2 (shipped) | 64 | 8.57 | 180 |" in front  # 180 / 21 pairs/s, as the run gave them
     assert "| enja-small | fp32 | single 2 threads | 64 | 360 | 7,560 † | 177.8 | 300 / 200 | 1.20x / 1.80x |" in front
     assert "ceiling" not in front.split("| machine |")[1]  # the ceiling is a limit, in Scaling, not a layout
+
+
+def test_a_cpu_without_avx512_is_another_machine_than_one_of_the_same_name_with_it():
+    """Two AMD EPYCs of one name, one with AVX-512 and one with AVX2 only (bf16 emulated there), were one machine in
+    the records and the second's rows replaced the first's in BENCHMARKS.md (2026-12-06)."""
+    from benchmarks.results import cpu_label
+
+    assert cpu_label("AMD EPYC (2 cores)", {"avx2", "avx512f", "avx512_bf16"}) == "AMD EPYC (2 cores)"
+    assert cpu_label("AMD EPYC (2 cores)", {"avx", "avx2"}) == "AMD EPYC, AVX2 only (2 cores)"
+    assert cpu_label("Intel Xeon (2 cores)", {"avx2", "avx512f", "amx_tile", "amx_bf16"}) == "Intel Xeon (2 cores), AMX"
+    assert cpu_label("Neoverse-V2 (2 cores)", {"sve", "bf16"}) == "Neoverse-V2 (2 cores)"

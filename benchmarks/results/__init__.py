@@ -61,10 +61,21 @@ def machine() -> str:
     if torch is not None and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     try:
-        amx = " amx" in Path("/proc/cpuinfo").read_text()
+        info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        amx = False
-    return f"{cpu_model()}{', AMX' if amx else ''}"
+        info = ""
+    flags = next((set(line.split(":", 1)[1].split()) for line in info.splitlines() if line.startswith("flags")), set())
+    return cpu_label(cpu_model(), flags)
+
+
+def cpu_label(model: str, flags: set) -> str:
+    """`model` ("NAME (N cores)") with what decides its bf16: ", AMX" where the CPU has it, and "NAME, AVX2 only
+    (N cores)" for an x86 CPU without AVX-512 (PyTorch emulates bf16 there: a GEMM 47-104x fp32's time on an AMD EPYC,
+    2026-12-06), so that two CPUs of one name but not one instruction set are two machines in the records."""
+    if "avx2" in flags and "avx512f" not in flags:
+        name, paren, cores = model.partition(" (")
+        model = f"{name}, AVX2 only{paren}{cores}"
+    return f"{model}{', AMX' if 'amx_tile' in flags or 'amx' in flags else ''}"
 
 
 def commit() -> str | None:

@@ -20,7 +20,10 @@ MACHINES = {  # what a machine's name in the records stands for, where the name 
     "NVIDIA H200": "NVIDIA H200: one GPU of a lent device (torch 2.11.0+cu130, cuDNN 9.19)",
     "NVIDIA H200 (second machine)": "NVIDIA H200 (second machine): another lent device of the same kind, whose host "
                                     "ran the same step slower",
-    "AMD EPYC (2 cores)": "AMD EPYC (2 cores): this workplace's KVM machine, torch 2.13.0+cpu",
+    "AMD EPYC (2 cores)": "AMD EPYC (2 cores): this workplace's KVM machine with AVX-512 (its bf16 faster than fp32), "
+                          "torch 2.13.0+cpu",
+    "AMD EPYC, AVX2 only (2 cores)": "AMD EPYC, AVX2 only (2 cores): a KVM machine without AVX-512 or AMX, where PyTorch "
+                                     "emulates bf16 (a GEMM 47-104x fp32's time), torch 2.13.0+cpu",
     "Intel Xeon without AMX (2 cores)": "Intel Xeon without AMX (2 cores): family 6 model 207, AVX-512-bf16, no AMX "
                                         "flag exposed (its bf16 is slower than fp32)",
     "Intel Xeon with AMX (2 cores)": "Intel Xeon with AMX (2 cores): AVX-512, AVX-512-bf16 and AMX, 24 GiB",
