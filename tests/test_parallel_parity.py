@@ -359,3 +359,4 @@ def test_bf16_auto_trains_every_rank_in_rank_0s_choice(workers, tiny_data, tmp_p
         assert out[0]["lines"] == [f"precision: bf16.enabled=auto -> {precision}: a bf16 GEMM at width 16 takes "
                                    f"{ratios[0]:.2f}x fp32's time on this CPU (set by the test)"]
         assert all(math.isfinite(r["rows"][0]["loss"]) for r in out)
+        assert 0 < out[0]["rows"][0]["grad_norm"] < math.inf  # it trained: a gradient, not only a loss

@@ -17,8 +17,9 @@
 # (default python3.12 on PATH, else pyenv's newest 3.12). .whl/ is made first if missing
 # (gpu_wheels.sh --wheels-only, network). One build at a time ($CACHE/build.lock): a second invocation waits
 # for the first's build and uses it (the test suite starts a --build-only in the background when it collects
-# the rehearsal's test, so that its minutes of download overlap the tests before it). Exit 0 only if the carried wheels fit the image and the check
-# passed; its report is in $GPU_REHEARSAL_CACHE/out. Where the wheels do not fit, the check runs its imports
+# the rehearsal's test, so that its minutes of download overlap the tests before it). Exit 0 only if the
+# carried wheels fit the image and the check passed; its report is in $GPU_REHEARSAL_CACHE/out. Where the
+# wheels do not fit, the check runs its imports
 # and environment stage only (unless ARGS name --stages).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -75,7 +75,7 @@ def cpu_label(model: str, flags: set) -> str:
     if "avx2" in flags and "avx512f" not in flags:
         name, paren, cores = model.partition(" (")
         model = f"{name}, AVX2 only{paren}{cores}"
-    return f"{model}{', AMX' if 'amx_tile' in flags or 'amx' in flags else ''}"
+    return f"{model}{', AMX' if any(f.startswith('amx') for f in flags) else ''}"
 
 
 def commit() -> str | None:
