@@ -374,6 +374,37 @@ def test_scale_batch_grows_the_global_batch_with_the_devices(tiny_data, tmp_path
         "64 pairs per global micro-batch x 1 (the base's, kept for every layout; --scale-batch grows it with the devices)")
 
 
+def test_a_base_with_bf16_auto_is_planned_in_the_precision_a_launch_would_choose(tiny_data, tmp_path, capsys):
+    """bf16.enabled "auto" was priced as bf16 everywhere: on a CPU that emulates bf16 (10x slower) the plan
+    ranked layouts in a precision the run would never train in."""
+    from trainer.planner.cli import main
+
+    base = json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text())
+    auto = tmp_path / "auto.json"
+    auto.write_text(json.dumps({**base, "bf16": {"enabled": "auto"}}))
+    path = _tiny_profile(tmp_path, tiny_data)
+    slow = json.loads(path.read_text())  # the same machine, every bf16 layer 10x fp32's time
+    for table in slow["layers"]["bf16"].values():
+        for entries in table["lstm"].values():
+            for kind, rows in entries.items():
+                entries[kind] = [[*r[:-1], 10 * r[-1]] for r in rows]
+        table["head"] = [[*r[:-1], 10 * r[-1]] for r in table["head"]]
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    for prof, want in ((path, "bf16"), (tmp_path / "slow.json", "fp32"), ("h200", "bf16")):
+        out = tmp_path / f"best_{want}_{len(str(prof))}.json"
+        main(["--devices", "2", "--profile", str(prof), "--steps", "2", "--deepspeed_config", str(auto),
+              "--write-config", str(out), *_tiny_cfg(tiny_data)])
+        assert json.loads(out.read_text())["bf16"] == {"enabled": "auto"}  # its launch decides on its device
+        text = capsys.readouterr().out
+        line = text.splitlines()[0]
+        assert line.startswith(f"precision: bf16.enabled=auto planned as {want}: "), line
+        assert f"layers, vocab" in text and f"; {want}; " in text.split("\n")[1]  # the plan's own line says it
+    assert "datasheet has bf16" in line
+    main(["--devices", "2", "--profile", str(path), "--steps", "2", "--deepspeed_config",
+          str(REPO / "ds_configs" / "hybrid_2.json"), *_tiny_cfg(tiny_data)])
+    assert "precision:" not in capsys.readouterr().out  # an explicit precision is planned as given, in silence
+
+
 def test_plan_says_it_prices_the_fused_lstm_kernel(tiny_data, tmp_path, capsys):
     from trainer.planner.cli import main
 

@@ -85,8 +85,12 @@ def _plan(args, cfg) -> int:
     plan.require_prepared(cfg.data.dir, args.config)
     ds = load_ds_config(args.deepspeed_config, None)  # the schedule is not planned; written without a length
     per_rank = plan.batch_per_rank(ds) if args.scale_batch else None
-    work = plan.workload(cfg, ds, args.steps, global_batch=per_rank and per_rank * args.devices)
-    base = plan.workload(cfg, ds, args.steps, global_batch=per_rank) if per_rank else None
+    planned, precision_line = plan.auto_precision(cfg, ds, profile, args.devices, args.link, args.steps,
+                                                  per_rank and per_rank * args.devices)
+    if precision_line:  # the winner's JSON keeps "auto": its launch decides on its own device
+        print(precision_line)
+    work = plan.workload(cfg, planned, args.steps, global_batch=per_rank and per_rank * args.devices)
+    base = plan.workload(cfg, planned, args.steps, global_batch=per_rank) if per_rank else None
     ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link, baseline_work=base)
     print(report(work, profile, args, ranked, one, invalid))
     if args.write_config:

@@ -17,7 +17,7 @@ import torch
 
 from data_prep.dataformat import MANIFEST, files
 from trainer.data import BatchStream, ParallelData, read_manifest
-from trainer.ds_config import check_batch, global_micro_batch
+from trainer.ds_config import bf16_auto, check_batch, global_micro_batch, with_bf16
 from trainer.parallel.deepspeed_json import load_ds_config
 from trainer.parallel.layout import LayoutSpec, group_members, layout_world
 from trainer.parallel.simulate import simulate, simulate_shared
@@ -188,6 +188,36 @@ def _late_broadcast(rt, end: float) -> float:
         return 0.0
     first_head = min(heads) - min((t0 for _, t0, _ in rt.spans), default=0.0)
     return max(0.0, rt.async_done - end - first_head)
+
+
+def auto_precision(cfg, ds: dict, profile: dict, devices: int, link: str | None, steps: int,
+                   global_batch: int | None = None) -> tuple[dict, str]:
+    """A base JSON with `"bf16": {"enabled": "auto"}` planned in the precision a launch on the profile's device
+    would choose (trainer.training.tuning.bf16_choice): (the JSON with true or false, the line that says why).
+    A GPU's profile: bf16 where its datasheet has a bf16 rate (Ampere and later), as torch.cuda.is_bf16_supported
+    decides at launch. A calibrated CPU: bf16 unless its best predicted step is more than tuning.BF16_SLOWER times
+    fp32's (at launch the CPU's GEMM ratio decides; the profile holds both precisions' measured layers)."""
+    if not bf16_auto(ds):
+        return ds, ""
+    where = (profile.get("device") or {}).get("name", "?")
+    if "layers" not in profile:
+        on = "bf16" in ((profile.get("datasheet") or {}).get("peak_tflops") or {})
+        why = f"{where}'s datasheet {'has' if on else 'has no'} bf16 rate"
+    else:
+        have = [p for p in ("bf16", "fp32") if p in profile["layers"]]
+        if len(have) == 1:
+            on, why = have[0] == "bf16", f"the profile of {where} measured {have[0]} only"
+        else:
+            best = {}
+            for precision in have:
+                work = workload(cfg, with_bf16(ds, precision == "bf16"), steps, global_batch=global_batch)
+                best[precision] = rank_layouts(work, profile, devices, link)[0][0].step_s
+            ratio = best["bf16"] / best["fp32"]
+            on = ratio <= tuning.BF16_SLOWER
+            why = (f"on {where} the best bf16 layout is predicted at {1000 * best['bf16']:.1f} ms/step, fp32's at "
+                   f"{1000 * best['fp32']:.1f} ({ratio:.2f}x; bf16 above {tuning.BF16_SLOWER}x is left)")
+    return with_bf16(ds, on), (f"precision: bf16.enabled=auto planned as {'bf16' if on else 'fp32'}: {why} "
+                               f"(a launch decides on its own device)")
 
 
 def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None = None,
