@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import socket
 import sys
 import tempfile
@@ -129,7 +130,7 @@ class Workers:
         try:
             return self._dispatch(world, fn, args, timeout)
         except JobError:
-            self.close()  # a failed or hung rank may leave its peers waiting in a collective
+            self._stop()  # a failed or hung rank may leave its peers waiting in a collective
             raise
 
     def _start(self) -> None:
@@ -137,7 +138,7 @@ class Workers:
         of tries. After a start that failed every try, a later test gets one try (its own cause, without the
         whole wait again)."""
         if self._met or not all(p.is_alive() for p in self.procs):
-            self.close()
+            self._stop()
         causes = []
         for attempt in range(1 if self._failed_start else self.start_tries):
             try:
@@ -150,11 +151,12 @@ class Workers:
                 return
             except JobError as e:
                 causes.append(f"try {attempt + 1}: {e}")
-                self.close()
+                self._stop()
         self._failed_start = True
         raise JobError(f"the pool of {self.size} workers did not start:\n" + "\n".join(causes))
 
     def _spawn(self) -> None:
+        os.makedirs(self.err_dir, exist_ok=True)  # again after a close()
         self.inboxes = [self.ctx.Queue() for _ in range(self.size)]
         self.outbox = self.ctx.Queue()
         self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox, i, self.preload, self._err_path(i)),
@@ -211,6 +213,12 @@ class Workers:
         return "".join(said)
 
     def close(self) -> None:
+        """Stop the workers and remove their stderr files: the pool is done (a later job would start afresh)."""
+        self._stop()
+        shutil.rmtree(self.err_dir, ignore_errors=True)
+
+    def _stop(self) -> None:
+        """Stop the workers (a failed start or job): their stderr files stay for the report."""
         for p in self.procs:
             if p.is_alive():
                 p.kill()

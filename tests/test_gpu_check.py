@@ -68,6 +68,7 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, pr
     assert set(anchors) == {"anchor_patent_b16", "anchor_patent_b24", "anchor_enja-small_b8"}
     for a in anchors.values():
         assert "error" not in a and a["tokens_per_s"] > 0 and a["ours_tokens_per_s"] > 0 and len(a["losses"]) >= 2
+        assert a["threads"] == 1  # as our runs (train.threads=1): two threads beside other work took 57x as long
     assert report["profiled_patent"]["profile"]["steps"] == [4, 6]
     shared = report["shared_gpu"]  # 2 ranks (on the GPU: sharing it) against one process, step by step
     assert shared["ok"] and shared["steps"] == list(range(1, 9)) and shared["max_rel_diff"]["loss"] < 1e-5

@@ -92,3 +92,15 @@ def test_a_failed_rank_is_reported_with_its_traceback_while_its_peer_hangs(tmp_p
         assert "(ranks [1] did not answer)" in str(e.value) and "ValueError: rank 0's own cause" in str(e.value)
     finally:
         pool.close()
+
+
+def test_a_closed_pool_leaves_no_files_behind(tmp_path):
+    """Each pool's workers write their stderr to a directory of their own; closing the pool removes it (every
+    session left one in /tmp)."""
+    pool = _pool(tmp_path, failing_tries=0)
+    try:
+        pool.run(2, whoami)
+        assert os.path.isfile(os.path.join(pool.err_dir, "worker_0.err"))
+    finally:
+        pool.close()
+    assert not os.path.exists(pool.err_dir)

@@ -10,10 +10,14 @@ batches as the trainer's (trainer.data: the same DATA_DIR, batch size, seed and 
 device through pinned memory.
 
     python -m benchmarks.gpu.gpu_anchor --data DIR [--batch 128] [--steps 200] [--warmup 50] [--precision bf16]
-        [--emb 1024] [--hidden 1024] [--layers 4] [--device cuda] [--out FILE.json]
+        [--emb 1024] [--hidden 1024] [--layers 4] [--device cuda] [--threads N] [--out FILE.json]
 
 Prints and writes (--out) pairs/s and tokens/s (source + target tokens, as the trainer's tokens_per_s counts
 them) over the steps after --warmup, timed with the device synchronised at the window's two ends only.
+--threads: torch's threads (default: torch's own, the host's cores); the GPU check's CPU path gives 1, as its
+training runs have (train.threads=1): with two threads on a 2-core machine busy with other work (the suite in
+two pytest-xdist workers, 2026-12-06, AMD EPYC with AVX2 only) a step took 1.87 s against 32.5 ms quiet, 57x
+(OpenMP waiting on a thread that is not running): the anchor measured the machine's load, not the program.
 """
 from __future__ import annotations
 
@@ -86,6 +90,8 @@ def run(args) -> dict:
     from trainer.data import read_manifest
 
     dev = torch.device(args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     vocab = read_manifest(args.data)["vocab"]
     model = build(vocab["src_size"], vocab["tgt_size"], args.emb, args.hidden, args.layers).to(dev)
@@ -115,7 +121,8 @@ def run(args) -> dict:
     steps = args.steps - args.warmup
     return {"program": "anchor (nn.LSTM x2, autocast, fused Adam)", "device": str(dev), "precision": precision,
             **({"precision_asked": args.precision, "note": note} if note else {}),
-            "batch": args.batch, "emb": args.emb, "hidden": args.hidden, "layers": args.layers, "steps": steps,
+            "threads": torch.get_num_threads(), "batch": args.batch, "emb": args.emb, "hidden": args.hidden,
+            "layers": args.layers, "steps": steps,
             "warmup": args.warmup, "pairs_per_s": pairs / seconds, "tokens_per_s": tokens / seconds,
             "step_ms_mean": 1000 * seconds / steps, "losses": losses,
             "peak_memory_mib": torch.cuda.max_memory_allocated() / 2 ** 20 if dev.type == "cuda" else None}
@@ -132,6 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not 0 <= args.warmup < args.steps:

@@ -519,7 +519,8 @@ class GpuCheck:
         cmd = [sys.executable, "-m", "benchmarks.gpu.gpu_anchor", "--data", self.datas[data], "--batch", spec["batch"],
                "--steps", self.sizes["anchor_steps"], "--warmup", self.sizes["anchor_warmup"], "--emb",
                model["emb_dim"], "--hidden", model["hidden"], "--layers", model["layers"], "--device",
-               "cuda" if self.args.device == "cuda" else "cpu", "--out", out]
+               "cuda" if self.args.device == "cuda" else "cpu", "--out", out,
+               *(["--threads", 1] if self.args.device == "cpu" else [])]  # as the runs (train.threads=1)
 
         def one() -> dict:
             code, timed_out, watch = run_group(cmd, self.args.work / f"{spec['name']}.log", self.args.run_timeout_s,
