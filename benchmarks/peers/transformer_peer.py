@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 
 from benchmarks import results as records
-from benchmarks.common import ENJA, REPO, VOCAB_SIZE, cpu_model, ds_variant, metrics, prepare_enja, train
+from benchmarks.common import ENJA, REPO, VOCAB_SIZE, ds_variant, metrics, prepare_enja, train
 from benchmarks.peers.opennmt_peer import (PEER, PeerError, _run_peer_tool, peer_data, peer_venv, threads_env,
                                            train_peer)
 from data_prep.dataformat import SPM_MODELS
@@ -290,7 +290,7 @@ def main() -> None:
             load.append(os.getloadavg()[0])
     except PeerError as e:
         sys.exit(f"transformer_peer: {e}")
-    cpu, cores = cpu_model(), len(os.sched_getaffinity(0))
+    cpu, cores = records.machine(), len(os.sched_getaffinity(0))  # as its records name it
     busy = max(load) > cores + 1
     print(f"\n{cpu}: each system trained {args.minutes:g} min on {args.threads} threads; load average (1 min) "
           f"{min(load):.1f}-{max(load):.1f}")
