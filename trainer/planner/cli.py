@@ -26,7 +26,9 @@ def parser() -> argparse.ArgumentParser:
                                       "profile's name (h200: trainer/planner/profiles/h200.json)")
     p.add_argument("--deepspeed_config", default=DEFAULT_BASE,
                    help="base DeepSpeed JSON: optimizer, precision, batch (global micro-batch = its "
-                        "train_micro_batch_size_per_gpu x its num_dp), accumulation (default ds_configs/single.json)")
+                        "train_micro_batch_size_per_gpu x its num_dp), accumulation (default ds_configs/single.json); "
+                        "bf16.enabled \"auto\" is planned in the precision a launch on the profile's device would "
+                        "choose (the first line says which)")
     p.add_argument("--scale-batch", dest="scale_batch", action="store_true",
                    help="grow the global micro-batch with the device count: the base's global micro-batch per rank "
                         "of its layout, times --devices, for every layout (default: the base's global micro-batch, "
