@@ -42,7 +42,7 @@ def main(argv=None):
             p.error("the following arguments are required: --deepspeed_config")
         if args.dry_run:
             return run_dry(args.config, args.overrides, args.deepspeed_config)
-        job_control.start()  # stop requests, the terminal, the launcher watch
+        job_control.start()  # the console, stop requests, the terminal, the launcher watch
         leave(train_main(args.config, args.overrides, args.deepspeed_config))
     except job_control.Interrupted as e:  # before the first step: nothing to save
         print(f"rank {os.environ.get('RANK', '0')}: stopped by {e.signal_name} before training started",

@@ -10,6 +10,7 @@ lists what each case gets."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
@@ -239,6 +240,35 @@ def test_sighup_is_a_stop_request_like_sigterm_and_stays_ignored_under_nohup(ins
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     job_control.install()
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+
+
+def test_a_console_whose_terminal_hung_up_or_whose_reader_left_goes_to_dev_null_and_other_errors_still_raise():
+    """A training process's stdout/stderr (job_control.Console): a terminal gone before its SIGHUP is handled (every
+    write EIO, `isatty` False) or a pipe whose reader left (EPIPE) must not raise into the writer (a progress line, the
+    stop announcement inside the signal handler): that stream goes to /dev/null. Any other error still raises."""
+    from trainer.training import job_control
+
+    master, slave = os.openpty()
+    os.close(master)  # the terminal hangs up
+    assert not os.isatty(slave) and job_control._is_terminal(slave)  # what the SIGHUP handler now recognises
+    r, w = os.pipe()
+    os.close(r)  # the reader left
+    devnull = os.stat(os.devnull)
+    for fd in (slave, w):
+        console = job_control.Console(open(fd, "w", buffering=1, closefd=True))
+        print("step 4/100000  loss 6.57", file=console, flush=True)  # raised OSError (EIO/EPIPE) before
+        print("and on", file=console, flush=True)
+        after = os.fstat(console.fileno())
+        assert (after.st_dev, after.st_ino) == (devnull.st_dev, devnull.st_ino)
+        console.close()
+    assert not job_control._is_terminal(r := os.open(os.devnull, os.O_RDONLY))
+    os.close(r)
+
+    class Full:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OSError, match="No space"):
+        job_control.Console(Full()).write("x")
 
 
 def test_a_signal_names_the_stop_even_after_the_launcher_watch_recorded_the_launchers_exit():

@@ -259,11 +259,15 @@ def test_sigterm_saves_and_exits_0(tiny_data, tmp_path):
 
 def test_sighup_of_a_closed_terminal_saves_and_exits_0(tiny_data, tmp_path):
     """The issue's: SIGHUP (a closed terminal, a dropped ssh) killed a training run without a save or a word. Now as
-    SIGTERM: the step in progress finishes and is saved, exit 0. Its stdout and stderr are a terminal that then goes
-    away (its master closed: a write would fail with EIO and break the save), so they go to /dev/null."""
+    SIGTERM: the step in progress finishes and is saved, exit 0. In the order a hang-up has: the terminal goes first
+    (its master closed: every write to it fails with EIO, and `isatty` is False), then SIGHUP, while the run goes on
+    writing its progress (and its stop announcement) to the gone terminal. Those writes go to /dev/null
+    (job_control.Console); the run is neither ended by them nor hangs. (This test once sent SIGHUP first and closed
+    the master after: when the handler ran late, its announcement met the gone terminal and the run exited 1.)"""
     run = tmp_path / "run"
     ds = ds_config(tmp_path, SINGLE, total_steps=100000)
-    cmd = train_cmd(tiny_data, run, 1, ds, "train.max_steps=100000", "train.eval_every=100000", "train.save_every=0")
+    cmd = train_cmd(tiny_data, run, 1, ds, "train.max_steps=100000", "train.eval_every=100000", "train.save_every=0",
+                    "train.log_every=1")
     master, slave = os.openpty()
     job = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO)),
                            stdout=slave, stderr=slave, start_new_session=True)
@@ -281,11 +285,13 @@ def test_sighup_of_a_closed_terminal_saves_and_exits_0(tiny_data, tmp_path):
     reader.start()
     try:
         _wait_for_step(job, run, 3)
-        job.send_signal(signal.SIGHUP)
     finally:
         done.set()
         reader.join()
         os.close(master)  # the terminal is gone
+    hung_up = max(losses(run))
+    _wait_for_step(job, run, hung_up + 2)  # it trains on, writing to the gone terminal
+    job.send_signal(signal.SIGHUP)
     _wait_exit(job, 60)
     text = b"".join(said).decode(errors="replace")
     assert job.returncode == 0, text[-2000:]

@@ -15,6 +15,9 @@ is killed leaves its ranks training, orphaned, to the end. So:
   the terminal's foreground, so a Ctrl-C reaches that rank alone: the ranks stop together and exit 0, and
   DeepSpeed's launcher and runner then end with 0 of their own accord, without a traceback. A Ctrl-Z
   still suspends the whole job (the rank gives the terminal back and stops with it; `fg` continues it).
+* `keep_console`: the console is commentary (metrics.jsonl and the checkpoints keep the record), so a terminal
+  that has gone (EIO: closed before its SIGHUP is handled, or with none sent) or a reader that left (EPIPE)
+  does not end the run: the first write that fails so sends that stream to /dev/null.
 * `watch_launcher`: a thread notices when a launcher process above this rank is gone (SIGKILL, the OOM
   killer, a SIGINT to the runner alone) and makes that a stop request, so no rank trains on as an orphan.
 
@@ -24,6 +27,7 @@ kill reaches it before the last rows and the finish of the run.
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import signal
 import sys
@@ -98,22 +102,87 @@ def _on_stop_signal(signum, frame) -> None:
 
 def _leave_hung_up_terminal() -> None:
     """After SIGHUP the terminal is gone: a write to it fails (EIO), which would break the save that follows. The
-    standard streams that are a terminal go to /dev/null from here on (as nohup sends them to a file);
-    metrics.jsonl and the checkpoint keep the record."""
+    standard streams that are a terminal, or were one that has hung up, go to /dev/null from here on (as nohup
+    sends them to a file); metrics.jsonl and the checkpoint keep the record."""
+    for fd in (1, 2):
+        if _is_terminal(fd):
+            _to_null(fd)
+
+
+def _is_terminal(fd: int) -> bool:
+    """A terminal, or one that has hung up: there every terminal request fails with EIO (`os.isatty` is then
+    False, and the streams would stay on it)."""
+    try:
+        termios.tcgetattr(fd)
+        return True
+    except termios.error as e:
+        return bool(e.args) and e.args[0] == errno.EIO
+    except (OSError, ValueError):
+        return False
+
+
+def _to_null(fd: int) -> None:
     null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        for fd in (1, 2):
-            try:
-                if os.isatty(fd):
-                    os.dup2(null, fd)
-            except OSError:
-                pass
+        os.dup2(null, fd)
+    except OSError:
+        pass
     finally:
         os.close(null)
 
 
+GONE = (errno.EIO, errno.EPIPE)  # a write to a terminal that has hung up; a pipe whose reader left
+
+
+class Console:
+    """sys.stdout or sys.stderr of a training process: a write or flush that fails because the terminal has gone
+    or the reader left (`GONE`) sends the stream's descriptor to /dev/null and is dropped, where it would have
+    raised in whatever code wrote (a progress line, the stop announcement inside a signal handler) and ended the
+    run without a save. Any other error is raised as before."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def _gone(self, err: OSError) -> None:
+        if err.errno not in GONE:
+            raise err
+        try:
+            _to_null(self._stream.fileno())
+        except (OSError, ValueError):
+            pass
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            self._gone(e)
+            return len(text)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._gone(e)
+            try:  # what the buffer held goes to /dev/null now
+                self._stream.flush()
+            except OSError:
+                pass
+
+
+def keep_console() -> None:
+    """Training's stdout and stderr become `Console`s (once)."""
+    if not isinstance(sys.stdout, Console) and sys.stdout is not None:
+        sys.stdout = Console(sys.stdout)
+    if not isinstance(sys.stderr, Console) and sys.stderr is not None:
+        sys.stderr = Console(sys.stderr)
+
+
 def start(environ=os.environ) -> None:
-    """Everything above, for a training process: stop requests, the terminal, the launcher watch."""
+    """Everything above, for a training process: the console, stop requests, the terminal, the launcher watch."""
+    keep_console()
     install()
     take_terminal(environ)
     watch_launcher()
