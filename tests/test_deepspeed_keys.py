@@ -41,7 +41,9 @@ def test_fp16_with_dynamic_loss_scaling_is_accepted(tmp_path):
 
 
 @pytest.mark.parametrize("change,expected", [
-    (lambda d: d.__setitem__("fp16", {"enabled": True}), r"fp16.enabled and bf16.enabled are both true: choose one"),
+    (lambda d: (d.__setitem__("bf16", {"enabled": True}), d.__setitem__("fp16", {"enabled": True})),
+     r"fp16.enabled and bf16.enabled are both true: choose one"),
+    (lambda d: d.__setitem__("fp16", {"enabled": True}), r"fp16.enabled and bf16.enabled are both set: choose one"),
     (_fp16(loss_scale=-1), r"fp16.loss_scale=-1: must be a finite number >= 0 \(0: dynamic loss scaling\)"),
     (_fp16(initial_scale_power=99), r"fp16.initial_scale_power=99: must be an integer in 0..64"),
     (_fp16(loss_scale_window=0), r"fp16.loss_scale_window=0: must be an integer >= 1"),
@@ -161,7 +163,7 @@ def test_a_key_deepspeed_does_not_read_is_refused_in_one_line_naming_it(tmp_path
 @pytest.mark.parametrize("change", [
     None, _set("zero_optimization", {"stage": 1, "reduce_bucket_size": 500000000}),
     _set("tensorboard", {"enabled": False, "output_path": "tb"}), _set("wandb", {"enabled": False, "project": "p"}),
-    _set("flops_profiler", {"enabled": False, "profile_step": 1}), _set("data_types", {"grad_accum_dtype": "bf16"}),
+    _set("flops_profiler", {"enabled": False, "profile_step": 1}), lambda d: d.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
     _set("optimizer", {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": True}}),
     _set("scheduler", {"type": "StepLR", "params": {"step_size": 3, "gamma": 0.5}}),
     _set("activation_checkpointing", {"partition_activations": False}), _set("vocabulary_size", 32000),

@@ -400,8 +400,11 @@ def test_a_base_with_bf16_auto_is_planned_in_the_precision_a_launch_would_choose
         assert line.startswith(f"precision: bf16.enabled=auto planned as {want}: "), line
         assert f"layers, vocab" in text and f"; {want}; " in text.split("\n")[1]  # the plan's own line says it
     assert "datasheet has bf16" in line
-    main(["--devices", "2", "--profile", str(path), "--steps", "2", "--deepspeed_config",
-          str(REPO / "ds_configs" / "hybrid_2.json"), *_tiny_cfg(tiny_data)])
+    explicit = tmp_path / "bf16.json"
+    explicit.write_text(json.dumps({**json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text()),
+                                    "bf16": {"enabled": True}}))
+    main(["--devices", "2", "--profile", str(path), "--steps", "2", "--deepspeed_config", str(explicit),
+          *_tiny_cfg(tiny_data)])
     assert "precision:" not in capsys.readouterr().out  # an explicit precision is planned as given, in silence
 
 

@@ -57,7 +57,7 @@ def main() -> None:
     for base in ("single", "hybrid_2"):
         cfg = json.loads((REPO / "ds_configs" / f"{base}.json").read_text())
         schedule = {**cfg["scheduler"], "params": {**cfg["scheduler"]["params"], "total_num_steps": args.steps}}
-        ds_variant(args.work, base, f"{base}_bleu", scheduler=schedule)
+        ds_variant(args.work, base, f"{base}_bleu", scheduler=schedule, bf16={"enabled": True})  # as recorded
     _train([sys.executable], args.work / "single_bleu.json", data, single_run, args.steps,
            [f"train.max_time_min={args.minutes}", "train.threads=2"])
     rows = metrics(single_run)

@@ -46,9 +46,10 @@ LSTM_OPTIMIZER = {"type": "Adam", "params": {"lr": 1e-3, "betas": [0.9, 0.999], 
 def _variants(work: Path, steps: int) -> dict[str, Path]:
     base = json.loads((REPO / "ds_configs" / "single.json").read_text())
     shipped = {**base["scheduler"], "params": {**base["scheduler"]["params"], "total_num_steps": steps}}
-    return {"transformer": ds_variant(work, "single", "recipe_transformer", scheduler=shipped),
+    bf16 = {"enabled": True}  # as documented (the shipped JSON's "auto" would follow the CPU)
+    return {"transformer": ds_variant(work, "single", "recipe_transformer", scheduler=shipped, bf16=bf16),
             "lstm": ds_variant(work, "single", "recipe_lstm", optimizer=LSTM_OPTIMIZER, gradient_clipping=5.0,
-                               scheduler=None)}
+                               scheduler=None, bf16=bf16)}
 
 
 def _command(ds: Path, data: Path, run_dir: Path, steps: int, eval_every: int) -> list[str]:

@@ -89,12 +89,12 @@ def _plan(args, cfg) -> int:
     per_rank = plan.batch_per_rank(ds) if args.scale_batch else None
     planned, precision_line = plan.auto_precision(cfg, ds, profile, args.devices, args.link, args.steps,
                                                   per_rank and per_rank * args.devices)
-    if precision_line:  # the winner's JSON keeps "auto": its launch decides on its own device
-        print(precision_line)
     work = plan.workload(cfg, planned, args.steps, global_batch=per_rank and per_rank * args.devices)
     base = plan.workload(cfg, planned, args.steps, global_batch=per_rank) if per_rank else None
     ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link, baseline_work=base)
-    print(report(work, profile, args, ranked, one, invalid))
+    # the winner's JSON keeps "auto" (its launch decides on its own device); the precision line follows a busy
+    # profile's warning, which comes first
+    print(report(work, profile, args, ranked, one, invalid, precision_line))
     if args.write_config:
         best = ranked[0].candidate
         plan.write_config(args.write_config, plan.winner_config(ds, best, work.global_batch), best.ranks)
@@ -105,7 +105,7 @@ def _plan(args, cfg) -> int:
     return 0
 
 
-def report(work, profile, args, ranked, one, invalid: int) -> str:
+def report(work, profile, args, ranked, one, invalid: int, precision_line: str | None = None) -> str:
     from trainer.planner.profile import provenance
 
     dev = profile.get("device", {})
@@ -116,6 +116,7 @@ def report(work, profile, args, ranked, one, invalid: int) -> str:
     d = work.dims
     warning = (profile.get("conditions") or {}).get("warning") if isinstance(profile.get("conditions"), dict) else None
     lines = [f"WARNING: {args.profile}: {warning}; measure again on a quiet machine (--calibrate)"] if warning else []
+    lines += [precision_line] if precision_line else []
     if work.cfg.model.lstm_kernel != "fused":
         lines.append(f"NOTE: model.lstm_kernel={work.cfg.model.lstm_kernel}: the profiles price torch's fused LSTM, so "
                      f"these are the fused kernel's predictions (docs/BENCHMARKS.md 13 measures both)")
