@@ -398,7 +398,7 @@ def test_a_base_with_bf16_auto_is_planned_in_the_precision_a_launch_would_choose
         text = capsys.readouterr().out
         line = text.splitlines()[0]
         assert line.startswith(f"precision: bf16.enabled=auto planned as {want}: "), line
-        assert f"layers, vocab" in text and f"; {want}; " in text.split("\n")[1]  # the plan's own line says it
+        assert "layers, vocab" in text and f"; {want}; " in text.split("\n")[1]  # the plan's own line says it
     assert "datasheet has bf16" in line
     explicit = tmp_path / "bf16.json"
     explicit.write_text(json.dumps({**json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text()),
@@ -631,3 +631,21 @@ def test_validate_measures_how_far_apart_the_ranks_step_by_step():
     assert skew["busy_diff_ms"] == pytest.approx(25.0)  # 20 and 30 ms apart
     assert skew["comm_wait_ms"] == pytest.approx([30.0, 25.0]) and skew["comm_wait_least_ms"] == pytest.approx(15.0)
     assert rank_skew([{"step": 9, "step_time_s": 0.1, "rank0/busy": 1.0}]) is None  # one rank
+
+
+@pytest.mark.parametrize("scale", [[], ["--scale-batch"]])
+def test_a_plan_of_bf16_auto_is_the_plan_of_the_precision_it_chose(tiny_data, tmp_path, capsys, scale):
+    """Every shipped JSON says "auto": the ranking made to choose the precision is the plan printed (reused, not
+    ranked a third time), line for line the plan of a JSON that names that precision, --scale-batch included."""
+    from trainer.planner.cli import main
+
+    path = _tiny_profile(tmp_path, tiny_data)
+    base = json.loads((REPO / "ds_configs" / "hybrid_2.json").read_text())
+    printed = {}
+    for name, bf16 in (("auto", "auto"), ("bf16", True), ("fp32", False)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**base, "bf16": {"enabled": bf16}}))
+        main(["--devices", "2", "--profile", str(path), "--steps", "2", *scale, "--deepspeed_config",
+              str(tmp_path / f"{name}.json"), *_tiny_cfg(tiny_data)])
+        printed[name] = capsys.readouterr().out.splitlines()
+    chose = printed["auto"][0].split(" planned as ")[1].split(":")[0]
+    assert chose in ("bf16", "fp32") and printed["auto"][1:] == printed[chose]

@@ -191,15 +191,18 @@ def _late_broadcast(rt, end: float) -> float:
 
 
 def auto_precision(cfg, ds: dict, profile: dict, devices: int, link: str | None, steps: int,
-                   global_batch: int | None = None) -> tuple[dict, str]:
+                   global_batch: int | None = None, baseline_batch: int | None = None) -> tuple[dict, str, tuple | None]:
     """A base JSON with `"bf16": {"enabled": "auto"}` planned in the precision a launch on the profile's device
-    would choose (trainer.training.tuning.bf16_choice): (the JSON with true or false, the line that says why).
+    would choose (trainer.training.tuning.bf16_choice): (the JSON with true or false, the line that says why, and
+    the chosen precision's (work, rank_layouts' result) where both precisions were ranked to choose, else None:
+    the caller ranks it once). `global_batch` and `baseline_batch` as the caller's workload and baseline.
     A GPU's profile: bf16 where its datasheet has a bf16 rate (Ampere and later), as torch.cuda.is_bf16_supported
     decides at launch. A calibrated CPU: bf16 unless its best predicted step is more than tuning.BF16_SLOWER times
     fp32's (at launch the CPU's GEMM ratio decides; the profile holds both precisions' measured layers)."""
     if not bf16_auto(ds):
-        return ds, ""
+        return ds, "", None
     where = (profile.get("device") or {}).get("name", "?")
+    ranked = None
     if "layers" not in profile:
         on = "bf16" in ((profile.get("datasheet") or {}).get("peak_tflops") or {})
         why = f"{where}'s datasheet {'has' if on else 'has no'} bf16 rate"
@@ -208,16 +211,20 @@ def auto_precision(cfg, ds: dict, profile: dict, devices: int, link: str | None,
         if len(have) == 1:
             on, why = have[0] == "bf16", f"the profile of {where} measured {have[0]} only"
         else:
-            best = {}
+            results = {}
             for precision in have:
-                work = workload(cfg, with_bf16(ds, precision == "bf16"), steps, global_batch=global_batch)
-                best[precision] = rank_layouts(work, profile, devices, link)[0][0].step_s
+                planned = with_bf16(ds, precision == "bf16")
+                work = workload(cfg, planned, steps, global_batch=global_batch)
+                base = workload(cfg, planned, steps, global_batch=baseline_batch) if baseline_batch else None
+                results[precision] = (work, rank_layouts(work, profile, devices, link, baseline_work=base))
+            best = {precision: result[1][0][0].step_s for precision, result in results.items()}
             ratio = best["bf16"] / best["fp32"]
             on = ratio <= tuning.BF16_SLOWER
+            ranked = results["bf16" if on else "fp32"]
             why = (f"on {where} the best bf16 layout is predicted at {1000 * best['bf16']:.1f} ms/step, fp32's at "
                    f"{1000 * best['fp32']:.1f} ({ratio:.2f}x; bf16 above {tuning.BF16_SLOWER}x is left)")
     return with_bf16(ds, on), (f"precision: bf16.enabled=auto planned as {'bf16' if on else 'fp32'}: {why} "
-                               f"(a launch decides on its own device)")
+                               f"(a launch decides on its own device)"), ranked
 
 
 def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None = None,
