@@ -163,7 +163,8 @@ def test_a_key_deepspeed_does_not_read_is_refused_in_one_line_naming_it(tmp_path
 @pytest.mark.parametrize("change", [
     None, _set("zero_optimization", {"stage": 1, "reduce_bucket_size": 500000000}),
     _set("tensorboard", {"enabled": False, "output_path": "tb"}), _set("wandb", {"enabled": False, "project": "p"}),
-    _set("flops_profiler", {"enabled": False, "profile_step": 1}), lambda d: d.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
+    _set("flops_profiler", {"enabled": False, "profile_step": 1}),
+    lambda d: d.update(bf16={"enabled": True}, data_types={"grad_accum_dtype": "bf16"}),
     _set("optimizer", {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": True}}),
     _set("scheduler", {"type": "StepLR", "params": {"step_size": 3, "gamma": 0.5}}),
     _set("activation_checkpointing", {"partition_activations": False}), _set("vocabulary_size", 32000),

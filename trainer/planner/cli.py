@@ -89,12 +89,9 @@ def _plan(args, cfg) -> int:
     per_rank = plan.batch_per_rank(ds) if args.scale_batch else None
     planned, precision_line, done = plan.auto_precision(cfg, ds, profile, args.devices, args.link, args.steps,
                                                         per_rank and per_rank * args.devices, per_rank)
-    if done:  # both precisions were ranked to choose: the chosen one's ranking is this plan's
-        work, (ranked, one, invalid) = done
-    else:
-        work = plan.workload(cfg, planned, args.steps, global_batch=per_rank and per_rank * args.devices)
-        base = plan.workload(cfg, planned, args.steps, global_batch=per_rank) if per_rank else None
-        ranked, one, invalid = plan.rank_layouts(work, profile, args.devices, args.link, baseline_work=base)
+    # both precisions ranked to choose: the chosen one's ranking is this plan's
+    work, (ranked, one, invalid) = done or plan.ranked_plan(cfg, planned, profile, args.devices, args.link, args.steps,
+                                                            per_rank and per_rank * args.devices, per_rank)
     # the winner's JSON keeps "auto" (its launch decides on its own device); the precision line follows a busy
     # profile's warning, which comes first
     print(report(work, profile, args, ranked, one, invalid, precision_line))

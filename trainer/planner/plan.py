@@ -211,12 +211,8 @@ def auto_precision(cfg, ds: dict, profile: dict, devices: int, link: str | None,
         if len(have) == 1:
             on, why = have[0] == "bf16", f"the profile of {where} measured {have[0]} only"
         else:
-            results = {}
-            for precision in have:
-                planned = with_bf16(ds, precision == "bf16")
-                work = workload(cfg, planned, steps, global_batch=global_batch)
-                base = workload(cfg, planned, steps, global_batch=baseline_batch) if baseline_batch else None
-                results[precision] = (work, rank_layouts(work, profile, devices, link, baseline_work=base))
+            results = {precision: ranked_plan(cfg, with_bf16(ds, precision == "bf16"), profile, devices, link, steps,
+                                              global_batch, baseline_batch) for precision in have}
             best = {precision: result[1][0][0].step_s for precision, result in results.items()}
             ratio = best["bf16"] / best["fp32"]
             on = ratio <= tuning.BF16_SLOWER
@@ -225,6 +221,15 @@ def auto_precision(cfg, ds: dict, profile: dict, devices: int, link: str | None,
                    f"{1000 * best['fp32']:.1f} ({ratio:.2f}x; bf16 above {tuning.BF16_SLOWER}x is left)")
     return with_bf16(ds, on), (f"precision: bf16.enabled=auto planned as {'bf16' if on else 'fp32'}: {why} "
                                f"(a launch decides on its own device)"), ranked
+
+
+def ranked_plan(cfg, ds: dict, profile: dict, devices: int, link: str | None, steps: int,
+                global_batch: int | None = None, baseline_batch: int | None = None) -> tuple:
+    """(the workload, rank_layouts' result) of a plan: `global_batch` pairs per step (None: the base's), its speed-ups
+    over one device at `baseline_batch` pairs (None: at the same workload)."""
+    work = workload(cfg, ds, steps, global_batch=global_batch)
+    base = workload(cfg, ds, steps, global_batch=baseline_batch) if baseline_batch else None
+    return work, rank_layouts(work, profile, devices, link, baseline_work=base)
 
 
 def rank_layouts(work: Workload, profile: dict, devices: int, link: str | None = None,
