@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import background
 from tests.harness import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,42 +100,20 @@ def workers():
     _POOL[0].close()
 
 
-REHEARSAL_TEST = ("tests/test_gpu_check.py::"
-                  "test_rehearsal_in_the_devices_python_passes_and_catches_an_old_typing_extensions")
-_BACKGROUND: list = []  # the GPU rehearsal's build, started once the tests are collected
-
-
 def pytest_collection_finish(session):
     if any("workers" in getattr(item, "fixturenames", ()) for item in session.items):
         from tests.harness import Workers
 
         _POOL.append(Workers(4))
         _POOL[0].spawn_early()
-    if any(item.nodeid == REHEARSAL_TEST for item in session.items):
-        _BACKGROUND.append(start_rehearsal_build())
-
-
-def start_rehearsal_build() -> subprocess.Popen:
-    """`gpu_rehearsal.sh --build-only` in the background (nice 10, idle I/O): the device image's 2.6 GB of wheels
-    downloaded and installed while the tests before the rehearsal's run (about two minutes of network and disk
-    that would otherwise be the test's own); the test's invocation waits on the script's lock for what is left,
-    and builds again itself if this build failed. Its output: .rehearsal/build.log (or GPU_REHEARSAL_CACHE's)."""
-    cache = Path(os.environ.get("GPU_REHEARSAL_CACHE") or REPO / ".rehearsal")
-    cache.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    with open(cache / "build.log", "w") as log:
-        return subprocess.Popen(["nice", "-n", "10", "ionice", "-c", "3", "bash", "benchmarks/gpu/gpu_rehearsal.sh",
-                                 "--build-only"], cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+    # the GPU check's whole-script runs, on the cores the tests leave idle (tests/background.py)
+    background.start(session.config, {item.nodeid for item in session.items})
 
 
 def pytest_unconfigure(config):
     for pool in _POOL:  # a session that ends before the fixture's own teardown (an interrupt)
         pool.close()
-    for build in _BACKGROUND:  # a session that ended before the build: its group stopped (a rerun builds again)
-        if build.poll() is None:
-            os.killpg(build.pid, 15)
-            build.wait()
+    background.stop_all()  # a session that ended before a background check: its group stopped
 
 
 DEFAULT_TIMEOUT_S = 600  # per test; a multi-process test that hangs fails instead of the CI

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests import background
 from tests.conftest import REPO, run_cli
 
 
@@ -26,24 +27,18 @@ def prepared(tmp_path_factory):
     return work
 
 
-@pytest.fixture(scope="module")
-def no_mecab(tmp_path_factory):
-    """A PYTHONPATH entry on which `import MeCab` and `import ipadic` fail, as on the device."""
-    shadow = tmp_path_factory.mktemp("no_mecab")
-    for name in ("MeCab", "ipadic"):
-        (shadow / name).mkdir()
-        (shadow / name / "__init__.py").write_text(f"raise ImportError('No module named {name!r} (hidden by the test)')\n")
-    return f"{shadow}:{REPO}"
-
-
 @pytest.mark.slow
-def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path, prepared, no_mecab):
-    probe = run_cli([sys.executable, "-c", "import MeCab"], check=False, env_extra={"PYTHONPATH": no_mecab})
+@pytest.mark.timeout(3900)
+def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path):
+    """The check's data prepared, then `gpu_check.sh --cpu` with MeCab hidden: started in the background when the
+    suite collected this test (tests/background.py; here it is waited for), with its output in check.root."""
+    check = background.check(background.CPU_PATH_TEST, tmp_path)
+    probe = run_cli([sys.executable, "-c", "import MeCab"], check=False,
+                    env_extra={"PYTHONPATH": background.no_mecab_path(check.root)})
     assert probe.returncode != 0 and "hidden by the test" in probe.stderr
-    out = tmp_path / "out"
-    proc = run_cli(["bash", "benchmarks/gpu/gpu_check.sh", "--cpu", "--work", str(tmp_path / "work"),
-                    "--data-root", str(prepared)], timeout=1200, env_extra={"OUT": str(out), "PYTHONPATH": no_mecab})
-    assert "all checks passed" in proc.stdout, proc.stdout[-3000:]
+    proc = check.result(timeout=3800)
+    assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = check.root / "out"
     assert (out / "gpu_check.log").read_text().count("gpu_check:") > 10  # the log holds what was printed
 
     report = json.loads((out / "gpu_check.json").read_text())
@@ -406,14 +401,14 @@ def test_gpu_wheels_runs_from_a_fresh_shell_and_shows_pips_errors(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_rehearsal_in_the_devices_python_passes_and_catches_an_old_typing_extensions():
+def test_rehearsal_in_the_devices_python_passes_and_catches_an_old_typing_extensions(tmp_path):
     """benchmarks/gpu/gpu_rehearsal.sh (PyPI: 2.6 GB of wheels, a 4.8 GB environment in .rehearsal/, reused while
-    gpu_image.txt stays; ~6 minutes from nothing on a quiet machine, of which the environment's build, about
-    two, is started in the background when the suite collects this test: conftest.start_rehearsal_build, whose
-    build this run waits for on the script's lock): the check's CPU path in a copy of the
-    device's Python with the carried wheels, then the same with typing_extensions 4.12.2 on the image, which
-    the carried pydantic_core cannot import (typing_extensions.Sentinel): the try it would have spent."""
-    good = run_cli(["bash", "benchmarks/gpu/gpu_rehearsal.sh"], timeout=3000, check=False)
+    gpu_image.txt stays; ~6 minutes from nothing on a quiet machine): the check's CPU path in a copy of the
+    device's Python with the carried wheels (the environment's build and that run started in the background when
+    the suite collected this test, tests/background.py; here it is waited for), then the same with
+    typing_extensions 4.12.2 on the image, which the carried pydantic_core cannot import
+    (typing_extensions.Sentinel): the try it would have spent."""
+    good = background.check(background.REHEARSAL_TEST, tmp_path).result(timeout=3000)
     assert good.returncode == 0 and "all checks passed" in good.stdout, good.stdout[-4000:] + good.stderr[-2000:]
     bad = run_cli(["bash", "benchmarks/gpu/gpu_rehearsal.sh", "--image-pin", "typing-extensions==4.12.2"], timeout=1200,
                   check=False)

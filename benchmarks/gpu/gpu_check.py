@@ -284,7 +284,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--corpus", type=Path, default=None, help="raw small_parallel_enja (default: .gpudata/ or ../shared/data/)")
     p.add_argument("--data-root", type=Path, default=None, help="prepared DATA_DIRs (default: .gpudata/ on cuda)")
     p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--deadline-s", type=float, default=None, help="the whole check (default 300 on cuda, 900 on cpu)")
+    p.add_argument("--deadline-s", type=float, default=None, help="the whole check (default 510 s on cuda, 1200 on cpu)")
     p.add_argument("--run-timeout-s", type=int, default=None, help="each training run (default 90 on cuda, 240 on cpu)")
     p.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(STAGES)} (default: all; compile "
                                                  f"and graphs_stack on cuda only)")

@@ -20,11 +20,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 ARGS=()
+DEADLINE="" PREV=""  # --deadline-s as given, for the backstop below
 for a in "$@"; do
   case "$a" in
     --cpu) DEVICE=cpu ;;
-    *) ARGS+=("$a") ;;
+    --deadline-s=*) DEADLINE="${a#*=}"; ARGS+=("$a") ;;
+    *) if [[ "$PREV" == --deadline-s ]]; then DEADLINE="$a"; fi; ARGS+=("$a") ;;
   esac
+  PREV="$a"
 done
 CARRY="${GPU_CHECK_CARRY:-$([[ "$DEVICE" == cuda ]] && echo 1 || echo 0)}"
 SITE="${GPU_CHECK_SITE:-/tmp/gpu_check_site}"
@@ -73,7 +76,9 @@ import torch
 print(f"gpu_check: torch cuda {torch.version.cuda}, available {torch.cuda.is_available()}, devices {torch.cuda.device_count()}")
 PY
 
-# the backstop of the check's own deadline: SIGTERM (the check kills its run, packs, writes its report
-# and exits), then SIGKILL
-BACKSTOP="${GPU_CHECK_BACKSTOP_S:-$([[ "$DEVICE" == cuda ]] && echo 550 || echo 1300)}"
+# the backstop of the check's own deadline (its default, or the --deadline-s given, and 40 s to end well):
+# SIGTERM (the check kills its run, packs, writes its report and exits), then SIGKILL
+DEFAULT_BACKSTOP=$([[ -n "$DEADLINE" ]] && python3 -c "import sys; print(int(float(sys.argv[1])) + 40)" "$DEADLINE" \
+  2>/dev/null || { [[ "$DEVICE" == cuda ]] && echo 550 || echo 1300; })
+BACKSTOP="${GPU_CHECK_BACKSTOP_S:-$DEFAULT_BACKSTOP}"
 timeout --kill-after=20 "$BACKSTOP" python3 -m benchmarks.gpu.gpu_check --device "$DEVICE" --out "$OUT" "${ARGS[@]}"
