@@ -38,6 +38,7 @@ def test_gpu_check_cpu_path_without_mecab_writes_report_and_profile(tmp_path):
     assert probe.returncode != 0 and "hidden by the test" in probe.stderr
     proc = check.result(timeout=3800)
     assert proc.returncode == 0 and "all checks passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "backstop of the deadline: 3700s" in proc.stdout  # the --deadline-s given, not the CPU's default
     out = check.root / "out"
     assert (out / "gpu_check.log").read_text().count("gpu_check:") > 10  # the log holds what was printed
 

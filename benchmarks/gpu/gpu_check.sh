@@ -76,9 +76,12 @@ import torch
 print(f"gpu_check: torch cuda {torch.version.cuda}, available {torch.cuda.is_available()}, devices {torch.cuda.device_count()}")
 PY
 
-# the backstop of the check's own deadline (its default, or the --deadline-s given, and 40 s to end well):
-# SIGTERM (the check kills its run, packs, writes its report and exits), then SIGKILL
-DEFAULT_BACKSTOP=$([[ -n "$DEADLINE" ]] && python3 -c "import sys; print(int(float(sys.argv[1])) + 40)" "$DEADLINE" \
-  2>/dev/null || { [[ "$DEVICE" == cuda ]] && echo 550 || echo 1300; })
+# the backstop of the check's own deadline (the --deadline-s given or gpu_check.py's default, 510 s on cuda and
+# 1200 on cpu, and 40 or 100 s to pack and report after it): SIGTERM (the check kills its run, packs, writes its
+# report and exits), then SIGKILL
+MARGIN=$([[ "$DEVICE" == cuda ]] && echo 40 || echo 100)
+DEFAULT_BACKSTOP=$(python3 -c "import sys; print(int(float(sys.argv[1] or sys.argv[2])) + int(sys.argv[3]))" \
+  "$DEADLINE" "$([[ "$DEVICE" == cuda ]] && echo 510 || echo 1200)" "$MARGIN" 2>/dev/null || echo $((1200 + MARGIN)))
 BACKSTOP="${GPU_CHECK_BACKSTOP_S:-$DEFAULT_BACKSTOP}"
+echo "gpu_check: backstop of the deadline: ${BACKSTOP}s"
 timeout --kill-after=20 "$BACKSTOP" python3 -m benchmarks.gpu.gpu_check --device "$DEVICE" --out "$OUT" "${ARGS[@]}"
