@@ -123,7 +123,7 @@ def test_a_bf16_run_is_told_once_measured_when_bf16_is_the_slower_on_this_cpu(tm
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     calls = []
     speed = {torch.bfloat16: 2.0, torch.float32: 1.25}
-    monkeypatch.setattr(tuning, "time_gemm", lambda width, dtype: calls.append(dtype) or speed[dtype])
+    monkeypatch.setattr(tuning, "gemm_seconds", lambda width, dtypes: calls.extend(dtypes) or dict(speed))
     notes = tuning.precision_notes(torch.device("cpu"), "bf16", 256)
     assert len(notes) == 1 and "1.6x slower than fp32" in notes[0] and "measured now" in notes[0]
     assert '"bf16": {"enabled": false}' in notes[0] and len(calls) == 2
@@ -136,7 +136,32 @@ def test_a_bf16_run_is_told_once_measured_when_bf16_is_the_slower_on_this_cpu(tm
 
 
 def test_the_gemm_timing_is_positive_in_both_precisions():
-    assert tuning.time_gemm(32, torch.float32, rows=8) > 0 and tuning.time_gemm(32, torch.bfloat16, rows=8) > 0
+    t = tuning.gemm_seconds(32, (torch.float32, torch.bfloat16), rows=8, rounds=2)
+    assert set(t) == {torch.float32, torch.bfloat16} and all(0 < v < 1 for v in t.values())
+
+
+def test_stalls_do_not_decide_the_gemm_ratio(monkeypatch):
+    """The precision `auto` chose bf16 on a CPU that emulates it (27x fp32's time) because the fp32 GEMM's three
+    timed calls each met a stall (a thread pool's wake-up, another process on the core: milliseconds against
+    microseconds). Here the first 8 fp32 calls stall 5 ms each, so does every fp32 call that follows a bf16 call
+    (its threads asleep), and every third fp32 call 40 ms (a test suite beside it); everything else costs its
+    nominal time: the ratio is still bf16's 27x."""
+    clock = {"now": 0.0}
+    cost = {torch.float32: 10e-6, torch.bfloat16: 270e-6}
+    seen = {"fp32": 0, "last": None}
+
+    def mm(a, b):
+        if a.dtype == torch.float32:
+            seen["fp32"] += 1
+            n = seen["fp32"]
+            clock["now"] += 5e-3 if n <= 8 or seen["last"] == torch.bfloat16 else 40e-3 if n % 3 == 0 else 0.0
+        seen["last"] = a.dtype
+        clock["now"] += cost[a.dtype]
+
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(tuning.torch, "mm", mm)
+    t = tuning.gemm_seconds(256, (torch.bfloat16, torch.float32))
+    assert t[torch.bfloat16] / t[torch.float32] == pytest.approx(27.0, rel=0.01)
 
 
 # ---- "bf16": {"enabled": "auto"}: the precision the device runs faster ------------------------------------------
