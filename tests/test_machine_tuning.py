@@ -140,6 +140,24 @@ def test_the_gemm_timing_is_positive_in_both_precisions():
     assert set(t) == {torch.float32, torch.bfloat16} and all(0 < v < 1 for v in t.values())
 
 
+def test_the_bf16_ratio_is_measured_on_one_thread_whatever_the_process_runs(tmp_path, monkeypatch):
+    """On several threads a small product waits for each thread at every call: beside other work the ratio measured
+    the load (0.66x chose bf16 on a CPU that emulates it at 27x). One core's ratio, the thread count given back."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    seen = []
+    monkeypatch.setattr(tuning, "gemm_seconds", lambda width, dtypes: seen.append(torch.get_num_threads())
+                        or {torch.bfloat16: 2.7, torch.float32: 0.1})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert tuning.bf16_over_fp32(64) == (27.0, "measured now") and seen == [1]
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        assert tuning.bf16_over_fp32(64) == (27.0, "measured on this machine earlier") and seen == [1]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_stalls_do_not_decide_the_gemm_ratio(monkeypatch):
     """The precision `auto` chose bf16 on a CPU that emulates it (27x fp32's time) because the fp32 GEMM's three
     timed calls each met a stall (a thread pool's wake-up, another process on the core: milliseconds against

@@ -18,7 +18,7 @@ are timed at the chosen chunk, as above, and the faster is cached. On an acceler
 bf16 against fp32 on a CPU: with AMX (Intel Xeon) or fast bf16 units a bf16 step is much cheaper; on a CPU
 without them (an Intel Xeon that exposes AVX-512-bf16 but no AMX: a whole enja-small step 1.36x slower than
 fp32, docs/BENCHMARKS.md) it is dearer, and on an AVX2-only AMD EPYC, where PyTorch emulates it, 47x dearer. A run
-in bf16 times one GEMM of the model's width in both precisions, once per machine (cached), and says so when bf16
+in bf16 times one GEMM of the model's width in both precisions on one core, once per machine (cached), and says so when bf16
 is the slower: the precision changes the numbers, not only the speed, so it stays the user's choice, unless the
 JSON says `"bf16": {"enabled": "auto"}` (bf16_choice), as the quickstart's does.
 """
@@ -223,14 +223,22 @@ def gemm_seconds(width: int, dtypes, rows: int = 512, rounds: int = GEMM_ROUNDS)
 
 
 def bf16_over_fp32(width: int) -> tuple[float, str]:
-    """(bf16 time over fp32 time of a GEMM of the model's width on this CPU, where from): measured once per CPU,
-    thread count, torch and width, then cached (the key's "fastest call": a value timed the earlier way, the best
-    of three calls, is measured again)."""
-    key = (f"bf16_over_fp32 fastest call|{cpu_name()}|threads {torch.get_num_threads()}|torch {torch.__version__}"
-           f"|width {width}")
+    """(bf16 time over fp32 time of a GEMM of the model's width on one core of this CPU, where from): measured once
+    per CPU, torch and width, then cached. On one thread, whatever the run's: the question is whether the core has
+    fast bf16 units, and a product on several threads waits at every call for each of them to run, which beside other
+    work (a second rank, a test suite) is most of an fp32 call's time at a small width (on 2 threads of an AVX2-only
+    EPYC beside a test suite, the fastest of hundreds of fp32 calls at width 32 took 799 us in one process and 34 us
+    in the next, bf16's 1,480 us both times). (A value cached by the earlier timing, of three calls on the run's
+    threads, is under another key and measured again.)"""
+    key = f"bf16_over_fp32 one thread|{cpu_name()}|torch {torch.__version__}|width {width}"
 
     def measure() -> float:
-        t = gemm_seconds(width, (torch.bfloat16, torch.float32))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            t = gemm_seconds(width, (torch.bfloat16, torch.float32))
+        finally:
+            torch.set_num_threads(threads)
         return round(t[torch.bfloat16] / t[torch.float32], 3)
 
     ratio, fresh = _cached(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 10000,
