@@ -1,0 +1,59 @@
+"""tests/background.py: the whole-script checks the suite starts when it collects their tests."""
+from __future__ import annotations
+
+import os
+import time
+import types
+
+import pytest
+
+from tests import background
+
+
+def _check(tmp_path, script: str) -> background.Check:
+    return background.Check("probe", ["bash", "-c", script], dict(os.environ), tmp_path)
+
+
+def test_a_check_not_started_in_the_background_runs_when_its_test_asks(tmp_path):
+    result = _check(tmp_path, "echo out; echo err >&2; exit 3").result(timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (3, "out\n", "err\n")
+
+
+def test_a_check_that_outlasts_its_wait_is_stopped_with_its_process_group(tmp_path):
+    check = _check(tmp_path, f"sleep 300 & echo $! > {tmp_path / 'child'}; wait").start()
+    for _ in range(100):  # the child's pid written
+        if (tmp_path / "child").is_file() and (tmp_path / "child").read_text().strip():
+            break
+        time.sleep(0.05)
+    child = int((tmp_path / "child").read_text())
+    result = check.result(timeout=1)
+    assert result.returncode == -15
+    with pytest.raises(ProcessLookupError):  # the group's other process is gone too
+        for _ in range(100):
+            os.kill(child, 0)
+            time.sleep(0.05)
+
+
+def test_only_the_collected_tests_checks_start_each_once_at_nice_19(tmp_path, monkeypatch):
+    started = []
+
+    def maker(root):
+        check = _check(root, "cat /proc/self/stat | cut -d' ' -f19")
+        started.append(check)
+        return check
+
+    monkeypatch.setattr(background, "CHECKS", {"t.py::a": maker, "t.py::b": maker})
+    monkeypatch.setattr(background, "_STARTED", {})
+    roots = iter([tmp_path / "1", tmp_path / "2"])
+    config = types.SimpleNamespace(_tmp_path_factory=types.SimpleNamespace(mktemp=lambda name: _mkdir(next(roots))))
+    background.start(config, {"t.py::a", "t.py::other"})
+    background.start(config, {"t.py::a"})  # a second collection: not again
+    assert len(started) == 1 and background.check("t.py::a", tmp_path) is started[0]
+    assert started[0].result(timeout=60).stdout.strip() == "19"  # its niceness
+    assert background.check("t.py::b", tmp_path / "2") is not started[0]  # not collected: a new one, not started
+    background.stop_all()
+
+
+def _mkdir(path):
+    path.mkdir()
+    return path
