@@ -15,6 +15,7 @@ the foreground, the same command."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,10 +45,13 @@ class Check:
         return self.root / "stdout.txt", self.root / "stderr.txt"
 
     def start(self, nice: bool = True) -> "Check":
+        """In a session of its own, under a supervisor that ends it if the test process goes without ending it
+        (SIGTERM or SIGKILL to pytest: no unconfigure hook runs then)."""
         out, err = self.log
         prefix = ["nice", "-n", "19", "ionice", "-c", "3"] if nice else []
+        supervised = [sys.executable, "-m", "tests.background", "--supervise", str(os.getpid()), "--", *self.cmd]
         with open(out, "w") as o, open(err, "w") as e:
-            self.proc = subprocess.Popen(prefix + self.cmd, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(prefix + supervised, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
                                          stdout=o, stderr=e, start_new_session=True)
         return self
 
@@ -126,3 +130,22 @@ def stop_all() -> None:
     """A session that ends before a check (an interrupt): its process group stopped."""
     for c in _STARTED.values():
         c.stop()
+
+
+def supervise(parent: int, cmd: list, poll_s: float = 1.0) -> int:
+    """Run `cmd` (in this process's group) to its end, or, once this process is no longer `parent`'s child (the test
+    process is gone: it is reparented), send the group SIGTERM (this process with it): a check outlives no test
+    process. (`nice` and `ionice` exec what they run, so the test process is this one's parent.)"""
+    child = subprocess.Popen(cmd)
+    while True:
+        try:
+            return child.wait(timeout=poll_s)
+        except subprocess.TimeoutExpired:
+            if os.getppid() != parent:
+                os.killpg(0, signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 4 and sys.argv[1] == "--supervise" and sys.argv[3] == "--":
+        sys.exit(supervise(int(sys.argv[2]), sys.argv[4:]))
+    sys.exit("usage: python -m tests.background --supervise PARENT_PID -- CMD ...")

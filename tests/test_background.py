@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import types
 
 import pytest
 
 from tests import background
+from tests.harness import running
 
 
 def _check(tmp_path, script: str) -> background.Check:
@@ -21,17 +24,10 @@ def test_a_check_not_started_in_the_background_runs_when_its_test_asks(tmp_path)
 
 def test_a_check_that_outlasts_its_wait_is_stopped_with_its_process_group(tmp_path):
     check = _check(tmp_path, f"sleep 300 & echo $! > {tmp_path / 'child'}; wait").start()
-    for _ in range(100):  # the child's pid written
-        if (tmp_path / "child").is_file() and (tmp_path / "child").read_text().strip():
-            break
-        time.sleep(0.05)
-    child = int((tmp_path / "child").read_text())
+    child = int(_wait_for(lambda: (tmp_path / "child").is_file() and (tmp_path / "child").read_text().strip()))
     result = check.result(timeout=1)
     assert result.returncode == -15
-    with pytest.raises(ProcessLookupError):  # the group's other process is gone too
-        for _ in range(100):
-            os.kill(child, 0)
-            time.sleep(0.05)
+    assert _wait_for(lambda: not running(child), tries=100), "the group's other process is gone too"
 
 
 def test_only_the_collected_tests_checks_start_each_once_at_nice_19(tmp_path, monkeypatch):
@@ -57,3 +53,41 @@ def test_only_the_collected_tests_checks_start_each_once_at_nice_19(tmp_path, mo
 def _mkdir(path):
     path.mkdir()
     return path
+
+
+FAKE_PYTEST = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests import background
+from tests.harness import running
+root = Path(sys.argv[2])
+check = background.Check("probe", ["bash", "-c", f"sleep 300 & echo $! > {root / 'child'}; wait"], dict(os.environ),
+                         root).start()
+print(check.proc.pid, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_check_ends_when_the_test_process_goes_without_ending_it(tmp_path):
+    """pytest killed (SIGTERM, SIGKILL: no unconfigure hook runs): its background checks end within seconds, the
+    whole process group of each, instead of running on for up to an hour."""
+    fake_pytest = subprocess.Popen([sys.executable, "-c", FAKE_PYTEST, str(background.REPO), str(tmp_path)],
+                                   stdout=subprocess.PIPE, text=True)
+    supervisor = int(fake_pytest.stdout.readline())
+    child = int(_wait_for(lambda: (tmp_path / "child").is_file() and (tmp_path / "child").read_text().strip()))
+    fake_pytest.kill()
+    fake_pytest.wait()
+    for pid in (supervisor, child):
+        if not _wait_for(lambda: not running(pid), tries=100, pause=0.1):
+            os.kill(pid, 9)
+            pytest.fail(f"pid {pid} outlived the killed test process by 10 s")
+
+
+def _wait_for(probe, tries: int = 200, pause: float = 0.05):
+    for _ in range(tries):
+        value = probe()
+        if value:
+            return value
+        time.sleep(pause)
+    return None

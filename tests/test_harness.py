@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import JobError, Workers
+from tests.harness import JobError, Workers, running
 
 
 def planted_meet(directory: str, failing_tries: int) -> str:
@@ -104,3 +104,35 @@ def test_a_closed_pool_leaves_no_files_behind(tmp_path):
     finally:
         pool.close()
     assert not os.path.exists(pool.err_dir)
+
+
+OWNER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from tests.test_harness import planted_meet, whoami
+from tests.harness import Workers
+pool = Workers(2, meet=planted_meet, meet_args=(sys.argv[2], 0), preload=False)
+print(" ".join(str(pid) for _, pid in pool.run(2, whoami)), flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_workers_end_with_the_process_that_spawned_them(tmp_path):
+    """pytest killed (SIGKILL, or SIGTERM: no teardown runs) left its four workers running for as long as the machine
+    did, each polling 5-9% of a core: now they end with it."""
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(Path(__file__).resolve().parents[1]), str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)
+    pids = [int(pid) for pid in owner.stdout.readline().split()]
+    assert len(pids) == 2
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in pids if running(pid)]
+    for pid in alive:
+        os.kill(pid, 9)
+    assert not alive, f"workers {alive} outlived the process that spawned them"
