@@ -5,7 +5,8 @@ The suite runs one test at a time, and its tests use 1.3 of a 2-core machine's c
 start and imports, two-rank jobs waiting on each other): the two GPU-check runs (the check's CPU path, and the
 rehearsal in a copy of the device's Python) are single-threaded chains of processes, minutes each, with files
 for output, so they need nothing of the tests before them. At nice 19 they take a core only where no test wants
-it; a test that reaches its check before the check has ended waits for it, and the check then has the machine.
+it; their tests run last (conftest.pytest_collection_modifyitems), and one that reaches its check before the
+check has ended waits for it, the check then having the machine.
 
 Each check gets what its test would have given it (its own directories under the session's base temp); the
 deadline and the per-run timeout of a check are raised where it runs in the background (it may wait behind the
