@@ -114,7 +114,9 @@ _STARTED: dict = {}
 
 
 def start(config, nodeids: set) -> None:
-    """Start the checks of the collected tests (pytest_collection_finish)."""
+    """Start the checks of the collected tests (pytest_collection_finish); none for `--collect-only`."""
+    if getattr(getattr(config, "option", None), "collectonly", False):
+        return
     factory = getattr(config, "_tmp_path_factory", None)
     for nodeid, make in CHECKS.items():
         if nodeid in nodeids and nodeid not in _STARTED:

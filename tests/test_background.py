@@ -42,6 +42,9 @@ def test_only_the_collected_tests_checks_start_each_once_at_nice_19(tmp_path, mo
     monkeypatch.setattr(background, "_STARTED", {})
     roots = iter([tmp_path / "1", tmp_path / "2"])
     config = types.SimpleNamespace(_tmp_path_factory=types.SimpleNamespace(mktemp=lambda name: _mkdir(next(roots))))
+    listing = types.SimpleNamespace(option=types.SimpleNamespace(collectonly=True))
+    background.start(listing, {"t.py::a"})  # pytest --collect-only: nothing runs
+    assert started == []
     background.start(config, {"t.py::a", "t.py::other"})
     background.start(config, {"t.py::a"})  # a second collection: not again
     assert len(started) == 1 and background.check("t.py::a", tmp_path) is started[0]
