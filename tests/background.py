@@ -138,7 +138,14 @@ def stop_all() -> None:
 def supervise(parent: int, cmd: list, poll_s: float = 1.0) -> int:
     """Run `cmd` (in this process's group) to its end, or, once this process is no longer `parent`'s child (the test
     process is gone: it is reparented), send the group SIGTERM (this process with it): a check outlives no test
-    process. (`nice` and `ionice` exec what they run, so the test process is this one's parent.)"""
+    process. A SIGTERM or SIGHUP to this process goes to the whole group too. (`nice` and `ionice` exec what they
+    run, so the test process is this one's parent.)"""
+    def end_group(signum, frame):  # the supervisor stopped (SIGTERM, SIGHUP): the check with it
+        signal.signal(signum, signal.SIG_DFL)
+        os.killpg(0, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, end_group)
     child = subprocess.Popen(cmd)
     while True:
         try:

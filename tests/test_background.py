@@ -94,3 +94,15 @@ def _wait_for(probe, tries: int = 200, pause: float = 0.05):
             return value
         time.sleep(pause)
     return None
+
+
+def test_a_check_whose_supervisor_is_stopped_ends_whole(tmp_path):
+    """`pkill -f` matching the supervisor's command line (it names the check's paths) once left the check's chain
+    running without it: a SIGTERM to the supervisor now ends its process group."""
+    check = _check(tmp_path, f"sleep 300 & echo $! > {tmp_path / 'child'}; wait").start()
+    child = int(_wait_for(lambda: (tmp_path / "child").is_file() and (tmp_path / "child").read_text().strip()))
+    os.kill(check.proc.pid, 15)
+    check.proc.wait(timeout=30)
+    if not _wait_for(lambda: not running(child), tries=100, pause=0.1):
+        os.kill(child, 9)
+        pytest.fail("the check's process outlived its stopped supervisor")
