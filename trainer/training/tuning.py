@@ -18,8 +18,8 @@ are timed at the chosen chunk, as above, and the faster is cached. On an acceler
 bf16 against fp32 on a CPU: with AMX (Intel Xeon) or fast bf16 units a bf16 step is much cheaper; on a CPU
 without them (an Intel Xeon that exposes AVX-512-bf16 but no AMX: a whole enja-small step 1.36x slower than
 fp32, docs/BENCHMARKS.md) it is dearer, and on an AVX2-only AMD EPYC, where PyTorch emulates it, 47x dearer. A run
-in bf16 times one GEMM of the model's width in both precisions on one core, once per machine (cached), and says so when bf16
-is the slower: the precision changes the numbers, not only the speed, so it stays the user's choice, unless the
+in bf16 times one GEMM of the model's width in both precisions on one core, once per machine (cached), and says so
+when bf16 is the slower: the precision changes the numbers, not only the speed, so it stays the user's choice, unless the
 JSON says `"bf16": {"enabled": "auto"}` (bf16_choice), as the quickstart's does.
 """
 from __future__ import annotations
