@@ -19,12 +19,33 @@ print(json.dumps({"torch": "torch" in sys.modules, "preload": os.environ.get("LD
                   "cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), "argv": sys.argv[1:],
                   "mimalloc": "libmimalloc" in maps, "jemalloc": "libjemalloc" in maps}))
 """
+# A step's pattern: tensors of many sizes made, written and freed, again and again; the page faults of the
+# rounds after the first (fresh pages the kernel must clear: a fault on a huge page clears 2 MB).
+REUSE = """
+import json, resource, sys
+from trainer.training import memory
+memory.prepare()
+import torch
+
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+counts = []
+for _ in range(4):
+    before = faults()
+    xs = [torch.empty(500_000 + i * 37_000) for i in range(40)]
+    for x in xs:
+        x.fill_(1.0)
+    del xs
+    counts.append(faults() - before)
+print(json.dumps({"faults": counts[1:], "delay": __import__("os").environ.get("MIMALLOC_PURGE_DELAY")}))
+"""
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD and /proc are Linux's")
 
 
-def probe(tmp_path, **env) -> dict:
+def probe(tmp_path, script_text: str = PROBE, **env) -> dict:
     script = tmp_path / "probe.py"
-    script.write_text(PROBE)
+    script.write_text(script_text)
     env = {"LD_PRELOAD": "", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "", **env}
     env = {k: v for k, v in env.items() if v is not None}
     proc = run_cli([sys.executable, "-u", str(script), "x", "k=v"], timeout=60, env_extra=env)
@@ -39,6 +60,18 @@ def test_prepare_runs_the_same_command_again_with_mimalloc_preloaded(tmp_path):
     assert got["mimalloc"] and got["preload"].split(":")[0] == library
     assert got["argv"] == ["x", "k=v"] and not got["torch"]
     assert got["cache"] == str(memory.PRIMITIVE_CACHE)
+
+
+@LINUX
+def test_memory_a_step_freed_is_there_for_the_next_unless_the_user_set_mimallocs_purge(tmp_path):
+    """mimalloc's own purge delay (1 s) is shorter than a CPU step can be: freed memory went back to the system
+    between steps and came back as fresh pages to clear, up to a third of a run's CPU time. Ours keeps it
+    (PURGE_DELAY_MS); a user's MIMALLOC_PURGE_DELAY is kept (0: at once, the pattern every round)."""
+    ours = probe(tmp_path, REUSE, MIMALLOC_PURGE_DELAY=None)
+    at_once = probe(tmp_path, REUSE, MIMALLOC_PURGE_DELAY="0")
+    assert ours["delay"] == str(memory.PURGE_DELAY_MS) and at_once["delay"] == "0"
+    assert min(at_once["faults"]) > 200, at_once  # 40 tensors of 2-8 MB given back each round
+    assert sum(ours["faults"]) < min(at_once["faults"]) / 4, (ours, at_once)
 
 
 @LINUX
