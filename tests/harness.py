@@ -13,9 +13,14 @@ what failed under load: the first rank's rendezvous timed out while the last one
 and the others saw "Gloo connectFullMesh failed ... Connection closed by peer". A start that fails anyway
 is retried (START_TRIES, a fresh port and fresh processes each time); if it never succeeds, the test that
 asked fails with the cause of each try, and the next test tries again, so one bad start fails one test.
+
+The workers of a preloading pool start with what a training process runs with (its allocator preloaded, its
+oneDNN cache and mimalloc settings: `trainer.training.memory.training_environ`), as the ranks a launcher starts
+do; under the C library's malloc a worker spent as much CPU time in the kernel (fresh pages) as in its jobs.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -111,6 +116,27 @@ def _serve(inbox, outbox, index: int, preload: bool, err_path: str) -> None:
                     dist.destroy_process_group()
 
 
+def _training_environ() -> dict:
+    from trainer.training.memory import training_environ
+
+    return training_environ()
+
+
+@contextlib.contextmanager
+def _environ(values: dict):
+    """os.environ with `values` set, as it was afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _meet() -> None:
     from trainer.parallel.runtime import start_process_group
 
@@ -187,8 +213,9 @@ class Workers:
         self.outbox = self.ctx.Queue()
         self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox, i, self.preload, self._err_path(i)),
                                        daemon=True) for i, q in enumerate(self.inboxes)]
-        for p in self.procs:
-            p.start()
+        with _environ(_training_environ() if self.preload else {}):  # a spawned process takes this environ
+            for p in self.procs:
+                p.start()
 
     def _dispatch(self, world: int, fn, args, timeout: float) -> list:
         port = free_port()

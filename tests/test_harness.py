@@ -136,3 +136,23 @@ def test_the_workers_end_with_the_process_that_spawned_them(tmp_path):
     for pid in alive:
         os.kill(pid, 9)
     assert not alive, f"workers {alive} outlived the process that spawned them"
+
+
+def allocator_seen() -> dict:
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    return {"mimalloc": "libmimalloc" in maps, "purge_delay": os.environ.get("MIMALLOC_PURGE_DELAY"),
+            "cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc (Linux)")
+def test_the_workers_run_with_a_training_processs_allocator_and_the_spawner_keeps_its_own(workers):
+    """The ranks of the suite's pool run as launched ranks do (trainer.training.memory): mimalloc preloaded and
+    its purge delay set; pytest's own environment is left as it was."""
+    from trainer.training import memory
+
+    before = dict(os.environ)
+    seen = workers.run(2, allocator_seen)
+    assert seen == [{"mimalloc": True, "purge_delay": str(memory.PURGE_DELAY_MS),
+                     "cache": str(memory.PRIMITIVE_CACHE)}] * 2
+    assert dict(os.environ) == before

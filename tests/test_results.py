@@ -206,3 +206,15 @@ def test_a_cpu_without_avx512_is_another_machine_than_one_of_the_same_name_with_
     assert cpu_label("AMD EPYC (2 cores)", {"avx", "avx2"}) == "AMD EPYC, AVX2 only (2 cores)"
     assert cpu_label("Intel Xeon (2 cores)", {"avx2", "avx512f", "amx_tile", "amx_bf16"}) == "Intel Xeon (2 cores), AMX"
     assert cpu_label("Neoverse-V2 (2 cores)", {"sve", "bf16"}) == "Neoverse-V2 (2 cores)"
+
+
+def test_a_records_command_carries_the_environment_that_changes_the_run(monkeypatch):
+    """`MIMALLOC_PURGE_DELAY=1000 python -m benchmarks.scaling.rank_cpu` measures another trainer than the same
+    command without it: the variables the trainer and its libraries read are part of the command, others are not."""
+    from benchmarks.results import command
+
+    monkeypatch.setattr(sys, "argv", ["rank_cpu.py", "--steps", "40"])
+    env = {"MIMALLOC_PURGE_DELAY": "1000", "HYBRID_NMT_ALLOCATOR": "glibc", "HOME": "/root", "PATH": "/bin"}
+    assert command("benchmarks.scaling.rank_cpu", env) == \
+        "HYBRID_NMT_ALLOCATOR=glibc MIMALLOC_PURGE_DELAY=1000 python -m benchmarks.scaling.rank_cpu --steps 40"
+    assert command("benchmarks.scaling.rank_cpu", {"HOME": "/root"}) == "python -m benchmarks.scaling.rank_cpu --steps 40"

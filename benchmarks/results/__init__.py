@@ -93,12 +93,20 @@ def commit() -> str | None:
     return head + ("-dirty" if dirty else "")
 
 
-def command(module: str) -> str:
-    """This process's command line as `python -m MODULE ARGS` (what a reader types to measure it again); `module` is
-    the dotted name alone (a subcommand is in sys.argv already)."""
+# Variables of the environment that change what a measured run does (the trainer's allocator and its settings,
+# oneDNN's, the thread runtimes'): a command is not the same measurement without them.
+SETTING_VARIABLES = ("HYBRID_NMT_", "MIMALLOC_", "ONEDNN_", "DNNL_", "OMP_", "KMP_", "MKL_", "GLIBC_TUNABLES",
+                     "LD_PRELOAD")
+
+
+def command(module: str, environ=os.environ) -> str:
+    """This process's command line as `[VAR=VALUE ...] python -m MODULE ARGS` (what a reader types to measure it
+    again, with the variables of SETTING_VARIABLES set here); `module` is the dotted name alone (a subcommand is
+    in sys.argv already)."""
     if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", module):
         raise ValueError(f"{module!r}: not a module name (the subcommand and options come from sys.argv)")
-    return shlex.join(["python", "-m", module, *sys.argv[1:]])
+    settings = [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith(SETTING_VARIABLES)]
+    return shlex.join([*settings, "python", "-m", module, *sys.argv[1:]])
 
 
 def record(question: str, table: str, *, command: str, settings: dict, figures: dict, ratios: dict | None = None,

@@ -58,14 +58,25 @@ def mimalloc_library() -> str | None:
     return None
 
 
+def training_environ(environ=os.environ) -> dict:
+    """The variables a training process runs with: `environ` and the oneDNN cache size, mimalloc's purge delay
+    and the allocator in LD_PRELOAD, each unless already set there. For a process about to be started (the
+    test suite's spawned ranks) as for this one (`prepare`)."""
+    env = dict(environ)
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE))
+    env.setdefault("MIMALLOC_PURGE_DELAY", str(PURGE_DELAY_MS))  # read by mimalloc only
+    library = allocator_library(environ)
+    preloaded = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
+    if library is not None and library not in preloaded:
+        env["LD_PRELOAD"] = ":".join([library, *preloaded])
+    return env
+
+
 def prepare() -> None:
     """Set the oneDNN cache size and mimalloc's purge delay, and re-execute this process with the allocator
     preloaded unless it is."""
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE))
-    os.environ.setdefault("MIMALLOC_PURGE_DELAY", str(PURGE_DELAY_MS))  # read by mimalloc only
-    library = allocator_library()
-    preloaded = [p for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
-    if library is None or library in preloaded:
-        return
-    env = dict(os.environ, LD_PRELOAD=":".join([library, *preloaded]))
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    env = training_environ()
+    preload = env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD")
+    os.environ.update(env)
+    if preload:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
