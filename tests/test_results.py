@@ -44,9 +44,11 @@ def test_every_question_has_records_and_each_names_a_command_in_the_checkout(rec
     for r in records:
         missing |= {f"python -m {m}" for m in cited(MODULE, r["command"]) if module_file(m) is None}
         missing |= {p for p in cited(PATH, r["command"]) if not (REPO / p).exists()}
-        assert r["command"].split()[0] in ("python", "bash", "git", "WORK=/tmp/qs"), r["command"]
-        if r["command"].startswith("python -m "):  # a module name, then its arguments (not a quoted "module sub")
-            assert re.fullmatch(r"[\w.]+", shlex.split(r["command"])[2]), r["command"]
+        words = shlex.split(r["command"])
+        run = [w for w in words if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", w)]  # after VAR=VALUE settings
+        assert run[0] in ("python", "bash", "git", "/usr/bin/time"), r["command"]
+        if run[:2] == ["python", "-m"]:  # a module name, then its arguments (not a quoted "module sub")
+            assert re.fullmatch(r"[\w.]+", run[2]), r["command"]
     assert not missing, f"records name commands the checkout lacks: {sorted(missing)}"
 
 

@@ -105,8 +105,13 @@ def command(module: str, environ=os.environ) -> str:
     in sys.argv already)."""
     if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", module):
         raise ValueError(f"{module!r}: not a module name (the subcommand and options come from sys.argv)")
-    settings = [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith(SETTING_VARIABLES)]
-    return shlex.join([*settings, "python", "-m", module, *sys.argv[1:]])
+    return shlex.join([*environment(environ), "python", "-m", module, *sys.argv[1:]])
+
+
+def environment(environ=os.environ) -> list[str]:
+    """`VAR=VALUE` for each variable of SETTING_VARIABLES set in `environ`, sorted: for a record's settings too,
+    where a table tells its rows apart by them."""
+    return [f"{k}={v}" for k, v in sorted(environ.items()) if k.startswith(SETTING_VARIABLES)]
 
 
 def record(question: str, table: str, *, command: str, settings: dict, figures: dict, ratios: dict | None = None,

@@ -288,17 +288,20 @@ def scaling(records: list[dict]) -> tuple[list[str], list[dict]]:
 
 def rank_cpu(records: list[dict]) -> tuple[list[dict], list[str]]:
     """Each rank's main + autograd CPU ms per step as a fraction of one process's (a rank doing half the work: 0.5)."""
+    def setting(r: dict) -> str:  # the environment and overrides it ran with, beside the shipped JSONs
+        return " ".join([*r["settings"].get("environment", []), *r["settings"].get("extra", [])]) or "-"
+
     shown = by_machine(latest([r for r in records if r["table"] == "rank cpu"],
-                              lambda r: (r["machine"], r["settings"]["layout"], r["settings"]["precision"])))
-    rows = [[r["machine"], r["settings"]["layout"], r["settings"]["precision"],
+                              lambda r: (r["machine"], r["settings"]["layout"], r["settings"]["precision"], setting(r))))
+    rows = [[r["machine"], r["settings"]["layout"], r["settings"]["precision"], setting(r),
              number(r["ratios"].get("rank_cpu_of_one_process", r["figures"].get("main_autograd_cpu_ms"))),
              number(r["figures"].get("wall_ms"), 1), stamp(r), link(r)] for r in shown]
     if not rows:
         return [], []
     return shown, ["Each rank's CPU work (main and autograd threads) against one process's, the fixed costs a layout "
                    "cannot divide (target: at most 0.6 for every rank; one process's own row in ms):", "",
-                   *table(["machine", "layout", "precision", "CPU of one process: rank 0 / rank 1", "wall ms",
-                           "measured", ""], rows)]
+                   *table(["machine", "layout", "precision", "setting", "CPU of one process: rank 0 / rank 1",
+                           "wall ms", "measured", ""], rows)]
 
 
 def parity(records: list[dict]) -> tuple[list[str], list[dict]]:

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from benchmarks import results as records
-from benchmarks.common import cpu_model, ds_variant, prepare_enja, train
+from benchmarks.common import ds_variant, prepare_enja, train
 
 GOAL = 0.6
 # --layouts beyond the shipped JSONs: (base JSON, its top-level changes)
@@ -97,16 +97,16 @@ def main(argv=None) -> None:
     rounds = [one_round(args.work, data, args.steps, args.precision, args.layouts, tuple(args.extra))
               for _ in range(args.rounds)]
     result = median_round(rounds) if len(rounds) > 1 else rounds[0]
-    cpu = cpu_model()
+    cpu = records.machine()
     report(result, cpu, args.steps)
     (args.work / "rank_cpu.json").write_text(json.dumps({"cpu": cpu, "steps": args.steps, "extra": args.extra,
                                                          "result": result, "rounds": rounds}, indent=1))
     worst = {k: max(v.values()) for k, v in fractions(result).items() if not k.startswith("single")}
     print(f"worst rank per run: {json.dumps(worst)}; goal met: {all(w <= GOAL for w in worst.values())}")
-    records.write(rank_records(result, args, cpu))
+    records.write(rank_records(result, args))
 
 
-def rank_records(result: dict, args: argparse.Namespace, cpu: str) -> list[dict]:
+def rank_records(result: dict, args: argparse.Namespace) -> list[dict]:
     """One record per run (table "rank cpu" of the scaling question): one process's CPU ms per step, or each rank's
     fraction of it."""
     fr, out = fractions(result), []
@@ -114,12 +114,13 @@ def rank_records(result: dict, args: argparse.Namespace, cpu: str) -> list[dict]
         layout, precision = key.rsplit(" ", 1)
         single = layout == "single"
         settings = {"model": "enja-small", "precision": precision, "layout": layout, "threads": 1, "target": GOAL,
-                    "steps": args.steps, "rounds": args.rounds, **({"extra": args.extra} if args.extra else {})}
+                    "steps": args.steps, "rounds": args.rounds, **({"extra": args.extra} if args.extra else {}),
+                    **({"environment": env} if (env := records.environment()) else {})}
         figures = {"wall_ms": round(r["wall_ms"], 1), **({"main_autograd_cpu_ms": round(r["cpu_ms"][0], 1)} if single
                                                           else {})}
         ratios = {} if single else {"rank_cpu_of_one_process": [round(fr[key][k], 2) for k in sorted(fr[key])]}
         out.append(records.record("scaling", "rank cpu", command=records.command("benchmarks.scaling.rank_cpu"),
-                                  settings=settings, figures=figures, ratios=ratios, machine_name=cpu))
+                                  settings=settings, figures=figures, ratios=ratios))
     return out
 
 
