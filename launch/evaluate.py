@@ -3,8 +3,16 @@
 chrF with their signatures. The tokenizer follows the target language (auto: ja-mecab, zh, ko-mecab, else 13a)."""
 import argparse
 
-from trainer.checkpoint.files import CheckpointError
 from trainer.entry import fail
+from trainer.training import memory
+
+if __name__ == "__main__":
+    try:  # before torch is loaded: the allocator a training process runs with (the process may exec itself)
+        memory.prepare()
+    except FileNotFoundError as e:
+        fail(e)
+
+from trainer.checkpoint.files import CheckpointError
 from trainer.inference.cli import add_decode_arguments, add_model_arguments, evaluate_main
 
 

@@ -89,9 +89,14 @@ def test_an_allocator_given_by_path_is_preloaded_once(tmp_path):
     assert got["mimalloc"] and got["preload"] == library  # already there: no second copy, no exec loop
 
 
-def test_a_missing_allocator_library_is_one_line_error():
-    proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json", "--dry-run"],
-                   timeout=60, check=False, env_extra={"HYBRID_NMT_ALLOCATOR": str(REPO / "no-such.so")})
+@pytest.mark.parametrize("command", [["launch/train.py", "--deepspeed_config", "ds_configs/single.json", "--dry-run"],
+                                     ["launch/translate.py", "--help"], ["launch/evaluate.py", "--help"]],
+                         ids=["train", "translate", "evaluate"])
+def test_a_missing_allocator_library_is_one_line_error(command):
+    """Training and the decoding CLIs run with the allocator (a translate process under glibc's malloc: 1.5 M page
+    faults and 4.3 s of kernel time for 40 sentences at beam 5, 1.2 s with mimalloc): each refuses a missing one."""
+    proc = run_cli([sys.executable, *command], timeout=60, check=False,
+                   env_extra={"HYBRID_NMT_ALLOCATOR": str(REPO / "no-such.so")})
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: HYBRID_NMT_ALLOCATOR={REPO / 'no-such.so'}: no such file " \
                                   "(use glibc, mimalloc or a .so path)"

@@ -1,4 +1,5 @@
-"""Process-wide memory settings of a training process, made by launch/train.py before torch is loaded.
+"""Process-wide memory settings of a training or decoding process, made by launch/train.py (and translate.py,
+evaluate.py) before torch is loaded.
 
 What held the memory of a long run (docs/BENCHMARKS.md, "Resident memory over a long run"): oneDNN keeps a
 primitive (JIT-compiled kernels, ~0.3 MB) for every GEMM and LSTM shape it has met, up to 1024 of them, and
