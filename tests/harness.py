@@ -21,6 +21,7 @@ do; under the C library's malloc a worker spent as much CPU time in the kernel (
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -93,19 +94,19 @@ def _serve(inbox, outbox, index: int, preload: bool, err_path: str) -> None:
         torch.set_num_threads(1)
         import trainer.parallel.runtime  # noqa: F401  (torch.distributed + DeepSpeed, once)
 
-    outbox.put((index, True, "ready"))
+    outbox.put((None, index, True, "ready"))
     allowed = os.sched_getaffinity(0)  # a job's rank may pin its threads (train.pin_cores): not the next job's
     while True:
         job = inbox.get()
         if job is None:
             return
-        rank, world, port, fn, args = job
+        job_id, rank, world, port, fn, args = job
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         try:
-            outbox.put((rank, True, fn(*args)))
+            outbox.put((job_id, rank, True, fn(*args)))
         except BaseException:  # noqa: BLE001  (reported to the test, which fails with it)
-            outbox.put((rank, False, traceback.format_exc()))
+            outbox.put((job_id, rank, False, traceback.format_exc()))
         finally:
             if "trainer.parallel.runtime" in sys.modules:  # only what imported it can have pinned its threads
                 sys.modules["trainer.parallel.runtime"].keep_threads_on(allowed)
@@ -114,6 +115,10 @@ def _serve(inbox, outbox, index: int, preload: bool, err_path: str) -> None:
 
                 if dist.is_initialized():
                     dist.destroy_process_group()
+                from trainer.parallel.deepspeed_adapter import release_comm
+
+                release_comm()  # a job's groups and their polling gloo threads, gone with it (as with its process)
+                gc.collect()  # what holds them in reference cycles (an engine, its grid)
 
 
 def _training_environ() -> dict:
@@ -161,6 +166,7 @@ class Workers:
         self.meet, self.meet_args = meet, meet_args
         self.ctx = mp.get_context("spawn")
         self.procs: list = []
+        self.jobs = 0  # jobs dispatched: each answer names its job (a late answer of another is not this one's)
         self.starts = 0  # pools started: a failed job costs the next one a start, never every later test
         self.error_grace_s = 10.0  # after a rank failed, how long its peers may take to answer
         self._failed_start = False
@@ -219,18 +225,19 @@ class Workers:
 
     def _dispatch(self, world: int, fn, args, timeout: float) -> list:
         port = free_port()
+        self.jobs += 1
         for rank in range(world):
-            self.inboxes[rank].put((rank, world, port, fn, args))
-        return self._collect(world, timeout, f"{fn.__name__} on {world} ranks")
+            self.inboxes[rank].put((self.jobs, rank, world, port, fn, args))
+        return self._collect(world, timeout, f"{fn.__name__} on {world} ranks", self.jobs)
 
-    def _collect(self, n: int, timeout: float, what: str) -> list:
+    def _collect(self, n: int, timeout: float, what: str, job: int | None = None) -> list:
         """The answers of ranks (workers) 0..n-1 in order, or a JobError naming what failed: each failed rank's
         traceback (once its peers have answered, or `error_grace_s` after it), a worker that exited, or no
         answer within `timeout` seconds."""
         results, errors, deadline, last = {}, {}, time.monotonic() + timeout, time.monotonic()
         while len(results) + len(errors) < n:
             try:
-                rank, ok, value = self.outbox.get(timeout=1)
+                answered, rank, ok, value = self.outbox.get(timeout=1)
             except queue.Empty:
                 now = time.monotonic()
                 if errors and now - last > self.error_grace_s:
@@ -240,6 +247,8 @@ class Workers:
                 if dead or now > deadline:
                     raise JobError(f"{what}: {'; '.join(dead) or f'no answer within {timeout:.0f}s (a hang?)'}; "
                                    f"answered: {sorted(results)}" + _tracebacks(errors) + self._stderr(n)) from None
+                continue
+            if answered != job:  # an earlier job's answer, come after its job was given up
                 continue
             last = time.monotonic()
             (results if ok else errors)[rank] = value

@@ -370,6 +370,7 @@ class ParallelRuntime:
         if together:
             self.barrier()
         dist.destroy_process_group()
+        dsa.release_comm()
 
     def peer_status(self) -> str:
         """Which ranks on this host are gone or stopped; ranks on other hosts cannot be checked from here."""
