@@ -144,12 +144,17 @@ def _trainer(overrides: list[str], ds: dict, work: str, config: str | None = Non
 
 
 def _ds_file(ds: dict, work: str) -> str:
-    """The DeepSpeed JSON as a file (rank 0 writes it, the others wait for it), as the CLI reads it."""
+    """The DeepSpeed JSON as a file (rank 0 writes it, the others wait for it), as the CLI reads it. Named by its
+    content: jobs that share `work` (a run resumed in another layout) each wait for their own JSON, never read the
+    last job's (rank 1 of test_zero's data_2 leg read the single leg's `ds.json` before rank 0 replaced it)."""
+    import hashlib
+
     os.makedirs(work, exist_ok=True)
-    path = os.path.join(work, "ds.json")
+    text = json.dumps(ds, sort_keys=True)
+    path = os.path.join(work, f"ds-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json")
     if int(os.environ["RANK"]) == 0:
         with open(path + ".tmp", "w") as f:
-            json.dump(ds, f)
+            f.write(text)
         os.replace(path + ".tmp", path)
     else:
         _wait_for(path)
