@@ -32,6 +32,8 @@ import tempfile
 import time
 import traceback
 
+from trainer.training.memory import training_environ  # (no torch: the pool's own process stays light)
+
 START_TRIES = 3
 READY_TIMEOUT_S = 300  # spawning and importing torch + DeepSpeed, four at once on two loaded cores
 MEET_TIMEOUT_S = 60  # every worker has imported by then: the rendezvous itself takes a second
@@ -94,37 +96,31 @@ def _serve(inbox, outbox, index: int, preload: bool, err_path: str) -> None:
         torch.set_num_threads(1)
         import trainer.parallel.runtime  # noqa: F401  (torch.distributed + DeepSpeed, once)
 
-    outbox.put((None, index, True, "ready"))
+    outbox.put((index, True, "ready"))
     allowed = os.sched_getaffinity(0)  # a job's rank may pin its threads (train.pin_cores): not the next job's
     while True:
         job = inbox.get()
         if job is None:
             return
-        job_id, rank, world, port, fn, args = job
+        rank, world, port, fn, args = job
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_SIZE=str(world),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         try:
-            outbox.put((job_id, rank, True, fn(*args)))
+            outbox.put((rank, True, fn(*args)))
         except BaseException:  # noqa: BLE001  (reported to the test, which fails with it)
-            outbox.put((job_id, rank, False, traceback.format_exc()))
+            outbox.put((rank, False, traceback.format_exc()))
         finally:
             if "trainer.parallel.runtime" in sys.modules:  # only what imported it can have pinned its threads
                 sys.modules["trainer.parallel.runtime"].keep_threads_on(allowed)
             if preload:
                 import torch.distributed as dist
 
-                if dist.is_initialized():
+                if dist.is_initialized():  # a job that did not close its runtime (ParallelRuntime.close releases)
+                    from trainer.parallel.deepspeed_adapter import release_comm
+
                     dist.destroy_process_group()
-                from trainer.parallel.deepspeed_adapter import release_comm
-
-                release_comm()  # a job's groups and their polling gloo threads, gone with it (as with its process)
+                    release_comm()  # its groups and their polling gloo threads, gone with it (as with its process)
                 gc.collect()  # what holds them in reference cycles (an engine, its grid)
-
-
-def _training_environ() -> dict:
-    from trainer.training.memory import training_environ
-
-    return training_environ()
 
 
 @contextlib.contextmanager
@@ -166,7 +162,6 @@ class Workers:
         self.meet, self.meet_args = meet, meet_args
         self.ctx = mp.get_context("spawn")
         self.procs: list = []
-        self.jobs = 0  # jobs dispatched: each answer names its job (a late answer of another is not this one's)
         self.starts = 0  # pools started: a failed job costs the next one a start, never every later test
         self.error_grace_s = 10.0  # after a rank failed, how long its peers may take to answer
         self._failed_start = False
@@ -219,25 +214,24 @@ class Workers:
         self.outbox = self.ctx.Queue()
         self.procs = [self.ctx.Process(target=_serve, args=(q, self.outbox, i, self.preload, self._err_path(i)),
                                        daemon=True) for i, q in enumerate(self.inboxes)]
-        with _environ(_training_environ() if self.preload else {}):  # a spawned process takes this environ
+        with _environ(training_environ() if self.preload else {}):  # a spawned process takes this environ
             for p in self.procs:
                 p.start()
 
     def _dispatch(self, world: int, fn, args, timeout: float) -> list:
         port = free_port()
-        self.jobs += 1
         for rank in range(world):
-            self.inboxes[rank].put((self.jobs, rank, world, port, fn, args))
-        return self._collect(world, timeout, f"{fn.__name__} on {world} ranks", self.jobs)
+            self.inboxes[rank].put((rank, world, port, fn, args))
+        return self._collect(world, timeout, f"{fn.__name__} on {world} ranks")
 
-    def _collect(self, n: int, timeout: float, what: str, job: int | None = None) -> list:
+    def _collect(self, n: int, timeout: float, what: str) -> list:
         """The answers of ranks (workers) 0..n-1 in order, or a JobError naming what failed: each failed rank's
         traceback (once its peers have answered, or `error_grace_s` after it), a worker that exited, or no
         answer within `timeout` seconds."""
         results, errors, deadline, last = {}, {}, time.monotonic() + timeout, time.monotonic()
         while len(results) + len(errors) < n:
             try:
-                answered, rank, ok, value = self.outbox.get(timeout=1)
+                rank, ok, value = self.outbox.get(timeout=1)
             except queue.Empty:
                 now = time.monotonic()
                 if errors and now - last > self.error_grace_s:
@@ -247,8 +241,6 @@ class Workers:
                 if dead or now > deadline:
                     raise JobError(f"{what}: {'; '.join(dead) or f'no answer within {timeout:.0f}s (a hang?)'}; "
                                    f"answered: {sorted(results)}" + _tracebacks(errors) + self._stderr(n)) from None
-                continue
-            if answered != job:  # an earlier job's answer, come after its job was given up
                 continue
             last = time.monotonic()
             (results if ok else errors)[rank] = value
