@@ -126,6 +126,31 @@ def test_single_step_is_the_sum_of_its_instructions(tmp_path):
     assert costs.parts[(0, opt)]["optimizer"] == pytest.approx((0.5 + 1e-5 * params) / 1000, rel=1e-6)
 
 
+def test_a_host_rank_pays_for_the_mask_rows_it_draws_and_an_accelerator_for_the_micro_batch(tmp_path):
+    """trainer.model.dropout on the host draws the row blocks a rank computes: a data-parallel replica's masks cost
+    what its rows do (two replicas of 16 rows: 8 blocks between them, as one process's), a head shard's too; the
+    roofline (a GPU) draws each site for the whole micro-batch on every rank."""
+    dims = _dims(dropout=0.3)
+    dev = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)
+    mask = lambda costs, rank: sum(v.get("mask", 0.0) for (r, _), v in costs.parts.items() if r == rank)  # noqa: E731
+    batch = _batch(rows=32)
+    _, single = _step(dev, dims, LayoutSpec("single", 1, 1), batch)
+    _, data = _step(dev, dims, LayoutSpec("data", 1, 2), batch)
+    fixed = dev.dropout_mask(1) - (dev.dropout_mask(2) - dev.dropout_mask(1))  # the line's per-draw term
+    sites = 2 + 2 * dims.layers + 1  # embeddings, every layer's output on both sides, the head
+    assert mask(data, 0) == pytest.approx(mask(data, 1))
+    assert mask(data, 0) + mask(data, 1) == pytest.approx(mask(single, 0) + sites * fixed)
+    _, hybrid = _step(dev, dims, LayoutSpec("hybrid", 2, 1), batch)
+    head = lambda costs, rank: sum(v.get("mask", 0.0) for (r, i), v in costs.parts.items()  # noqa: E731
+                                   if r == rank and i.op == "head")
+    assert head(hybrid, 0) + head(hybrid, 1) == pytest.approx(head(single, 0) + fixed)
+    from trainer.planner.roofline import RooflineDevice
+    roofline = RooflineDevice(load(resolve("h200")), "bf16", "nvlink", dims)
+    _, gpu_single = _step(roofline, dims, LayoutSpec("single", 1, 1), batch)
+    _, gpu_data = _step(roofline, dims, LayoutSpec("data", 1, 2), batch)
+    assert mask(gpu_data, 0) == pytest.approx(mask(gpu_single, 0))
+
+
 def test_ragged_sources_take_the_packed_path_for_their_tail(tmp_path):
     dims = _dims()
     dev = MeasuredDevice(_profile(tmp_path, dims), "bf16", 1, dims)

@@ -2,10 +2,12 @@
 feature), not of a generator's state.
 
 Every rank builds the same global micro-batch, so a row and a position name the same token in every
-layout. Drawing each site's mask for the whole global micro-batch from a generator seeded by
-(run seed, step, micro-batch, site), and slicing out the rows and positions a layer computes, gives
-every layout the same masks as the single process: a run is the same run in any layout (up to
-floating-point summation order), and a resumed run continues bitwise in any layout.
+layout. A site's mask is drawn in blocks of BLOCK_ROWS rows of the global micro-batch, each block from a
+generator seeded by (run seed, step, micro-batch, site, block), and a layer slices out the rows and positions
+it computes: every layout gets the same masks as the single process, a run is the same run in any layout (up to
+floating-point summation order), and a resumed run continues bitwise in any layout. A rank draws only the
+blocks of the rows it computes: a data-parallel replica or a head shard draws its share, not the whole
+micro-batch's (on an accelerator the whole micro-batch is drawn at once, one launch per site).
 
 The keys travel with the call: a module's forward takes `masks`, the `DropoutSlice` of the global micro-batch
 its input is (the interpreter makes one per forward); without one (ad-hoc use, the whole model on one process,
@@ -28,9 +30,12 @@ def _key(*parts: int) -> int:
     return h & 0x7FFFFFFFFFFFFFFF
 
 
+BLOCK_ROWS = 8  # rows of the global micro-batch per draw on the CPU (part of the masks' definition)
+
+
 def keep_mask(shape: tuple, keep: float, seed: int, device=None) -> torch.Tensor:
     """A bool tensor, True with probability `keep` (to 1/65536), from a generator seeded by `seed`:
-    16-bit uniform lanes of 48-bit random integers, the same for any thread count.
+    the four 16-bit lanes of uniform 64-bit random integers, the same for any thread count.
 
     On an accelerator the mask is drawn there, from that device's generator seeded the same way (the
     same mask for the same seed on every rank, so layouts still agree with each other; not the bits of
@@ -43,56 +48,72 @@ def keep_mask(shape: tuple, keep: float, seed: int, device=None) -> torch.Tensor
     n = 1
     for d in shape:
         n *= d
-    words = -(-n // 3)
     g = torch.Generator().manual_seed(seed)
-    lanes = torch.randint(0, 2 ** 48, (words,), dtype=torch.int64, generator=g).view(torch.int16).view(words, 4)
-    bits = lanes[:, :3].reshape(-1)[:n]
-    return (bits < (round(keep * 65536) - 32768)).view(shape)
+    words = torch.randint(-2 ** 63, 2 ** 63 - 1, (-(-n // 4),), dtype=torch.int64, generator=g)
+    return (words.view(torch.int16)[:n] < (round(keep * 65536) - 32768)).view(shape)
 
 
 class DropoutKeys:
-    """The masks of the global micro-batch `key` (seed, step, micro-batch): each site's drawn once for the whole
-    micro-batch, on first use. `widths`: global padded length per side ('src', 'tgt'); `rows`: the global
-    micro-batch's row count. `at(row0, t0)`: the slice a forward computes."""
+    """The masks of the global micro-batch `key` (seed, step, micro-batch), each drawn on first use and kept for the
+    micro-batch. `widths`: global padded length per side ('src', 'tgt'); `rows`: the global micro-batch's row
+    count. `at(row0, t0, rows)`: the slice a forward computes."""
 
     def __init__(self, key: tuple, rows: int, widths: dict, device=None):
-        self.key, self.rows, self.widths, self.device = key, rows, widths, device
-        self._masks: dict = {}
+        self.key, self.rows, self.widths = key, rows, widths
+        self.device = torch.device(device or "cpu")
+        self._masks: dict = {}  # (site, dtype) -> [(first row, mask of rows first.. (whole width))]
 
-    def at(self, row0: int, t0: int) -> "DropoutSlice":
-        """The slice whose [0, 0] is global row `row0`, position `t0`."""
-        return DropoutSlice(self, row0, t0)
+    def at(self, row0: int, t0: int, rows: int | None = None) -> "DropoutSlice":
+        """The slice whose [0, 0] is global row `row0`, position `t0`; `rows`: how many rows it spans (None: to the
+        micro-batch's end), which bounds what a gathered-token mask draws."""
+        return DropoutSlice(self, row0, t0, rows)
 
-    def full(self, site: int, side: str, p: float, feat: int, dtype) -> torch.Tensor:
-        """The whole micro-batch's mask of `site`, already scaled: 0 or 1 / (1 - p) in `dtype`."""
-        full = self._masks.get((site, dtype))
-        if full is None:
-            bits = keep_mask((self.rows, self.widths[side], feat), 1.0 - p, _key(*self.key, site), self.device)
-            full = bits.to(dtype).mul_(1.0 / (1.0 - p))
-            self._masks[(site, dtype)] = full
-        return full
+    def rows_mask(self, site: int, side: str, p: float, feat: int, dtype, r0: int, r1: int) -> tuple:
+        """(mask, first): site's mask, already scaled (0 or 1 / (1 - p) in `dtype`), over whole blocks of rows
+        covering global rows [r0, r1) at the side's whole width; its row 0 is global row `first`."""
+        held = self._masks.setdefault((site, dtype), [])
+        for first, mask in held:
+            if first <= r0 and r1 <= first + mask.shape[0]:
+                return mask, first
+        width, keep = self.widths[side], 1.0 - p
+        if self.device.type != "cpu":  # one draw for the micro-batch
+            first, last = 0, self.rows
+            mask = keep_mask((self.rows, width, feat), keep, _key(*self.key, site), self.device).to(dtype)
+        else:
+            first, last = r0 // BLOCK_ROWS * BLOCK_ROWS, min(self.rows, -(-r1 // BLOCK_ROWS) * BLOCK_ROWS)
+            mask = torch.empty((last - first, width, feat), dtype=dtype)
+            for a in range(first, last, BLOCK_ROWS):
+                b = min(a + BLOCK_ROWS, last)
+                mask[a - first:b - first].copy_(keep_mask((b - a, width, feat), keep,
+                                                          _key(*self.key, site, a // BLOCK_ROWS)))
+        mask.mul_(1.0 / keep)
+        held.append((first, mask))
+        return mask, first
 
 
 class DropoutSlice:
     """Where a forward's tensors sit in the global micro-batch of `keys`: their [0, 0] is row `row0`, position
-    `t0`."""
+    `t0`; `rows` rows (None: to the micro-batch's end)."""
 
-    __slots__ = ("keys", "row0", "t0")
+    __slots__ = ("keys", "row0", "t0", "rows")
 
-    def __init__(self, keys: DropoutKeys, row0: int, t0: int):
-        self.keys, self.row0, self.t0 = keys, row0, t0
+    def __init__(self, keys: DropoutKeys, row0: int, t0: int, rows: int | None = None):
+        self.keys, self.row0, self.t0, self.rows = keys, row0, t0, rows
 
     def mask(self, site: int, side: str, p: float, n: int, width: int, feat: int, dtype,
              positions: torch.Tensor | None = None) -> torch.Tensor:
         """This slice's mask, already scaled; (n, width, feat), or (tokens, feat) for the flat `positions`
         (row * width + t) of an (n, width) slice."""
-        full = self.keys.full(site, side, p, feat, dtype)
         if positions is None:
-            return full[self.row0:self.row0 + n, self.t0:self.t0 + width]
-        # the same tokens' rows of the whole micro-batch's mask, gathered on the device
+            mask, first = self.keys.rows_mask(site, side, p, feat, dtype, self.row0, self.row0 + n)
+            r = self.row0 - first
+            return mask[r:r + n, self.t0:self.t0 + width]
+        end = self.keys.rows if self.rows is None else self.row0 + self.rows
+        mask, first = self.keys.rows_mask(site, side, p, feat, dtype, self.row0, end)
+        # the same tokens' rows of the drawn rows' mask, gathered on the device
         rows = torch.div(positions, width, rounding_mode="floor")
-        at = (rows + self.row0) * full.shape[1] + (positions - rows * width + self.t0)
-        return full.view(-1, feat).index_select(0, at)
+        at = (rows + (self.row0 - first)) * mask.shape[1] + (positions - rows * width + self.t0)
+        return mask.view(-1, feat).index_select(0, at)
 
 
 class KeyedDropout(nn.Module):

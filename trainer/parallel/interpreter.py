@@ -442,7 +442,7 @@ class StepRunner:
         a, b = self._piece(ins, stage)
         rows = ms.cut.piece(self.layout.spec, stage, ins.unit)
         t0 = ms.cut.piece_t0(self.layout.spec, stage, ins.unit)
-        masks = ms.dropout.at(ms.cut.row0 + a, t0) if ms.dropout is not None else None
+        masks = ms.dropout.at(ms.cut.row0 + a, t0, b - a) if ms.dropout is not None else None
         enc, dec = ms.shards.pop(ins.unit) if ins.unit in ms.shards else self._top_rows(ins, stage)
         if ms.train:
             enc, dec = _leaf(enc), _leaf(dec)

@@ -5,7 +5,8 @@ does (trainer/parallel/interpreter.py):
     forward      embeddings (stage 0) + each local pair layer's LSTM over the chunk (encoder: one fused
                  call over the all-real steps and the per-step packed path over the ragged tail, as
                  model.lstm_stack.run_bulk_then_packed), dropout on each output; a dropout site draws its mask
-                 for the whole global micro-batch the first time it is used in a micro-step
+                 the first time it is used in a micro-step: on the host the row blocks of the rows this rank
+                 computes (its replica's, its head shard's), on an accelerator the whole global micro-batch
     backward     the same layers' backward (+ the embeddings' dense gradient on stage 0)
     head         forward + backward of the head on the piece (+ assembling the top outputs and placing
                  their gradients on the last stage); with defer_head_weight_grads less the projection's weight
@@ -20,6 +21,7 @@ applied per component.
 """
 from __future__ import annotations
 
+from trainer.model.dropout import BLOCK_ROWS
 from trainer.parallel.layout import LayoutSpec
 from trainer.parallel.schedule import OPS, Instr, global_programs
 from trainer.planner.shapes import Chunk, Cut, ModelDims, Stage
@@ -87,7 +89,7 @@ class MicroStepCosts:
     def _walk(self, rank: int, prog: list[Instr]) -> None:
         stage, replica = _stage_of(self.spec, rank)
         dev, spec = self.device, self.spec
-        masks_drawn: set = set()
+        masks_drawn: dict = {}  # site -> the global row ranges drawn this micro-step
         top_ready = grads_ready = False
         deferred = any(i.op == "head_weight_grads" for i in prog)
         share, later = head_weight_grad_share(self.dims), 0.0  # the head's deferred weight gradients, so far
@@ -105,7 +107,8 @@ class MicroStepCosts:
                     parts["head"] *= 1 - share
                 parts["overhead"] += dev.backward_call
                 if self.dims.dropout > 0:
-                    parts["mask"] = self._mask("head", self.dims.out_dim, "tgt", masks_drawn)
+                    parts["mask"] = self._mask("head", self.dims.out_dim, "tgt", masks_drawn,
+                                               self.cut.global_rows(replica, "piece", stage, ins.unit))
                     parts["copy"] = 2 * dev.copy_bytes(3 * piece.tgt_tokens * self.dims.out_dim * self.bytes)
                 if stage == spec.num_pp - 1:
                     if not top_ready:
@@ -144,24 +147,25 @@ class MicroStepCosts:
                     parts["optimizer"] = dev.optimizer(count, tensors)
             self.parts[(rank, ins)] = parts
 
-    def _layers(self, parts: dict, stage: int, replica: int, ins: Instr, masks_drawn: set) -> None:
+    def _layers(self, parts: dict, stage: int, replica: int, ins: Instr, masks_drawn: dict) -> None:
         dev, dims, here = self.device, self.dims, self.stages[stage]
         ch = self.cut.chunk(replica, ins.kind, ins.unit, ins.chunk)
         side = "src" if ins.kind == "enc" else "tgt"
         direction = "fwd" if ins.op == "forward" else "bwd"
         lstm = copy = mask = 0.0
+        rows = self.cut.global_rows(replica, "unit", ins.unit)
         if here.embeddings:
             parts["embedding"] = dev.embed(side, direction, ch.tokens)
             if dims.dropout > 0:
                 if direction == "fwd":
-                    mask += self._mask(f"emb_{side}", dims.emb, side, masks_drawn)
+                    mask += self._mask(f"emb_{side}", dims.emb, side, masks_drawn, rows)
                 copy += dev.copy_bytes(3 * ch.tokens * dims.emb * self.bytes)
         for call in self._calls(here.pairs, ins.kind):
             lstm += self._lstm(direction, ins.kind, call[0], dims.pair_input(call[0]), ch, above=len(call) - 1)
         for k in here.pairs:
             if dims.dropout > 0:
                 if direction == "fwd":
-                    mask += self._mask(f"{ins.kind}{k}", dims.hidden, side, masks_drawn)
+                    mask += self._mask(f"{ins.kind}{k}", dims.hidden, side, masks_drawn, rows)
                 copy += dev.copy_bytes(3 * ch.tokens * dims.hidden * self.bytes)
         if direction == "bwd":
             parts["overhead"] += dev.backward_call
@@ -196,14 +200,22 @@ class MicroStepCosts:
             cost += dev.copy_bytes(2 * ch.tokens * hidden * self.bytes)  # pad back, cat onto the bulk
         return cost
 
-    def _mask(self, site: str, feat: int, side: str, drawn: set) -> float:
-        """A site's mask over the whole global micro-batch, once per micro-step on this rank."""
-        if site in drawn:
-            return 0.0
-        drawn.add(site)
+    def _mask(self, site: str, feat: int, side: str, drawn: dict, rows: tuple[int, int]) -> float:
+        """A site's mask for the global rows `rows` ([start, stop)), as trainer.model.dropout draws it: on the host
+        the blocks of rows covering them unless an earlier draw of this micro-step covers them, on an
+        accelerator the whole global micro-batch once."""
         batch = self.cut.batch
+        if getattr(self.device, "masks_by_rows", False):
+            first = rows[0] // BLOCK_ROWS * BLOCK_ROWS
+            last = min(batch.size, -(-rows[1] // BLOCK_ROWS) * BLOCK_ROWS)
+        else:
+            first, last = 0, batch.size
+        held = drawn.setdefault(site, [])
+        if any(a <= rows[0] and rows[1] <= b for a, b in held):
+            return 0.0
+        held.append((first, last))
         width = batch.src.shape[1] if side == "src" else batch.tgt_in.shape[1]
-        return self.device.dropout_mask(batch.size * int(width) * feat)
+        return self.device.dropout_mask((last - first) * int(width) * feat)
 
     def _shard_bytes(self, piece) -> int:
         return piece.size * (int(piece.src.shape[1]) + int(piece.tgt_in.shape[1])) * self.dims.hidden * self.bytes

@@ -252,6 +252,7 @@ class MeasuredDevice:
     """A calibrated machine: every cost from the layer tables of one precision and thread count."""
 
     kind = "measured"
+    masks_by_rows = True  # the host draws a rank's rows of a dropout mask only (trainer.model.dropout.BLOCK_ROWS)
 
     def __init__(self, profile: dict, precision: str, threads: int, dims=None):
         self.profile, self.precision, self.threads = profile, precision, threads

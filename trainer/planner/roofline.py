@@ -122,6 +122,7 @@ class RooflineDevice:
     in TF32), "cudnn_tf32" (torch's defaults: cuDNN in TF32, matmuls in fp32); default `precision`."""
 
     kind = "roofline"
+    masks_by_rows = False  # an accelerator draws a dropout mask for the whole micro-batch, one launch
 
     def __init__(self, profile: dict, precision: str, link: str, dims=None, math: str | None = None):
         self.profile, self.precision = profile, precision

@@ -139,6 +139,13 @@ class Cut:
         """The rows one head instruction works on: a unit (per_unit) or this stage's shard."""
         return self._replicas[d].piece(self.spec, stage, unit)
 
+    def global_rows(self, d: int, what: str, *where) -> tuple[int, int]:
+        """Where in the global micro-batch ([start, stop) rows) replica d's unit (`"unit", u`) or head piece
+        (`"piece", stage, unit`) sits."""
+        cut = self._replicas[d]
+        a, b = cut.unit_rows[where[0]] if what == "unit" else cut.piece_rows(self.spec, *where)
+        return cut.row0 + a, cut.row0 + b
+
 
 def head_work(piece: Batch) -> dict:
     """The sizes the head's cost depends on: rows R, source width S, target width T, real target tokens N."""

@@ -1,0 +1,74 @@
+"""trainer.model.dropout: keyed masks are a function of the key and the row, drawn in row blocks, so that a slice
+gets the whole micro-batch's rows and a rank draws only the rows it computes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.model import dropout
+from trainer.model.dropout import BLOCK_ROWS, DropoutKeys, keep_mask
+
+ROWS, WIDTHS, FEAT, P = 30, {"src": 5, "tgt": 7}, 6, 0.3
+
+
+def whole(site: int = 4) -> torch.Tensor:
+    """The site's mask over the whole micro-batch, as the single process draws it."""
+    return DropoutKeys((1, 2, 0), ROWS, WIDTHS).at(0, 0).mask(site, "tgt", P, ROWS, 7, FEAT, torch.float32)
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> list:
+    """Every keep_mask draw's element count."""
+    seen, real = [], dropout.keep_mask
+
+    def counting(shape, *args, **kw):
+        seen.append(torch.Size(shape).numel())
+        return real(shape, *args, **kw)
+
+    monkeypatch.setattr(dropout, "keep_mask", counting)
+    return seen
+
+
+@pytest.mark.parametrize("row0,n,t0,width", [(0, ROWS, 0, 7), (16, 8, 0, 7), (3, 7, 2, 4), (13, 17, 1, 6), (29, 1, 6, 1)])
+def test_a_slice_is_the_whole_micro_batchs_mask_there_and_draws_only_the_blocks_it_covers(drawn, row0, n, t0, width):
+    ref = whole()
+    drawn.clear()
+    got = DropoutKeys((1, 2, 0), ROWS, WIDTHS).at(row0, t0).mask(4, "tgt", P, n, width, FEAT, torch.float32)
+    assert torch.equal(got, ref[row0:row0 + n, t0:t0 + width])
+    first, last = row0 // BLOCK_ROWS * BLOCK_ROWS, min(ROWS, -(-(row0 + n) // BLOCK_ROWS) * BLOCK_ROWS)
+    assert sum(drawn) == (last - first) * WIDTHS["tgt"] * FEAT  # the blocks covering the slice, no more
+
+
+def test_blocks_sites_and_steps_draw_different_masks_with_the_asked_rate():
+    m = whole()
+    blocks = [m[a:a + BLOCK_ROWS] for a in range(0, 3 * BLOCK_ROWS, BLOCK_ROWS)]
+    assert not torch.equal(blocks[0], blocks[1]) and not torch.equal(blocks[1], blocks[2])
+    assert not torch.equal(m, whole(site=5))
+    assert m.unique().tolist() == [0.0, pytest.approx(1 / (1 - P))]
+    bits = keep_mask((1 << 20,), 0.8, 99)
+    for lane in range(4):  # every 16-bit lane of a 64-bit draw is uniform
+        assert abs(bits[lane::4].float().mean().item() - 0.8) < 0.005
+
+
+def test_a_gathered_token_mask_of_a_shard_draws_its_rows_only(drawn):
+    """The head's mask on a shard's tokens (flat positions of its (rows, width) layout), as a head shard takes it."""
+    ref = whole()
+    row0, n, t0, width = 10, 9, 1, 5
+    positions = torch.tensor([0, 3, 4, 7, 12, 20, 44])  # row * width + t within the shard
+    drawn.clear()
+    got = DropoutKeys((1, 2, 0), ROWS, WIDTHS).at(row0, t0, n).mask(4, "tgt", P, 0, width, FEAT, torch.float32,
+                                                                  positions)
+    rows, cols = positions // width, positions % width
+    assert torch.equal(got, ref[row0 + rows, t0 + cols])
+    assert sum(drawn) == 2 * BLOCK_ROWS * WIDTHS["tgt"] * FEAT  # rows 8-23, not the micro-batch
+
+
+def test_the_mask_does_not_depend_on_the_thread_count():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = keep_mask((9, 11, 13), 0.7, 5)
+        torch.set_num_threads(2)
+        assert torch.equal(one, keep_mask((9, 11, 13), 0.7, 5))
+    finally:
+        torch.set_num_threads(before)
