@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.model import dropout
-from trainer.model.dropout import BLOCK_ROWS, DropoutKeys, keep_mask
+from trainer.model.dropout import BLOCK_ROWS, DropoutKeys, keep_blocks, keep_mask
 
 ROWS, WIDTHS, FEAT, P = 30, {"src": 5, "tgt": 7}, 6, 0.3
 
@@ -18,14 +18,14 @@ def whole(site: int = 4) -> torch.Tensor:
 
 @pytest.fixture
 def drawn(monkeypatch) -> list:
-    """Every keep_mask draw's element count."""
-    seen, real = [], dropout.keep_mask
+    """Every host draw's element count."""
+    seen, real = [], dropout.keep_blocks
 
     def counting(shape, *args, **kw):
         seen.append(torch.Size(shape).numel())
         return real(shape, *args, **kw)
 
-    monkeypatch.setattr(dropout, "keep_mask", counting)
+    monkeypatch.setattr(dropout, "keep_blocks", counting)
     return seen
 
 
@@ -61,6 +61,16 @@ def test_a_gathered_token_mask_of_a_shard_draws_its_rows_only(drawn):
     rows, cols = positions // width, positions % width
     assert torch.equal(got, ref[row0 + rows, t0 + cols])
     assert sum(drawn) == 2 * BLOCK_ROWS * WIDTHS["tgt"] * FEAT  # rows 8-23, not the micro-batch
+
+
+def test_blocks_drawn_together_are_the_blocks_drawn_alone():
+    """keep_blocks's one buffer and one comparison give each block its own keep_mask, also where a block's
+    elements are not a whole number of 64-bit draws (3 x 5 x 7 per row)."""
+    for shape in ((19, 4, 8), (19, 5, 7)):
+        seeds = [11, 12, 13]
+        together = keep_blocks(shape, 0.7, seeds)
+        alone = [keep_mask((min(7, shape[0] - 7 * k), *shape[1:]), 0.7, s) for k, s in enumerate(seeds)]
+        assert torch.equal(together, torch.cat(alone))
 
 
 def test_the_mask_does_not_depend_on_the_thread_count():
