@@ -56,6 +56,60 @@ def launch_main(script: str, argv: list, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def run_ranks(num_ranks: int, args: list, timeout: int = 300, check: bool = True,
+              env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """`launch/train.py ARGS` on N local ranks, each started as DeepSpeed's launcher starts it (its environment
+    variables and `--local_rank`; the first rank to fail has the others sent SIGTERM, then SIGKILL 30 s later, and
+    its exit code is the job's), without the runner and launcher processes around them (about 6.5 s of a 2-rank
+    launch: their imports, their teardown, the launcher's 1 s polling). For tests of what the ranks do (resume,
+    faults); what the runner and launcher do (signals, the terminal, a stopped rank, the launcher's exit line) is
+    tested through `deepspeed_cmd`. stdout and stderr are the ranks', rank 0's first."""
+    import signal
+    import tempfile
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(num_ranks),
+           "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": str(num_ranks), **(env_extra or {})}
+    args = [str(a) for a in args]
+    with tempfile.TemporaryDirectory(prefix="ranks-") as logs:
+        files = [(open(f"{logs}/out{r}", "w+"), open(f"{logs}/err{r}", "w+")) for r in range(num_ranks)]
+        procs = [subprocess.Popen([sys.executable, "-u", args[0], f"--local_rank={r}", *args[1:]], cwd=REPO,
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=out, stderr=err)
+                 for r, (out, err) in enumerate(files)]
+        deadline, failed, killed_at = time.monotonic() + timeout, None, None
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                break
+            if failed is None and (bad := next((p for p in procs if p.returncode not in (None, 0)), None)):
+                failed, killed_at = bad.returncode, time.monotonic() + 30
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+            if killed_at is not None and time.monotonic() > killed_at:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.1)
+        timed_out = time.monotonic() > deadline
+        texts = []
+        for out, err in files:
+            out.seek(0), err.seek(0)
+            texts.append((out.read(), err.read()))
+            out.close(), err.close()
+    stdout, stderr = "".join(t[0] for t in texts), "".join(t[1] for t in texts)
+    command = " ".join(args)
+    if timed_out:
+        pytest.fail(f"timed out after {timeout}s: {num_ranks} ranks of {command}\n{stdout[-2000:]}\n{stderr[-4000:]}")
+    code = failed if failed is not None else next((p.returncode for p in procs if p.returncode != 0), 0)
+    if check and code != 0:
+        pytest.fail(f"exit {code}: {num_ranks} ranks of {command}\n{stdout[-3000:]}\n{stderr[-5000:]}")
+    return subprocess.CompletedProcess(args, code, stdout, stderr)
+
+
 def deepspeed_cmd(num_ranks: int, *args) -> list[str]:
     """The deepspeed launcher with N local CPU ranks (gloo), on a port of its own."""
     return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(num_ranks),

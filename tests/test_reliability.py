@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
+from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli, run_ranks
 from trainer.config import merge_overrides
 from trainer.checkpoint import files as checkpoint
 
@@ -46,18 +46,27 @@ def ds_config(tmp_path: Path, layout: dict, bf16: bool = False, total_steps: int
 
 
 def train_cmd(data, run_dir, ranks: int, ds: str, *overrides) -> list[str]:
+    """The command line of a run: one process, or N ranks through the deepspeed launcher."""
+    args = train_args(data, run_dir, ds, *overrides)
+    return [sys.executable, *args] if ranks == 1 else deepspeed_cmd(ranks, *args)
+
+
+def train_args(data, run_dir, ds: str, *overrides) -> list[str]:
     args = ["launch/train.py", "--deepspeed_config", ds, f"data.dir={data}", f"run.dir={run_dir}",
             "model.layers=2", "model.emb_dim=16", "model.hidden=16", "model.dropout=0.3", "model.attention=general",
             "train.seed=7",
             "train.eval_every=4", "train.save_every=2", "train.log_every=1", "train.keep_last=10",
             "data.min_batch_sentences=8", "decode.dev_max_sentences=8", "logging.wandb_mode=disabled",
             "logging.progress=false"]
-    args = merge_overrides(args, overrides)
-    return [sys.executable, *args] if ranks == 1 else deepspeed_cmd(ranks, *args)
+    return merge_overrides(args, overrides)
 
 
 def train(data, run_dir, ranks, ds, *overrides, faults: str = "", check=True, timeout=240):
+    """A run to its end (resume, faults): N ranks started as the launcher starts them, without its processes
+    (conftest.run_ranks); the tests of what the launcher does start it (`train_cmd`)."""
     env = {"HNMT_FAULTS": faults} if faults else None
+    if ranks > 1:
+        return run_ranks(ranks, train_args(data, run_dir, ds, *overrides), timeout=timeout, check=check, env_extra=env)
     return run_cli(train_cmd(data, run_dir, ranks, ds, *overrides), timeout=timeout, check=check, env_extra=env)
 
 
