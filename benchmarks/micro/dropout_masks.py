@@ -21,9 +21,6 @@ import argparse
 import time
 from statistics import median
 
-import numpy as np
-import torch
-
 
 def requests(layout: str, rank: int, rows: int) -> list[tuple]:
     """(site, side, feat kind, first row, rows, head) of each draw a rank asks for in one micro-step."""
@@ -41,6 +38,8 @@ def requests(layout: str, rank: int, rows: int) -> list[tuple]:
 
 
 def one_step(batch, reqs: list, p: float, dims: dict) -> None:
+    import torch
+
     from trainer.model.dropout import DropoutKeys
 
     rows, widths = batch.size, {"src": batch.src.shape[1], "tgt": batch.tgt_in.shape[1]}
@@ -70,6 +69,9 @@ def main(argv=None) -> None:
     from trainer.training import memory
 
     memory.prepare()  # the allocator a training process runs with (the process may exec itself)
+    import numpy as np
+    import torch
+
     torch.set_num_threads(1)
     from trainer.data import ParallelData, make_batches
 
