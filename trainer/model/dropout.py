@@ -45,18 +45,19 @@ def keep_mask(shape: tuple, keep: float, seed: int, device=None) -> torch.Tensor
     if device.type != "cpu":
         g = torch.Generator(device=device).manual_seed(seed)
         return torch.rand(shape, generator=g, device=device) < keep
-    return keep_blocks(shape, keep, [seed])
+    return keep_blocks(shape, keep, [seed] if shape[0] else [], max(1, shape[0]))
 
 
-def keep_blocks(shape: tuple, keep: float, seeds: list) -> torch.Tensor:
-    """keep_mask on the host of `shape` cut along its first dimension into len(seeds) blocks of equal size (the
-    last may be shorter), block k drawn as keep_mask(its shape, keep, seeds[k]): one draw into one buffer per
+def keep_blocks(shape: tuple, keep: float, seeds: list, block_rows: int) -> torch.Tensor:
+    """keep_mask on the host of `shape` cut along its first dimension into blocks of `block_rows` (the last may be
+    shorter; one per seed), block k drawn as keep_mask(its shape, keep, seeds[k]): one draw into one buffer per
     block, one comparison for them all."""
     n = 1
     for d in shape[1:]:
         n *= d
-    step = -(-shape[0] // len(seeds))  # rows per block
-    sizes = [min(step, shape[0] - k * step) * n for k in range(len(seeds))]
+    if len(seeds) != -(-shape[0] // block_rows):
+        raise ValueError(f"{len(seeds)} seeds for {shape[0]} rows in blocks of {block_rows}")
+    sizes = [min(block_rows, shape[0] - k * block_rows) * n for k in range(len(seeds))]
     words = [-(-e // 4) for e in sizes]
     buf = torch.empty(sum(words), dtype=torch.int64)
     g, at = torch.Generator(), 0
@@ -99,7 +100,7 @@ class DropoutKeys:
         else:
             first, last = r0 // BLOCK_ROWS * BLOCK_ROWS, min(self.rows, -(-r1 // BLOCK_ROWS) * BLOCK_ROWS)
             seeds = [_key(*self.key, site, b) for b in range(first // BLOCK_ROWS, -(-last // BLOCK_ROWS))]
-            mask = keep_blocks((last - first, width, feat), keep, seeds).view(torch.uint8).to(dtype)  # (bool->float: 4x slower)
+            mask = keep_blocks((last - first, width, feat), keep, seeds, BLOCK_ROWS).view(torch.uint8).to(dtype)  # (bool->float: 4x slower)
         mask.mul_(1.0 / keep)
         held.append((first, mask))
         return mask, first
