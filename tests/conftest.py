@@ -183,7 +183,7 @@ def pytest_configure(config):
 def compile_the_checkout() -> None:
     """The checkout's bytecode written once, for the hundreds of processes the suite starts: where
     PYTHONDONTWRITEBYTECODE is set (as on this workplace's machines) each of them would compile every module it
-    imports from source again (about 0.3 s of CPU per training process)."""
+    imports from source again (0.21 s of CPU per training process: compiling the ~13 k lines it imports)."""
     import compileall
 
     for part in ("trainer", "data_prep", "launch", "benchmarks", "tests"):
