@@ -18,7 +18,10 @@
 # (gpu_wheels.sh --wheels-only, network). One build at a time ($CACHE/build.lock): a second invocation waits
 # for the first's build and uses it (the test suite starts a --build-only in the background when it collects
 # the rehearsal's test, so that its minutes of download overlap the tests before it). Exit 0 only if the
-# carried wheels fit the image and the check passed; its report is in $GPU_REHEARSAL_CACHE/out. Where the
+# carried wheels fit the image and the check passed; its report is in $GPU_REHEARSAL_CACHE/out. Exit 3, with
+# one line and nothing written, where the cache's file system has less free than a build needs
+# (GPU_REHEARSAL_NEED_MB, default 9000: the environment and its wheels, measured 7.5 GB, and room left for
+# whatever runs beside it); the image's wheels are removed once the environment is built. Where the
 # wheels do not fit, the check runs its imports
 # and environment stage only (unless ARGS name --stages).
 set -euo pipefail
@@ -62,13 +65,24 @@ if ! flock -n 9; then
   flock 9
 fi
 if [[ ! -f "$VENV/.complete" ]]; then
+  rm -rf "$CACHE"/venv-*  # an incomplete or older environment: its room goes to this one
+  NEED_MB="${GPU_REHEARSAL_NEED_MB:-9000}"
+  FREE_MB=$(( $(df -Pk "$CACHE" | awk 'NR == 2 {print $4}') / 1024 ))
+  if (( FREE_MB < NEED_MB )); then  # a full disk would fail this build and, beside it, everything else
+    echo "gpu_rehearsal: not built: ${FREE_MB} MB free on the file system of $CACHE, a build needs ${NEED_MB} MB" \
+      "(GPU_REHEARSAL_NEED_MB; GPU_REHEARSAL_CACHE elsewhere)" >&2
+    exit 3
+  fi
   say "building $VENV with $("$PY312" --version) ($PY312): the image's packages of $IMAGE"
-  rm -rf "$VENV" && "$PY312" -m venv "$VENV"
+  trap 'rm -rf "$VENV" "$CACHE/wheels"' EXIT  # a build that fails gives its room back
+  "$PY312" -m venv "$VENV"
   "$VENV/bin/python" -m pip download -q --no-deps -d "$CACHE/wheels" -r "$IMAGE" 2>&1 | quiet_pip
   "$VENV/bin/python" -m pip install -q --no-index --find-links "$CACHE/wheels" --no-deps -r "$IMAGE" 2>&1 | quiet_pip
   "$VENV/bin/python" -m pip check
   touch "$VENV/.complete"
-  say "built: $(du -sh "$VENV" | cut -f1) (wheels $(du -sh "$CACHE/wheels" | cut -f1))"
+  trap - EXIT
+  say "built: $(du -sh "$VENV" | cut -f1) (its wheels, $(du -sh "$CACHE/wheels" | cut -f1), removed)"
+  rm -rf "$CACHE/wheels" && mkdir -p "$CACHE/wheels"
 fi
 "$VENV/bin/python" -m benchmarks.gpu.gpu_rehearsal --check-venv  # nothing the image lacks
 
