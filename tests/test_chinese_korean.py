@@ -13,7 +13,7 @@ import sentencepiece as spm
 
 from data_prep import vocab
 from data_prep.prepare import main as prepare_main
-from tests.conftest import SHARED_DATA, read_metrics, run_cli
+from tests.conftest import SHARED_DATA, launch_main, read_metrics, run_cli
 
 SAMPLES = SHARED_DATA / "parapat_samples"
 SEGMENTERS = {"zh": "jieba", "ko": "mecab-ko-dic"}
@@ -34,13 +34,25 @@ def _raw_corpus(tmp_path, lang: str, spaces: bool) -> tuple:
     return path, dev, [tgt for _, tgt in rows]
 
 
-def _prepare(tmp_path, lang: str, spaces: bool, *extra) -> tuple:
-    train, dev, targets = _raw_corpus(tmp_path, lang, spaces)
-    out = tmp_path / f"data_{lang}_{spaces}_{'_'.join(extra) or 'auto'}"
-    assert prepare_main(["--format", "tsv", "--src-lang", "en", "--tgt-lang", lang, "--train-src", str(train),
-                         "--dev-src", str(dev), "--out", str(out), "--vocab-size", "2000", "--no-dedup",
-                         "--no-near-dedup", "--workers", "1", *extra]) == 0
-    return out, json.loads((out / "manifest.json").read_text()), targets
+@pytest.fixture(scope="module")
+def prepare(tmp_path_factory):
+    """`prepare(lang, spaces, *extra)`: the data dir, its manifest and the raw targets, prepared once per module
+    for each setting (the tests read it, none writes to it)."""
+    done = {}
+
+    def make(lang: str, spaces: bool, *extra) -> tuple:
+        key = (lang, spaces, *extra)
+        if key not in done:
+            root = tmp_path_factory.mktemp(f"{lang}_{spaces}")
+            train, dev, targets = _raw_corpus(root, lang, spaces)
+            out = root / f"data_{lang}_{spaces}_{'_'.join(extra) or 'auto'}"
+            assert prepare_main(["--format", "tsv", "--src-lang", "en", "--tgt-lang", lang, "--train-src", str(train),
+                                 "--dev-src", str(dev), "--out", str(out), "--vocab-size", "2000", "--no-dedup",
+                                 "--no-near-dedup", "--workers", "1", *extra]) == 0
+            done[key] = out, json.loads((out / "manifest.json").read_text()), targets
+        return done[key]
+
+    return make
 
 
 def _pieces_across_words(model, lines: list[str], segmenter: str) -> list[str]:
@@ -56,13 +68,13 @@ def _pieces_across_words(model, lines: list[str], segmenter: str) -> list[str]:
 
 
 @pytest.mark.parametrize("lang,spaces", [("zh", False), ("ko", True), ("ko", False)])
-def test_pieces_stay_within_the_segmenters_words(tmp_path, lang, spaces):
-    out, manifest, targets = _prepare(tmp_path, lang, spaces)
+def test_pieces_stay_within_the_segmenters_words(prepare, lang, spaces):
+    out, manifest, targets = prepare(lang, spaces)
     assert manifest["vocab"]["pretokenize"] == {"src": None, "tgt": SEGMENTERS[lang]}
     assert _pieces_across_words(out / "spm.tgt.model", targets, SEGMENTERS[lang]) == []
     if not spaces:  # without the segmenter SentencePiece learns pieces across words on the same text (what the
         # test guards; Korean's own spaces already bound most pieces, so five sentences show it only without them)
-        raw, manifest, _ = _prepare(tmp_path, lang, spaces, "--pretokenize", "none")
+        raw, manifest, _ = prepare(lang, spaces, "--pretokenize", "none")
         assert manifest["vocab"]["pretokenize"] == {"src": None, "tgt": None}
         assert _pieces_across_words(raw / "spm.tgt.model", targets, SEGMENTERS[lang])
     # encoding needs no segmenter and gives the raw text back
@@ -71,10 +83,10 @@ def test_pieces_stay_within_the_segmenters_words(tmp_path, lang, spaces):
 
 
 @pytest.mark.parametrize("lang", ["zh", "ko"])
-def test_bleu_is_tokenised_for_the_target_language(tmp_path, lang):
+def test_bleu_is_tokenised_for_the_target_language(prepare, lang):
     from trainer.metrics import dev_tokenize
 
-    out, manifest, _ = _prepare(tmp_path, lang, spaces=lang == "ko")
+    out, manifest, _ = prepare(lang, lang == "ko")
     assert manifest["languages"]["tgt"] == lang
     assert dev_tokenize("auto", manifest, str(out)) == TOKENIZERS[lang]
 
@@ -96,9 +108,9 @@ def test_a_missing_segmenter_names_its_package(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lang", ["zh", "ko"])
-def test_train_translate_evaluate_on_raw_text(tmp_path, lang):
+def test_train_translate_evaluate_on_raw_text(tmp_path, prepare, lang, capsys):
     """A few steps on raw Chinese / Korean: dev BLEU with the language's tokenizer, then translate and evaluate."""
-    data, _, _ = _prepare(tmp_path, lang, spaces=lang == "ko")
+    data, _, _ = prepare(lang, lang == "ko")
     run = tmp_path / "run"
     proc = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", "ds_configs/single.json",
                     f"data.dir={data}", f"run.dir={run}", "model.emb_dim=16", "model.hidden=16", "train.max_steps=4",
@@ -112,8 +124,10 @@ def test_train_translate_evaluate_on_raw_text(tmp_path, lang):
     rows = [line.split("\t") for line in (SAMPLES / f"en_{lang}.tsv").read_text(encoding="utf-8").splitlines()]
     src.write_text("".join(en + "\n" for en, _ in rows), encoding="utf-8")
     ref.write_text("".join(t + "\n" for _, t in rows), encoding="utf-8")
-    out = run_cli([sys.executable, "launch/evaluate.py", "--run", run, "--src", src, "--ref", ref, "--json",
-                   "--beam", "1", "--output", tmp_path / "hyp.txt"], timeout=300)
-    result = json.loads(out.stdout.splitlines()[-1])
+    # evaluate in-process (its real process: test_raw_japanese, test_e2e)
+    code, out, err = launch_main("evaluate", ["--run", run, "--src", src, "--ref", ref, "--json", "--beam", "1",
+                                              "--output", tmp_path / "hyp.txt"], capsys)
+    assert code == 0, err
+    result = json.loads(out.splitlines()[-1])
     assert result["tokenize"] == TOKENIZERS[lang] and f"tok:{TOKENIZERS[lang]}" in result["signature"]
     assert len((tmp_path / "hyp.txt").read_text(encoding="utf-8").split("\n")) == len(rows) + 1
