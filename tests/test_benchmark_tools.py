@@ -539,3 +539,23 @@ def test_shapes_counts_fewer_distinct_shapes_and_more_padding_with_a_larger_mult
     assert 0 <= plain["padding_share"] < eight["padding_share"] < sixteen["padding_share"] < 1
     # more steps than one epoch's batches: the next epochs are drawn, as training does
     assert count(src[:200], tgt[:200], steps=50, sentences=32, multiple=8)["batch_shapes"] >= 1
+
+
+def test_rank_cpu_reports_each_layout_above_the_machines_floor(capsys):
+    """The floor (two half-batch single processes at once) is a row of its own, not held to the goal, and each
+    layout's worst rank is reported against the same precision's floor."""
+    from benchmarks.scaling import rank_cpu
+
+    result = {"single fp32": {"cpu_ms": {0: 300.0}, "wall_ms": 300.0},
+              "half_batch_pair fp32": {"cpu_ms": {0: 180.0, 1: 186.0}, "wall_ms": 190.0},
+              "data_2 fp32": {"cpu_ms": {0: 192.0, 1: 201.0}, "wall_ms": 210.0}}
+    assert rank_cpu.fractions(result)["half_batch_pair fp32"] == {0: 0.6, 1: 0.62}
+    assert rank_cpu.above_floor(result) == [
+        "data_2 fp32: worst rank 0.67, the floor 0.62 (two half-batch processes at once): +0.05 of one process's CPU "
+        "is the layout's own"]
+    rank_cpu.report(result, "a CPU", 40)
+    rows = capsys.readouterr().out.splitlines()
+    assert any(r.startswith("| half_batch_pair fp32 | 1 | 186.0 | 0.62 |") and "the machine's floor" in r for r in rows)
+    assert any(r.startswith("| data_2 fp32 | 1 | 201.0 | 0.67 |") and "**not met**" in r for r in rows)
+    del result["half_batch_pair fp32"]  # --no-floor: no comparison
+    assert rank_cpu.above_floor(result) == []
