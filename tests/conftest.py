@@ -16,10 +16,15 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+def cli_env(extra: dict | None = None) -> dict:
+    """The environment the suite starts a CLI with: this one, unbuffered, wandb disabled, the checkout importable."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO), **(extra or {})}
+
+
 def run_cli(args: list[str], timeout: int = 300, cwd=REPO, check: bool = True,
             env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run a command from the repo root; a hang fails the test instead of the CI (timeout)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO), **(env_extra or {})}
+    env = cli_env(env_extra)
     try:
         proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -68,7 +73,7 @@ def run_ranks(num_ranks: int, args: list, timeout: int = 300, check: bool = True
     import tempfile
     import time
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO),
+    env = {**cli_env(),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(num_ranks),
            "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": str(num_ranks), **(env_extra or {})}
     args = [str(a) for a in args]

@@ -559,3 +559,21 @@ def test_rank_cpu_reports_each_layout_above_the_machines_floor(capsys):
     assert any(r.startswith("| data_2 fp32 | 1 | 201.0 | 0.67 |") and "**not met**" in r for r in rows)
     del result["half_batch_pair fp32"]  # --no-floor: no comparison
     assert rank_cpu.above_floor(result) == []
+
+
+def test_rank_cpu_takes_each_runs_fraction_from_its_own_round():
+    """A run's median round is compared with that round's single, not with the median single (another round,
+    minutes apart on a machine whose speed drifts): 2026-12-07's bf16 data_2 showed 0.65 for rounds of 0.70-0.71."""
+    from benchmarks.scaling import rank_cpu
+
+    def rnd(single, data):
+        return {"single bf16": {"cpu_ms": {0: single}, "wall_ms": 1.0},
+                "data_2 bf16": {"cpu_ms": {0: data, 1: data}, "wall_ms": 1.0}}
+
+    rounds = [rnd(170.0, 120.0), rnd(183.0, 130.0), rnd(190.0, 133.0)]  # 0.706, 0.710, 0.700
+    result = rank_cpu.median_round(rounds)
+    assert result["data_2 bf16"]["round"] == 1 and result["data_2 bf16"]["cpu_ms"][0] == 120.0
+    assert rank_cpu.fractions(result)["data_2 bf16"] == {0: 0.706, 1: 0.706}  # not 120 / 183 = 0.656
+    assert result["single bf16"]["cpu_ms"][0] == 183.0  # the median single
+    saved = json.loads(json.dumps(rounds))  # WORK/rank_cpu.json: ranks as strings
+    assert rank_cpu.median_round(rank_cpu.from_json(saved)) == result

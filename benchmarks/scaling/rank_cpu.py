@@ -67,9 +67,13 @@ def one_round(work: Path, data: Path, steps: int, precisions: list, layouts: lis
 
 
 def fractions(result: dict) -> dict:
-    """Each layout's ranks' CPU ms as fractions of the same precision's single."""
+    """Each layout's ranks' CPU ms as fractions of the same precision's single of the same round (a median
+    round's entry carries its own round's, `of_single`: the runs' median rounds differ)."""
     table = {}
     for key, r in result.items():
+        if "of_single" in r:
+            table[key] = r["of_single"]
+            continue
         name, precision = key.rsplit(" ", 1)
         base = result[f"single {precision}"]["cpu_ms"][0]
         table[key] = {rank: round(ms / base, 3) for rank, ms in r["cpu_ms"].items()}
@@ -77,19 +81,27 @@ def fractions(result: dict) -> dict:
 
 
 def median_round(rounds: list[dict]) -> dict:
-    """Per run, the round whose ranks' worst fraction is the median."""
+    """Per run, the round whose ranks' worst fraction is the median, with its fractions of that round's single."""
     fr = [fractions(r) for r in rounds]
     out = {}
     for key in rounds[0]:
-        order = sorted(range(len(rounds)), key=lambda i: max(fr[i][key].values()))
-        out[key] = {**rounds[order[len(order) // 2]][key], "fractions_by_round": [fr[i][key] for i in range(len(fr))]}
+        order = sorted(range(len(rounds)), key=lambda i: (max(fr[i][key].values()), rounds[i][key]["cpu_ms"][0]))
+        pick = order[len(order) // 2]
+        out[key] = {**rounds[pick][key], "of_single": fr[pick][key], "round": pick + 1,
+                    "fractions_by_round": [fr[i][key] for i in range(len(fr))]}
     return out
+
+
+def from_json(rounds: list[dict]) -> list[dict]:
+    """WORK/rank_cpu.json's rounds with their ranks as numbers again."""
+    return [{key: {**r, "cpu_ms": {int(k): v for k, v in r["cpu_ms"].items()}} for key, r in rnd.items()}
+            for rnd in rounds]
 
 
 def report(result: dict, cpu: str, steps: int) -> None:
     fr = fractions(result)
     print(f"{cpu}; enja-small, 64 pairs per step, 1 thread per rank, {steps} steps (CPU ms after the warm-up)")
-    print("| run | rank | main + autograd CPU ms per step | of single's | wall ms per step | goal (<= 0.6) |")
+    print("| run | rank | main + autograd CPU ms per step | of its round's single | wall ms per step | goal (<= 0.6) |")
     print("|---|---:|---:|---:|---:|---|")
     for key, r in result.items():
         for rank, ms in sorted(r["cpu_ms"].items()):
@@ -125,15 +137,25 @@ def main(argv=None) -> None:
     p.add_argument("--layouts", nargs="+", default=["data_2", "hybrid_2"],
                    help=f"ds_configs/NAME.json, or one of {', '.join(VARIANTS)}")
     p.add_argument("--extra", nargs="*", default=[], help="key=value overrides for every run")
+    p.add_argument("--report-only", action="store_true", help="measure nothing: the report and records of "
+                   "WORK/rank_cpu.json's rounds again (after a change to the report)")
     p.add_argument("--no-floor", action="store_true", help=f"leave out {FLOOR} (two half-batch single processes at "
                    "once: the machine's floor for a 2-rank layout's ranks)")
     args = p.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    data = prepare_enja(args.work)
-    rounds = [one_round(args.work, data, args.steps, args.precision, args.layouts, tuple(args.extra),
-                        floor=not args.no_floor) for _ in range(args.rounds)]
-    result = median_round(rounds) if len(rounds) > 1 else rounds[0]
     cpu = records.machine()
+    if args.report_only:
+        path = args.work / "rank_cpu.json"
+        if not path.exists():
+            raise SystemExit(f"--report-only: no {path}: run python -m benchmarks.scaling.rank_cpu --work {args.work}")
+        saved = json.loads(path.read_text())
+        rounds, cpu = from_json(saved["rounds"]), saved["cpu"]
+        args.steps, args.extra, args.rounds = saved["steps"], saved["extra"], len(rounds)
+    else:
+        args.work.mkdir(parents=True, exist_ok=True)
+        data = prepare_enja(args.work)
+        rounds = [one_round(args.work, data, args.steps, args.precision, args.layouts, tuple(args.extra),
+                            floor=not args.no_floor) for _ in range(args.rounds)]
+    result = median_round(rounds) if len(rounds) > 1 else rounds[0]
     report(result, cpu, args.steps)
     (args.work / "rank_cpu.json").write_text(json.dumps({"cpu": cpu, "steps": args.steps, "extra": args.extra,
                                                          "result": result, "rounds": rounds}, indent=1))
