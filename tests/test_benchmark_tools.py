@@ -555,7 +555,7 @@ def test_rank_cpu_reports_each_layout_above_the_machines_floor(capsys):
         "is the layout's own"]
     rank_cpu.report(result, "a CPU", 40)
     rows = capsys.readouterr().out.splitlines()
-    assert any(r.startswith("| half_batch_pair fp32 | 1 | 186.0 | 0.62 |") and "the machine's floor" in r for r in rows)
+    assert any(r.startswith("| half_batch_pair fp32 | 1 | 186.0 | 0.62 |") and "floor: whole model per rank" in r for r in rows)
     assert any(r.startswith("| data_2 fp32 | 1 | 201.0 | 0.67 |") and "**not met**" in r for r in rows)
     del result["half_batch_pair fp32"]  # --no-floor: no comparison
     assert rank_cpu.above_floor(result) == []

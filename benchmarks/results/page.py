@@ -300,8 +300,8 @@ def rank_cpu(records: list[dict]) -> tuple[list[dict], list[str]]:
         return [], []
     return shown, ["Each rank's CPU work (main and autograd threads) against one process's, the fixed costs a layout "
                    "cannot divide (target: at most 0.6 for every rank; one process's own row in ms). half_batch_pair, "
-                   "measured in the same rounds: two single processes of half the batch each, started together, the "
-                   "machine's floor for a 2-rank layout's ranks:", "",
+                   "measured in the same rounds: two single processes of half the batch each, started together, each "
+                   "updating the whole model: the floor of a layout whose every rank holds the whole model:", "",
                    *table(["machine", "layout", "precision", "setting", "CPU of one process: rank 0 / rank 1",
                            "wall ms", "measured", ""], rows)]
 

@@ -14,9 +14,11 @@ reported. Prints a table and writes WORK/rank_cpu.json.
 
 Each round also measures the machine's own floor for a 2-rank layout, `half_batch_pair`: two single processes of
 half the batch each (a data_2 replica's rows), 1 thread each, started together (benchmarks/scaling/goals.py's
-half-batch ceiling). Their CPU ms per step against one process's is what halving the work gives on this machine
-when two processes share it (caches, memory bandwidth, the cores' shared clock): a layout's rank above it pays
-that much for the layout's own fixed costs; a goal below it is the hardware's, not the layout's, to miss.
+half-batch ceiling). Their CPU ms per step against one process's is what halving the batch gives on this machine
+when two processes share it (caches, memory bandwidth) and each still updates the whole model (its optimizer step
+and per-step costs do not halve): the floor of a layout whose every rank holds the whole model (data_2 without
+ZeRO). A rank above it pays that much for the layout's own costs (its gradient sums, its waits); a layout that
+shards the optimizer or the model (ZeRO-1, the hybrid's stages) can go below it.
 """
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ def report(result: dict, cpu: str, steps: int) -> None:
     for key, r in result.items():
         for rank, ms in sorted(r["cpu_ms"].items()):
             frac = fr[key][rank]
-            goal = ("" if key.startswith("single") else "the machine's floor" if key.startswith(FLOOR)
+            goal = ("" if key.startswith("single") else "floor: whole model per rank" if key.startswith(FLOOR)
                     else "met" if frac <= GOAL else "**not met**")
             print(f"| {key} | {rank} | {ms:.1f} | {frac:.2f} | {r['wall_ms']:.1f} | {goal} |")
         if "fractions_by_round" in r:
@@ -140,7 +142,7 @@ def main(argv=None) -> None:
     p.add_argument("--report-only", action="store_true", help="measure nothing: the report and records of "
                    "WORK/rank_cpu.json's rounds again (after a change to the report)")
     p.add_argument("--no-floor", action="store_true", help=f"leave out {FLOOR} (two half-batch single processes at "
-                   "once: the machine's floor for a 2-rank layout's ranks)")
+                   "once: the floor of a layout whose every rank holds the whole model)")
     args = p.parse_args(argv)
     cpu = records.machine()
     if args.report_only:
