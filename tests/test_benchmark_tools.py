@@ -577,3 +577,20 @@ def test_rank_cpu_takes_each_runs_fraction_from_its_own_round():
     assert result["single bf16"]["cpu_ms"][0] == 183.0  # the median single
     saved = json.loads(json.dumps(rounds))  # WORK/rank_cpu.json: ranks as strings
     assert rank_cpu.median_round(rank_cpu.from_json(saved)) == result
+
+
+def test_the_planners_validation_records_take_numpy_errors():
+    """validate's errors come out of numpy (per-step medians): its summary record counted them into a numpy integer,
+    which the records refuse, and a 25-minute validation of 2026-12-07 ended without its records."""
+    import argparse
+
+    import numpy as np
+
+    from benchmarks.planner.__main__ import validation_records
+
+    rows = [{"precision": "fp32", "label": f"row {i}", "measured_ms": np.float64(200.0),
+             "predicted_ms": np.float64(190.0 + 20 * i), "error": np.float64(-0.05 + 0.1 * i),
+             "step_error_median": np.float64(0.02 * i), "errors_by_round": [np.float64(0.01)]} for i in range(3)]
+    out = validation_records(rows, argparse.Namespace(rescore=False), 1)
+    assert out[-1]["figures"] == {"rows_within_10_pct": 2, "rows_within_10_pct_per_step_median": 3}
+    assert type(out[-1]["figures"]["rows_within_10_pct"]) is int
