@@ -12,7 +12,7 @@ bf16 and in fp32. CPU time, not wall time: what a rank computes, not what it wai
 wall ms, printed beside). With --rounds R every run is repeated R times, interleaved, and the median round is
 reported. Prints a table and writes WORK/rank_cpu.json.
 
-Each round also measures the machine's own floor for a 2-rank layout, `half_batch_pair`: two single processes of
+Each round also measures a floor, `half_batch_pair`: two single processes of
 half the batch each (a data_2 replica's rows), 1 thread each, started together (benchmarks/scaling/goals.py's
 half-batch ceiling). Their CPU ms per step against one process's is what halving the batch gives on this machine
 when two processes share it (caches, memory bandwidth) and each still updates the whole model (its optimizer step
