@@ -137,6 +137,19 @@ def test_the_writer_appends_checked_records_and_refuses_incomplete_ones(tmp_path
         read("scaling", root=tmp_path)
 
 
+def test_a_record_takes_numpy_numbers_as_python_ones():
+    """A count of numpy booleans is a numpy integer, which is no int: validate's summary record was refused for it
+    after a 25-minute run (2026-12-07). record() turns numpy scalars into Python numbers; a boolean stays refused."""
+    np = pytest.importorskip("numpy")
+    rec = record("planner", "validation summary", command="python -m benchmarks.planner validate", settings={},
+                 figures={"rows": sum(np.float64(x) <= 0.1 for x in (0.05, 0.2)), "ms": np.float64(1.5),
+                          "by_round": [np.int64(3), np.float32(0.5)]}, ratios={"share": np.float64(0.25)})
+    assert rec["figures"] == {"rows": 1, "ms": 1.5, "by_round": [3, 0.5]} and rec["ratios"] == {"share": 0.25}
+    assert all(type(v) in (int, float) for v in [rec["figures"]["rows"], rec["figures"]["ms"], *rec["figures"]["by_round"]])
+    with pytest.raises(RecordError, match="figures.ok"):
+        record("planner", "validation summary", command="x", settings={}, figures={"ok": np.bool_(True)})
+
+
 def test_latest_keeps_the_newest_run_with_all_its_variants():
     def rec(date, time, command, variant, key="k"):
         return {"date": date, "time": time, "command": command, "variant": variant, "key": key}

@@ -181,7 +181,7 @@ def validation_records(results: list[dict], args: argparse.Namespace, rounds: in
         figures={"measured_step_ms": r["measured_ms"], "predicted_step_ms": r["predicted_ms"],
                  "error_pct": 100 * r["error"], "step_error_median_pct": 100 * r["step_error_median"],
                  "errors_by_round_pct": [100 * e for e in r["errors_by_round"]]}) for r in results]
-    within = lambda key: int(sum(abs(r[key]) <= 0.10 for r in results))  # noqa: E731  (errors may be numpy's)
+    within = lambda key: sum(abs(r[key]) <= 0.10 for r in results)  # noqa: E731
     settings = {"model": "enja-small", "rows": len(results), "rounds": rounds, **({"rescored": True} if args.rescore else {})}
     return out + [records.record("planner", "validation summary", command=command, settings=settings, figures={
         "rows_within_10_pct": within("error"), "rows_within_10_pct_per_step_median": within("step_error_median")})]

@@ -120,13 +120,25 @@ def record(question: str, table: str, *, command: str, settings: dict, figures: 
     now = datetime.datetime.now()
     rec = {"question": question, "table": table, "command": command, "commit": commit(),
            "machine": machine_name or machine(), "date": now.strftime("%Y-%m-%d"), "time": now.strftime("%H:%M"),
-           "settings": settings, "figures": figures, "ratios": ratios or {}}
+           "settings": settings, "figures": _plain(figures), "ratios": _plain(ratios or {})}
     if prediction:
         rec["prediction"] = True
     if note:
         rec["note"] = note
     check(rec)
     return rec
+
+
+def _plain(value):
+    """Figures as Python numbers: a numpy scalar (a median, a count of numpy booleans) becomes its Python value, so
+    that the check and the JSON see a number (numpy's integers are no int; its floats pass as float already)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        return value.item()
+    return value
 
 
 def stamp(records: list[dict], *, date: str, commit: str | None, time: str | None = None) -> list[dict]:
