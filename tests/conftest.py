@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests import background
-from tests.harness import free_port
+# One torch/OpenMP thread per process, in this process (set before torch is imported) and in every process the suite
+# starts (the CLIs' train.threads=0 follows OMP_NUM_THREADS): the suite's models are tiny, and a process of two
+# threads beside any other work on a 2-core machine waits for its second thread at every parallel region (a 10-step
+# CLI run of the console tests took 12.7 s beside the GPU check's background run, 5.3 s with one thread; docs/testing.md).
+# A test that needs another count sets it itself (train.threads=T, torch.set_num_threads).
+os.environ["OMP_NUM_THREADS"] = "1"
+
+from tests import background  # noqa: E402
+from tests.harness import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

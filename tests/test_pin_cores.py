@@ -62,3 +62,17 @@ def test_auto_pins_a_cpu_rank_among_several_and_later_threads_follow():
 def test_pin_cores_takes_only_its_choices():
     with pytest.raises(ConfigError, match="train.pin_cores"):
         load_config(None, ["train.pin_cores=yes"])
+
+
+def test_auto_threads_follow_omp_num_threads_where_the_environment_sets_it():
+    """train.threads=0: OMP_NUM_THREADS as DeepSpeed's --bind_cores_to_rank or a job script sets it; anything else
+    (unset, not a whole number, 0, more than the host's cores) leaves cores / local ranks."""
+    from trainer.parallel.runtime import auto_threads, omp_threads
+
+    cores = os.cpu_count() or 1
+    assert auto_threads({"OMP_NUM_THREADS": "1", "LOCAL_SIZE": "1"}) == 1 and omp_threads({"OMP_NUM_THREADS": "1"}) == 1
+    assert auto_threads({"OMP_NUM_THREADS": str(cores)}) == cores
+    for bad in ("", "0", "-2", "two", "1.5", str(cores + 1)):
+        assert omp_threads({"OMP_NUM_THREADS": bad}) is None
+        assert auto_threads({"OMP_NUM_THREADS": bad, "LOCAL_SIZE": "1"}) == cores
+    assert auto_threads({"LOCAL_SIZE": str(cores * 2)}) == 1

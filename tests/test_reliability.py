@@ -236,16 +236,22 @@ def test_kill_9_of_one_rank_ends_the_job(tiny_data, tmp_path):
 
 
 def test_a_stopped_rank_times_out(tiny_data, tmp_path):
-    """SIGSTOP: rank 1 neither dies nor answers; rank 0 gives up after train.comm_timeout_s and the
-    launcher then ends the job (it waits 30 s for the stopped rank before SIGKILL)."""
+    """SIGSTOP: rank 1 neither dies nor answers; rank 0 gives up after train.comm_timeout_s, ends the stopped rank
+    (SIGKILL, the one signal it takes) and the launcher ends the job; without that the launcher would wait 30 s for
+    the stopped rank before its own SIGKILL (the whole job took 38-40 s from the stop)."""
     job, run, log = _endless_job(tiny_data, tmp_path, 2, "train.comm_timeout_s=8")
     _wait_for_step(job, run, 3)
-    os.kill(_rank_process(job, 1).pid, signal.SIGSTOP)
+    stopped = _rank_process(job, 1)
+    os.kill(stopped.pid, signal.SIGSTOP)
     elapsed = _wait_exit(job, 90)
     text = log.read_text()
     print(f"SIGSTOP of rank 1: the launcher exited {elapsed:.1f}s later with {job.returncode}")
     assert job.returncode != 0
     assert "Timed out" in text and "is stopped" in text and "train.comm_timeout_s=8" in text
+    assert "ended with SIGKILL" in text
+    assert not stopped.is_running() or stopped.status() == psutil.STATUS_ZOMBIE
+    # the timeout (8 s) and the exit's own work, not the launcher's 30 s of grace: a bound no machine's speed reaches
+    assert elapsed < 8 + 25, f"the job ended {elapsed:.1f}s after the stop: the launcher's grace, not ours"
 
 
 def test_sigterm_saves_and_exits_0(tiny_data, tmp_path):

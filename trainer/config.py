@@ -85,7 +85,8 @@ class TrainConfig:
     keep_last: int = _key(2, "checkpoints kept (newest), besides the best by dev BLEU")
     early_stop_patience: int = _key(0, "validations without dev BLEU improvement before stopping; 0 = off")
     log_every: int = _key(10, "a metrics.jsonl row every N steps")
-    threads: int = _key(0, "torch threads per rank; 0 = cores on this host / local ranks")
+    threads: int = _key(0, "torch threads per rank; 0 = OMP_NUM_THREADS where the environment sets it, else cores "
+                           "on this host / local ranks")
     pin_cores: str = _key("auto", "keep each local rank's threads on cores of its own (its slice of the cores this "
                                   "process may use, by local rank): auto = on a CPU with several local ranks whose "
                                   "threads fit those cores | on | off (the OS places the threads)")

@@ -141,7 +141,7 @@ class ParallelRuntime:
     layout: ParallelLayout
     grid: object  # DeepSpeed's PipelineParallelGrid: the `mpu` of deepspeed.initialize
     groups: dict  # name -> process group handle (None = the world group)
-    peers: list = field(default_factory=list)  # (host, pid) of every rank, for failure messages
+    peers: list = field(default_factory=list)  # host, pid, start time of every rank, for failure messages
     comm_timeout_s: int = 300
     shared: dict = field(default_factory=dict)  # group name -> SharedMemorySum, or None: gloo (made at first use)
 
@@ -193,7 +193,10 @@ class ParallelRuntime:
         eval_group = dist.new_group(timeout=timedelta(seconds=max(comm_timeout_s, EVAL_WAIT_S)))
         groups = {"world": None, **dsa.grid_groups(grid), "eval": eval_group}
         rt = cls(layout=layout, grid=grid, groups=groups, comm_timeout_s=comm_timeout_s)
-        rt.peers = rt.all_gather_object({"host": socket.gethostname(), "pid": os.getpid()})
+        import psutil
+
+        rt.peers = rt.all_gather_object({"host": socket.gethostname(), "pid": os.getpid(),
+                                         "started": psutil.Process().create_time()})
         return rt
 
     # ---- who am I ----
@@ -372,8 +375,11 @@ class ParallelRuntime:
         dist.destroy_process_group()
         dsa.release_comm()
 
-    def peer_status(self) -> str:
-        """Which ranks on this host are gone or stopped; ranks on other hosts cannot be checked from here."""
+    def peer_status(self, end_stopped: bool = False) -> str:
+        """Which ranks on this host are gone or stopped; ranks on other hosts cannot be checked from here.
+        `end_stopped` (this rank is leaving the job because a peer stopped answering): a stopped rank of this job
+        on this host is ended with SIGKILL, the one signal a stopped process takes; else the job would outlive
+        this rank by the launcher's grace for it (DeepSpeed's launcher waits 30 s before its own SIGKILL)."""
         import psutil
 
         host, notes, elsewhere = socket.gethostname(), [], []
@@ -389,7 +395,17 @@ class ParallelRuntime:
             if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                 notes.append(f"rank {rank} (pid {peer['pid']}) has exited")
             elif status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
-                notes.append(f"rank {rank} (pid {peer['pid']}) is stopped (SIGSTOP?)")
+                note = f"rank {rank} (pid {peer['pid']}) is stopped (SIGSTOP?)"
+                if end_stopped and status == psutil.STATUS_STOPPED:  # one under a debugger is left to the user
+                    try:
+                        process = psutil.Process(peer["pid"])
+                        if process.create_time() != peer.get("started"):  # not our rank: its pid reused
+                            raise psutil.NoSuchProcess(peer["pid"])
+                        process.kill()
+                        note += ": ended with SIGKILL, the job cannot go on"
+                    except psutil.Error:
+                        pass
+                notes.append(note)
         text = "; ".join(notes) or "every rank on this host is still running"
         if elsewhere:
             text += f"; ranks on other hosts cannot be checked from here: {', '.join(elsewhere)}"
@@ -412,15 +428,30 @@ def current_rank() -> int | str:
 
 
 def set_threads(threads: int) -> int:
-    """torch threads per rank: `threads`, or the host's cores divided among its local ranks."""
+    """torch threads per rank: `threads`; for 0 (auto) OMP_NUM_THREADS where the environment sets it to a whole
+    number from 1 to the host's cores (as DeepSpeed's launcher does with --bind_cores_to_rank, or a cluster's job
+    environment), else the host's cores divided among its local ranks."""
     if threads <= 0:
-        threads = max(1, (os.cpu_count() or 1) // _local_ranks())
+        threads = auto_threads()
     torch.set_num_threads(threads)
     return threads
 
 
-def _local_ranks() -> int:
-    return max(1, int(os.environ.get("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+def auto_threads(environ=None) -> int:
+    """train.threads=0: OMP_NUM_THREADS where set to 1..cores (`omp_threads`), else cores / local ranks (at least 1)."""
+    environ = os.environ if environ is None else environ
+    return omp_threads(environ) or max(1, (os.cpu_count() or 1) // _local_ranks(environ))
+
+
+def omp_threads(environ=None) -> int | None:
+    """OMP_NUM_THREADS as the environment sets it, where it is a whole number from 1 to the host's cores."""
+    asked = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "").strip()
+    return int(asked) if asked.isdigit() and 1 <= int(asked) <= (os.cpu_count() or 1) else None
+
+
+def _local_ranks(environ=None) -> int:
+    environ = os.environ if environ is None else environ
+    return max(1, int(environ.get("LOCAL_SIZE", environ.get("LOCAL_WORLD_SIZE", "1"))))
 
 
 def rank_cores(allowed: list[int], local_rank: int, local_ranks: int, threads: int) -> list[int] | None:

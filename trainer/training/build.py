@@ -33,7 +33,8 @@ from trainer.parallel.deepspeed_json import load_ds_config
 from trainer.parallel.interpreter import StepRunner
 from trainer.parallel.layout import LayoutSpec, ParallelLayout
 from trainer.parallel.rank_module import RankModule, build_rank_module
-from trainer.parallel.runtime import ParallelRuntime, accelerator_name, launched_world, pin_cores, set_threads
+from trainer.parallel.runtime import (ParallelRuntime, accelerator_name, launched_world, omp_threads, pin_cores,
+                                      set_threads)
 from trainer.training import auto_layout, faults, start, tuning
 from trainer.training.loop import Trainer
 from trainer.training.stopping import StopCheck
@@ -198,7 +199,8 @@ class Build:
             start.write_ds_config(cfg.run.dir, ds)  # the length that applies
         log = self._logger(state.step, ckpt is not None, threads, fault_plan, validator and validator.sentences)
         log.message(f"layout: mode={rt.spec.mode} num_pp={rt.spec.num_pp} num_dp={rt.spec.num_dp} "
-                    f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads} "
+                    f"units={rt.spec.micro_batches} chunks={rt.spec.time_chunks} threads/rank={threads}"
+                    f"{' (OMP_NUM_THREADS)' if cfg.train.threads <= 0 and omp_threads() else ''} "
                     f"train pairs={len(train_data)} global micro-batch<={global_micro} "
                     f"gas={engine.accumulation_steps} {engine.precision} zero_stage={engine.zero_stage}")
         for line in [*self.precision_lines, *self.layout_notes, *part_notes, *notes, *schedule, *schedule_notes(ds),
