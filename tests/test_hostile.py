@@ -260,6 +260,37 @@ def test_exported_model_errors_are_one_line_on_the_cli(exported, tmp_path, capsy
     status, _, err = launch_main("translate", ["--model", code, "--input", tmp_path / "in.txt", "--output",
                                                tmp_path / "out.txt"], capsys)  # the same entry point, in this process
     assert status == 2 and "not a readable model file" in err and not (tmp_path / "pwned").exists()
+    assert len(err.strip().splitlines()) == 1 and "GLOBAL os.system" in err, err  # torch's dozen lines, one here
+
+
+@pytest.mark.parametrize("content,says", [
+    (b"\x80\x04cos\nsystem\n(S'touch PWNED'\ntR.", "refused by the weights-only loader: Trying to load unsupported "
+                                                    "GLOBAL os.system"),
+    (bytes(range(7, 107)), "UnpicklingError: "),
+    (b"PK\x03\x04" + b"\0" * 60, "cannot be read ("),
+], ids=["code", "junk", "broken_zip"])
+def test_a_file_torch_will_not_load_is_one_line_and_no_warning(tmp_path, content, says):
+    """Both places that torch.load a user's file (a checkpoint's, an export) go through one loader: weights only,
+    torch's pickle-protocol UserWarning kept quiet (it printed two lines before the error), its dozen-line message
+    cut to the line that says what the file asked for."""
+    import warnings
+
+    from trainer.artifacts.model_files import read_export
+    from trainer.checkpoint.files import load as load_checkpoint_file
+
+    path = tmp_path / "x.pt"
+    path.write_bytes(content.replace(b"PWNED", str(tmp_path / "pwned").encode()))
+    for load, error in ((load_checkpoint_file, ck.CheckpointError), (read_export, ValueError)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(error) as e:
+                load(str(path))
+        message = str(e.value)
+        assert "\n" not in message and len(message) < 600 and str(path) in message, message
+        assert not seen, [str(w.message) for w in seen]
+        if says != "cannot be read (":
+            assert says in message, message
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_a_run_whose_config_does_not_fit_its_weights_is_refused(tmp_path):

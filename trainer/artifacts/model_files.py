@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_prep.dataformat import CJK_SPACES, SPECIAL_IDS, files, numbers
-from trainer.artifacts import run_files
+from trainer.artifacts import run_files, torch_files
 from trainer.config import Config, ConfigError, validate
 
 NORMALIZE_FLAGS = {"nfkc": bool, "lowercase": bool, "entities": bool, "markup": bool, "cjk_spaces": str}
@@ -144,11 +144,9 @@ def read_export(path: str) -> dict:
         raise FileNotFoundError(f"--model {path}: no such file")
     try:
         with files.open_read(path, "a model file", flag="--model") as f:
-            blob = torch.load(f, map_location="cpu", weights_only=True)
-    except files.FileError:
-        raise
-    except Exception as e:
-        raise ValueError(f"--model {path}: not a readable model file ({type(e).__name__}: {e})") from None
+            blob = torch_files.load_weights(f)
+    except torch_files.UnreadableTorchFile as e:
+        raise ValueError(f"--model {path}: not a readable model file ({e})") from None
     if not isinstance(blob, dict) or blob.get("format") != EXPORT_FORMAT:
         raise ValueError(f"--model {path}: not a model exported by launch/export.py")
     missing = [k for k in EXPORT_KEYS if k not in blob]

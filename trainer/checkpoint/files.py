@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 
 from data_prep.dataformat import files, userfiles
-from trainer.artifacts import run_files
+from trainer.artifacts import run_files, torch_files
 from trainer.artifacts.run_dir import BEST, CKPT_DIR, LATEST
 
 HEAD = "head"
@@ -334,13 +334,11 @@ def load(path: str):
         raise CheckpointError(f"{path}: {problem}")
     try:
         with files.open_read(path, "a checkpoint file") as f:
-            return torch.load(f, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
+            return torch_files.load_weights(f)
     except files.FileError as e:
         raise CheckpointError(str(e)) from None
-    except Exception as e:  # truncated zip, bad pickle, ...
-        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    except torch_files.UnreadableTorchFile as e:  # truncated zip, bad pickle, code it would run, ...
+        raise CheckpointError(f"{path}: cannot be read ({e})") from None
 
 
 def read_json(path: str, max_bytes: int = MAX_JSON_BYTES):
