@@ -22,7 +22,7 @@ def load_weights(f):
         warnings.filterwarnings("ignore", message=r".*pickle protocol", category=UserWarning)
         try:
             return torch.load(f, map_location="cpu", weights_only=True)
-        except (FileNotFoundError, MemoryError, files.FileError):  # the file layer's own one-line refusals
+        except (FileNotFoundError, files.FileError):  # the caller's "missing", the file layer's own one-line refusals
             raise
         except Exception as e:  # truncated zip, bad pickle, a global the weights-only unpickler refuses, ...
             raise UnreadableTorchFile(reason(e)) from None
