@@ -632,10 +632,10 @@ ALLOWED = {  # (file, access): (how many, why)
     ("data_prep/readers/opus.py", ".open"): (1, "a member of that zip"),
     ("data_prep/readers/tmx.py", "gzip.GzipFile"): (2, "around a file opened (or written) by the layer"),
     ("launch/translate.py", "os.open"): (1, "/dev/null over stdout once its reader left (BrokenPipeError)"),
-    ("trainer/artifacts/model_files.py", "torch.load"): (1, "on a model file opened by the layer"),
+    ("trainer/artifacts/torch_files.py", "torch.load"): (1, "the one weights-only loader, on a file the layer opened "
+                                                            "(a checkpoint's, an exported model)"),
     ("trainer/artifacts/model_files.py", "zipfile.ZipFile"): (1, "on a model file opened by the layer (is_export)"),
     ("trainer/checkpoint/files.py", "os.replace"): (1, "a checkpoint directory (not a file) renamed into place"),
-    ("trainer/checkpoint/files.py", "torch.load"): (1, "on a checkpoint file opened by the layer"),
     ("trainer/checkpoint/files.py", "torch.save"): (1, "into memory; the bytes are written by run_files"),
     ("trainer/inference/cli.py", "open"): (1, "stdout (--output -), a stream the user chose"),
     ("trainer/inference/loading.py", "torch.save"): (1, "into the layer's replacement of --out"),

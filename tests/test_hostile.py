@@ -263,6 +263,17 @@ def test_exported_model_errors_are_one_line_on_the_cli(exported, tmp_path, capsy
     assert len(err.strip().splitlines()) == 1 and "GLOBAL os.system" in err, err  # torch's dozen lines, one here
 
 
+def test_every_entry_points_refusal_is_one_line_whatever_it_quotes(capsys):
+    """The backstop of the one-line contract, where every launch/ script prints its refusal (trainer.entry.fail): a
+    message quoting another library's multi-line text (torch's refusal of a file was a dozen lines) is one line."""
+    from trainer.entry import fail
+
+    codes = []
+    fail(ValueError("--model m.pt: not readable (torch says:\n\n  first\nsecond  \n)"), exit=codes.append)
+    err = capsys.readouterr().err
+    assert codes == [2] and err == "error: --model m.pt: not readable (torch says: first second )\n", err
+
+
 @pytest.mark.parametrize("content,says", [
     (b"\x80\x04cos\nsystem\n(S'touch PWNED'\ntR.", "refused by the weights-only loader: Trying to load unsupported "
                                                     "GLOBAL os.system"),
