@@ -18,7 +18,6 @@ def load_weights(f):
     """torch.load(f, weights_only=True) on the CPU, torch's warnings about the file's pickle kept quiet (the file is
     refused or read either way); raises UnreadableTorchFile with `reason(e)` on anything torch cannot or will not read."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._weights_only_unpickler")
         warnings.filterwarnings("ignore", message=r".*pickle protocol", category=UserWarning)
         try:
             return torch.load(f, map_location="cpu", weights_only=True)

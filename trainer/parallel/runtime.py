@@ -375,11 +375,8 @@ class ParallelRuntime:
         dist.destroy_process_group()
         dsa.release_comm()
 
-    def peer_status(self, end_stopped: bool = False) -> str:
-        """Which ranks on this host are gone or stopped; ranks on other hosts cannot be checked from here.
-        `end_stopped` (this rank is leaving the job because a peer stopped answering): a stopped rank of this job
-        on this host is ended with SIGKILL, the one signal a stopped process takes; else the job would outlive
-        this rank by the launcher's grace for it (DeepSpeed's launcher waits 30 s before its own SIGKILL)."""
+    def peer_status(self) -> str:
+        """Which ranks on this host are gone or stopped; ranks on other hosts cannot be checked from here."""
         import psutil
 
         host, notes, elsewhere = socket.gethostname(), [], []
@@ -395,21 +392,32 @@ class ParallelRuntime:
             if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                 notes.append(f"rank {rank} (pid {peer['pid']}) has exited")
             elif status in (psutil.STATUS_STOPPED, getattr(psutil, "STATUS_TRACING_STOP", "tracing-stop")):
-                note = f"rank {rank} (pid {peer['pid']}) is stopped (SIGSTOP?)"
-                if end_stopped and status == psutil.STATUS_STOPPED:  # one under a debugger is left to the user
-                    try:
-                        process = psutil.Process(peer["pid"])
-                        if process.create_time() != peer.get("started"):  # not our rank: its pid reused
-                            raise psutil.NoSuchProcess(peer["pid"])
-                        process.kill()
-                        note += ": ended with SIGKILL, the job cannot go on"
-                    except psutil.Error:
-                        pass
-                notes.append(note)
+                notes.append(f"rank {rank} (pid {peer['pid']}) is stopped (SIGSTOP?)")
         text = "; ".join(notes) or "every rank on this host is still running"
         if elsewhere:
             text += f"; ranks on other hosts cannot be checked from here: {', '.join(elsewhere)}"
         return text
+
+    def end_stopped_peers(self) -> list[str]:
+        """For a rank leaving the job because a peer stopped answering: the ranks of this job on this host that are
+        stopped (SIGSTOP) ended with SIGKILL, the one signal a stopped process takes; else the job outlives this rank
+        by the launcher's grace (DeepSpeed's launcher waits 30 s before its own SIGKILL). Only a process whose start
+        time is the one the rank reported (not a reused pid); one under a debugger (tracing stop) is left to the user.
+        Returns "rank R (pid P)" of each rank ended."""
+        import psutil
+
+        host, ended = socket.gethostname(), []
+        for rank, peer in enumerate(self.peers):
+            if peer["host"] != host or peer["pid"] == os.getpid():
+                continue
+            try:
+                process = psutil.Process(peer["pid"])
+                if process.status() == psutil.STATUS_STOPPED and process.create_time() == peer.get("started"):
+                    process.kill()
+                    ended.append(f"rank {rank} (pid {peer['pid']})")
+            except psutil.Error:
+                continue
+        return ended
 
 
 def accelerator_name() -> tuple[str, str]:

@@ -26,7 +26,10 @@ def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
 
     lines = [f"error: rank {current_rank()}: lost contact with a peer rank: {str(err).splitlines()[0][:400]}"]
     if runtime is not None:
-        lines.append(f"  ranks on this host: {runtime.peer_status(end_stopped=True)}")
+        lines.append(f"  ranks on this host: {runtime.peer_status()}")
+        ended = runtime.end_stopped_peers()
+        if ended:
+            lines.append(f"  ended with SIGKILL, the job cannot go on: {', '.join(ended)} (stopped)")
     lines.append(f"  timeout for an unresponsive peer: train.comm_timeout_s={cfg.train.comm_timeout_s}")
     latest = latest_checkpoint(cfg.run.dir)
     lines.append(f"  newest complete checkpoint: {latest or 'none'} (continue with train.resume=auto)")
