@@ -9,6 +9,11 @@ Used for run.dir (one trainer: RUN_DIR/train.lock, trainer.artifacts.run_files) 
 prepare: DATA_DIR/.prepare.lock; the trainer refuses a data.dir a prepare is writing). The file stays when
 released (a holder that removes it, as a prepare that made its --out and failed does, removes it while it still
 holds it; a process that opened it before sees, once it holds it, that it is no longer there, and tries again).
+
+A holder names itself just after it takes the lock and empties the file just before it drops it, so a file that
+names nobody while it is held is, nearly always, a holder between the two: it is looked at again for up to
+NAMING_GRACE_S, until it names its holder or the lock is free (a busy machine can stretch that window to tens of
+milliseconds; a second prepare started with the first was refused as 'a process that did not say who it is').
 """
 from __future__ import annotations
 
@@ -23,12 +28,15 @@ from typing import BinaryIO, Optional
 from . import files
 from .userfiles import parse_json
 
+NAMING_GRACE_S = 2.0  # how long a held lock file that names nobody is looked at again (see above)
+UNNAMED = "a process that did not say who it is"
+
 
 class Busy(files.FileError):
     """Another live process holds the lock (`holder`: 'pid N on HOST since TIME', as its file says, or None)."""
 
     def __init__(self, path: str, holder: Optional[str]):
-        super().__init__(errno.EWOULDBLOCK, f"held by {holder or 'a process that did not say who it is'}", path)
+        super().__init__(errno.EWOULDBLOCK, f"held by {holder or UNNAMED}", path)
         self.holder = holder
 
 
@@ -51,7 +59,9 @@ def hold(root: str, name: str, *, where: str, owner: str) -> tuple[BinaryIO, Opt
     for _ in range(3):
         f = files.open_in(root, name, append=True, binary=True, where=where, owner=owner)
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            busy = _take(f, path, fcntl.LOCK_EX)
+            if busy:
+                raise Busy(path, None if busy is UNNAMED else busy)
             if not _still_there(f, path):  # removed by its holder (a prepare that made its --out) before we held it
                 f.close()
                 continue
@@ -60,14 +70,26 @@ def hold(root: str, name: str, *, where: str, owner: str) -> tuple[BinaryIO, Opt
             f.write((json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n").encode())
             f.flush()
-        except BlockingIOError:
-            f.close()
-            raise Busy(path, holder(path)) from None
         except BaseException:
             f.close()
             raise
         return f, former
     raise Busy(path, holder(path))
+
+
+def _take(f: BinaryIO, path: str, kind: int) -> Optional[str]:
+    """Takes the flock `kind` on f: None once taken, else who holds it (its name, or UNNAMED if, NAMING_GRACE_S
+    after the first try, the file still names nobody and the lock is still held)."""
+    deadline = time.monotonic() + NAMING_GRACE_S
+    while True:
+        try:
+            fcntl.flock(f.fileno(), kind | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            name = holder(path)
+            if name or time.monotonic() >= deadline:
+                return name or UNNAMED
+            time.sleep(0.01)
 
 
 def _still_there(f: BinaryIO, path: str) -> bool:
@@ -94,9 +116,6 @@ def held_by(path: str) -> Optional[str]:
     at once released), and works in a directory this process cannot write."""
     try:
         with files.open_read(path, "a lock file", remember=False) as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return holder(path) or "a process that did not say who it is"
+            return _take(f, path, fcntl.LOCK_SH)  # closing f drops a shared lock taken
     except OSError:  # none there, or not a regular file: nobody holds it
         return None
