@@ -79,6 +79,16 @@ def ds_variant(work: Path, base: str, name: str, **changes) -> Path:
     return path
 
 
+def own_process_group() -> dict:
+    """Popen keywords for a child in a process group of its own (`os.killpg(child.pid, ...)` ends it and all it
+    started) but in this process's session. Not `start_new_session`: where the kernel groups tasks by session for
+    scheduling (autogroup, on in most distributions: /proc/sys/kernel/sched_autogroup_enabled), a new session is a
+    new group that gets an equal share of a busy core, whatever its nice value; a check started at nice 19 took
+    half the machine from the tests that way (docs/testing.md). Its stdin is not the terminal."""
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    return {"stdin": subprocess.DEVNULL, **group}
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, on the loopback (a launcher's --master_port)."""
     with socket.socket() as s:

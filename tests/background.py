@@ -23,6 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.common import own_process_group
+
 REPO = Path(__file__).resolve().parents[1]
 REHEARSAL_TEST = ("tests/test_gpu_check.py::"
                   "test_rehearsal_in_the_devices_python_passes_and_catches_an_old_typing_extensions")
@@ -46,14 +48,15 @@ class Check:
         return self.root / "stdout.txt", self.root / "stderr.txt"
 
     def start(self, nice: bool = True) -> "Check":
-        """In a session of its own, under a supervisor that ends it if the test process goes without ending it
-        (SIGTERM or SIGKILL to pytest: no unconfigure hook runs then)."""
+        """In a process group of its own (in the tests' session: `own_process_group` says why), under a supervisor
+        that ends it if the test process goes without ending it (SIGTERM or SIGKILL to pytest: no unconfigure hook
+        runs then)."""
         out, err = self.log
         prefix = ["nice", "-n", "19", "ionice", "-c", "3"] if nice else []
         supervised = [sys.executable, "-m", "tests.background", "--supervise", str(os.getpid()), "--", *self.cmd]
         with open(out, "w") as o, open(err, "w") as e:
-            self.proc = subprocess.Popen(prefix + supervised, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL,
-                                         stdout=o, stderr=e, start_new_session=True)
+            self.proc = subprocess.Popen(prefix + supervised, cwd=REPO, env=self.env, stdout=o, stderr=e,
+                                         **own_process_group())
         return self
 
     def result(self, timeout: float) -> subprocess.CompletedProcess:

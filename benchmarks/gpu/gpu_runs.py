@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, ds_variant, free_port, summarise
+from benchmarks.common import REPO, ds_variant, free_port, own_process_group, summarise
 from trainer.artifacts.run_dir import CONFIG, DS_CONFIG, METRICS, PROFILE_DIR, TIMELINE_DIR, TIMING_DIR, WANDB_DIR
 
 NVIDIA_SMI_TIMEOUT_S = 10
@@ -92,7 +92,7 @@ class MemoryWatch:
 
 # ---- one run ----
 def kill_group(proc: subprocess.Popen) -> None:
-    """The process and everything it started (its own session), at once; then reap it."""
+    """The process and everything it started (its own process group), at once; then reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -104,12 +104,12 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_group(cmd: list, log_path: Path, timeout: float, device: str, env: dict) -> tuple[int | None, bool, MemoryWatch]:
-    """`cmd` in a session of its own, its output to `log_path` as it comes: (exit code, timed out, its
+    """`cmd` in a process group of its own (`own_process_group`), its output to `log_path` as it comes: (exit code, timed out, its
     memory watch, stopped). Whatever ends the wait (its timeout, an exception such as the stage's alarm or the
     SystemExit of SIGTERM) kills the whole group first, so nothing of it stays on the device."""
     with open(log_path, "w") as sink:
         proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True, **own_process_group())
         watch = MemoryWatch(proc.pid, device)
         timed_out = False
         try:
