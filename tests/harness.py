@@ -37,6 +37,7 @@ from trainer.training.memory import training_environ  # (no torch: the pool's ow
 START_TRIES = 3
 READY_TIMEOUT_S = 300  # spawning and importing torch + DeepSpeed, four at once on two loaded cores
 MEET_TIMEOUT_S = 60  # every worker has imported by then: the rendezvous itself takes a second
+CLOSE_GRACE_S = 10  # idle workers asked to end, then killed (Workers.close)
 
 
 def free_port() -> int:
@@ -267,7 +268,18 @@ class Workers:
         return "".join(said)
 
     def close(self) -> None:
-        """Stop the workers and remove their stderr files: the pool is done (a later job would start afresh)."""
+        """End the workers and remove their stderr files: the pool is done (a later job would start afresh).
+        Idle workers are asked to end (a process that ends by itself runs its exit handlers: what torch.compile
+        started in it goes, and the semaphores it registered with multiprocessing's resource tracker are released;
+        a killed one left one behind, reported as leaked when the session ended); any still there after
+        CLOSE_GRACE_S are killed."""
+        if self._met:
+            for q, p in zip(self.inboxes, self.procs):
+                if p.is_alive():
+                    q.put(None)
+            deadline = time.monotonic() + CLOSE_GRACE_S
+            for p in self.procs:
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
         self._stop()
         shutil.rmtree(self.err_dir, ignore_errors=True)
 
