@@ -19,7 +19,9 @@ Costs (seconds), when given: `cost(rank, ins)` the instruction's own time (a sen
 copy-out, a collective's duration once the last rank is there); `transfer(rank, ins)` a message's time on
 the wire. Refinements the planner uses, off by default: `inner_sync(rank, ins)` -> (group, seconds before
 the meeting, seconds of it) for a compute instruction that meets its group partway (DeepSpeed's step
-all-reduces the gradient norm before it updates); `async_at_end=False`: an async collective nobody waits
+all-reduces the gradient norm before it updates); `post(rank, ins)` the seconds an asynchronous collective
+takes from its caller's own core (on a CPU rank of one thread, gloo's thread moves and sums the bytes on the
+core the caller computes on: charged when it is started); `async_at_end=False`: an async collective nobody waits
 for here does not hold the rank's end (reported as `RankTime.async_done`); `compute_scale` {(rank, index):
 factor} multiplies a compute instruction's cost (ranks sharing a host, `simulate.simulate_shared`).
 """
@@ -52,11 +54,12 @@ def _zero(rank: int, ins: Instr) -> float:
 class _Walk:
     """The state of one walk: clocks, program counters, channels, meetings."""
 
-    def __init__(self, programs, groups, mode, cost, transfer, start, keep_spans, inner_sync, compute_scale):
+    def __init__(self, programs, groups, mode, cost, transfer, start, keep_spans, inner_sync, compute_scale,
+                 post=None):
         if mode not in MODES:
             raise ValueError(f"walk mode {mode!r}: one of {MODES}")
         self.programs, self.groups, self.mode = programs, groups, mode
-        self.cost, self.transfer = cost or _zero, transfer or _zero
+        self.cost, self.transfer, self.post = cost or _zero, transfer or _zero, post or _zero
         self.keep_spans, self.inner_sync, self.scale = keep_spans, inner_sync, compute_scale or {}
         self.clock = {r: (start or {}).get(r, 0.0) for r in programs}
         self.pc = {r: 0 for r in programs}
@@ -161,12 +164,15 @@ class _Walk:
         op = OPS[ins.op]
         group = self.group_of(r, ins, op.group)
         key = (ins.op, tuple(group), ins.peer, self.nth(r, ins.op))
-        if self.meet(r, key, group, t, self.cost(r, ins)) is None:
+        posted = t + self.post(r, ins) if op.asynchronous else t
+        if self.meet(r, key, group, posted, self.cost(r, ins)) is None:
             return None
         if op.asynchronous:
             done = self.async_done[r]
             done[ins.op] = max(done.get(ins.op, 0.0), self.done_at[key])
-            return t
+            if posted > t:
+                self.account(r, ins, t, posted, "communicating")
+            return posted
         self.account(r, ins, t, self.done_at[key], "communicating")
         return self.done_at[key]
 
@@ -202,13 +208,13 @@ class _Walk:
 
 def walk(programs: dict[int, list[Instr]], groups: dict[str, list[list[int]]], *, mode: str = "gloo", cost=None,
          transfer=None, start: dict[int, float] | None = None, keep_spans: bool = False, inner_sync=None,
-         async_at_end: bool = True, compute_scale: dict | None = None) -> dict[int, RankTime]:
+         async_at_end: bool = True, compute_scale: dict | None = None, post=None) -> dict[int, RankTime]:
     """Walk every rank's program under the rules above: rank -> RankTime (all zero without costs).
     Raises RuntimeError naming the stuck ranks on deadlock, a message received out of order, a message
     nobody receives, or a collective outside its group.
 
     programs: global rank -> instruction list, `peer` fields global ranks; groups: `layout.group_members`."""
-    w = _Walk(programs, groups, mode, cost, transfer, start, keep_spans, inner_sync, compute_scale)
+    w = _Walk(programs, groups, mode, cost, transfer, start, keep_spans, inner_sync, compute_scale, post)
     w.run()
     for r, rt in w.out.items():
         rt.async_done = max(w.async_done[r].values(), default=0.0)

@@ -233,14 +233,15 @@ def _transfer_rank(rank: int, port: int, config: dict, sizes: list, reps: int, r
                               ("all_reduce_bf16", lambda: rt.all_reduce_async([t16.clone()], group="world").wait()),
                               ("reduce", lambda: rt.reduce_async([t.clone()], dst=1, group="pipe").wait()),
                               ("broadcast", lambda: rt.broadcast_async([t.clone()], src=1, group="pipe").wait())):
-                times = []
+                times, cpu = [], []  # wall, and this process's CPU time (every thread: gloo's does the work)
                 for i in range(reps + 2):
                     rt.barrier()
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     run()
                     if i >= 2:
                         times.append(time.perf_counter() - start)
-                out[name].append([nbytes, 1000 * sorted(times)[len(times) // 2]])
+                        cpu.append(time.process_time() - start_cpu)
+                out[name].append([nbytes, 1000 * sorted(times)[len(times) // 2], 1000 * sorted(cpu)[len(cpu) // 2]])
         if rank == 0:
             results.put(("ok", out))
         build.close()
@@ -250,7 +251,7 @@ def _transfer_rank(rank: int, port: int, config: dict, sizes: list, reps: int, r
 
 def transfers(cfg, quick: bool) -> dict:
     """p2p [[bytes, one-way ms, sender's posting ms]], all_reduce (fp32) / all_reduce_bf16 / reduce / broadcast
-    [[bytes, ms]], between two ranks started as `cfg`'s run starts them."""
+    [[bytes, ms, rank 0's CPU ms]], between two ranks started as `cfg`'s run starts them."""
     from omegaconf import OmegaConf
 
     config = OmegaConf.to_container(cfg)

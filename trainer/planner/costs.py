@@ -57,6 +57,7 @@ class MicroStepCosts:
         self.stacked = stacked  # a stage's layers one LSTM call per side (train.stack_layers; never with dropout)
         self.programs = global_programs(spec, boundary=boundary)
         self.parts: dict = {}  # (rank, ins) -> {component: seconds}
+        self.posts: dict = {}  # (rank, ins) -> seconds an async collective takes from its caller's core (`post`)
         self.sizes: dict = {}  # (rank, ins) -> bytes moved (send/recv/collective)
         for rank, prog in self.programs.items():
             self._walk(rank, prog)
@@ -64,6 +65,9 @@ class MicroStepCosts:
     # ---- the simulator's callbacks ----
     def cost(self, rank: int, ins: Instr) -> float:
         return sum(self.parts.get((rank, ins), {}).values())
+
+    def post(self, rank: int, ins: Instr) -> float:
+        return self.posts.get((rank, ins), 0.0)
 
     def transfer(self, rank: int, ins: Instr) -> float:
         return self.device.p2p(self.sizes.get((rank, ins), 0))[1]
@@ -253,6 +257,8 @@ class MicroStepCosts:
                 parts["copy"] = dev.copy_bytes(4 * rows * dims.emb * self.bytes)
             # in place, one collective per tensor (trainer.parallel.replica_grads)
             return {**parts, "comm": dev.collective("all_reduce", own * self.bytes, spec.num_dp, self.bytes)}
-        # the runtime's async verbs: flatten, the collective, copy back (measured together on a CPU)
+        # the runtime's async verbs, one collective per head tensor in place; on a CPU rank of one thread, what
+        # gloo's thread does for them (the process's CPU time of the verb, measured) is taken from the caller's core
         name = "reduce" if ins.op == "reduce_head_grads" else "broadcast"
+        self.posts[(rank, ins)] = dev.collective_cpu(name, head_bytes, spec.num_pp)
         return {"comm": dev.collective(name, head_bytes, spec.num_pp)}

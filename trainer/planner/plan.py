@@ -156,7 +156,7 @@ def predict(candidate: Candidate, work: Workload, profile: dict, link: str | Non
             costs = MicroStepCosts(device, work.dims, spec, stages, Cut(batch, spec), work.dtype_bytes,
                                    boundary=i == len(window) - 1, stacked=stacked)
             start = {r: clock[r] + device.micro_step for r in clock}
-            kw = dict(start=start, inner_sync=costs.inner_sync, async_at_end=False, keep_spans=True)
+            kw = dict(start=start, inner_sync=costs.inner_sync, async_at_end=False, keep_spans=True, post=costs.post)
             if shared:
                 result = simulate_shared(costs.programs, groups, costs.cost, costs.transfer,
                                          {r: "host" for r in clock}, costs.slowdown, **kw)

@@ -36,8 +36,10 @@ The planner reads two more sections, whichever the file has:
                              second rank computes on the other core (shared caches, memory bandwidth);
                              "step": a whole training step, which the planner applies to every component
                 transfers    {"gloo": {p2p [[bytes, one_way_ms, post_ms]], all_reduce / reduce /
-                             broadcast [[bytes, ms]] between two ranks; all_reduce_bf16 the same
-                             sum of bf16 tensors (optional: without it bf16 sums take fp32's line)}}
+                             broadcast [[bytes, ms, cpu_ms]] between two ranks (cpu_ms: the process's CPU
+                             time of the call, all its threads; optional: a profile without it prices an
+                             async verb at nothing to its caller); all_reduce_bf16 the same sum of bf16
+                             tensors (optional: without it bf16 sums take fp32's line)}}
     roofline    a GPU's rates, each with its source (datasheet figure, a measurement, or an estimate):
                 see trainer/planner/roofline.py; `planner_profile` adds it to a device profile
                 (trainer/planner/gpu_profile.py: the datasheets, estimates and `roofline`), and
@@ -292,13 +294,25 @@ class MeasuredDevice:
     def transfers(self) -> dict:
         if self._transfers is None:
             profile, gloo = self.profile, ("transfers", "gloo")
-            post = [[b, p] for b, _, p in _points(profile, *gloo, "p2p")]
-            self._transfers = {
-                "p2p": _Line(profile, (*gloo, "p2p"), lambda r: [1.0, r[0]]),
-                "post": _Line({"_path": profile["_path"], "post": post}, ("post",), lambda r: [1.0, r[0]]),
-                **{name: _Line(profile, (*gloo, name), lambda r: [1.0, r[0]]) for name in ("all_reduce", "reduce", "broadcast")}}
+
+            def column(name: str, index: int):
+                """The line through (bytes, the points' `index`-th value), or None where no point has one. Each
+                line takes its own column: the p2p line fitted the points' last value, the sender's posting, for
+                the one-way time from 2026-12-01 to 2026-12-07 (a message of 8 MB priced at 0.1 ms for 3.5)."""
+                pts = [[r[0], r[index]] for r in _points(profile, *gloo, name) if len(r) > index]
+                if not pts:
+                    return None
+                return _Line({"_path": profile["_path"], name: pts}, (name,), lambda r: [1.0, r[0]])
+
+            self._transfers = {"p2p": column("p2p", 1), "post": column("p2p", 2),
+                               **{name: column(name, 1) for name in ("all_reduce", "reduce", "broadcast")},
+                               # the CPU time of the verb, where the profile has it
+                               **{f"{name}_cpu": column(name, 2) for name in ("reduce", "broadcast")}}
             if _get(profile, *gloo).get("all_reduce_bf16") is not None:  # profiles from before it: fp32's line
-                self._transfers["all_reduce_bf16"] = _Line(profile, (*gloo, "all_reduce_bf16"), lambda r: [1.0, r[0]])
+                self._transfers["all_reduce_bf16"] = column("all_reduce_bf16", 1)
+            missing = [k for k in ("p2p", "post", "all_reduce", "reduce", "broadcast") if self._transfers[k] is None]
+            if missing:
+                raise ProfileError(f"{profile['_path']}: transfers.gloo: {', '.join(missing)}: no measured column")
         return self._transfers
 
     def _check_model(self, dims) -> None:
@@ -351,6 +365,15 @@ class MeasuredDevice:
     def p2p(self, nbytes: int) -> tuple[float, float]:
         """(the sender's cost of posting it, when it arrives after that)."""
         return self.transfers["post"](nbytes), self.transfers["p2p"](nbytes)
+
+    def collective_cpu(self, name: str, nbytes: int, ranks: int) -> float:
+        """The CPU time of an async `name` (reduce, broadcast) of `nbytes` over `ranks` ranks that gloo's
+        thread takes from the caller's core (a rank of one thread); 0 where the profile did not measure it.
+        Grows with the ring's steps as `collective` does."""
+        line = self.transfers.get(f"{name}_cpu")
+        if ranks <= 1 or line is None:
+            return 0.0
+        return max(0.0, (ranks - 1) * line(nbytes))
 
     def collective(self, name: str, nbytes: int, ranks: int, itemsize: int = 4) -> float:
         """gloo between `ranks` ranks, from the two-rank measurement: latency terms grow with the

@@ -250,6 +250,9 @@ class RooflineDevice:
     def p2p(self, nbytes: int) -> tuple[float, float]:
         return self.op, self.link_latency + nbytes / self.link_bw
 
+    def collective_cpu(self, name: str, nbytes: int, ranks: int) -> float:
+        return 0.0  # NCCL's transfers run on the device, not on the caller's host core
+
     def collective(self, name: str, nbytes: int, ranks: int, itemsize: int = 4) -> float:
         """NCCL's ring: an all-reduce moves 2 (n - 1) / n of the bytes through each link in 2 (n - 1)
         steps; reduce and broadcast (n - 1) / n ... 1 of them, pipelined. The loss sums (16 bytes) go
