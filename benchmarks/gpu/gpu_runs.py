@@ -105,8 +105,8 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def run_group(cmd: list, log_path: Path, timeout: float, device: str, env: dict) -> tuple[int | None, bool, MemoryWatch]:
     """`cmd` in a process group of its own (`own_process_group`), its output to `log_path` as it comes: (exit
-    code, timed out, its memory watch, stopped). Whatever ends the wait (its timeout, an exception such as the stage's alarm or the
-    SystemExit of SIGTERM) kills the whole group first, so nothing of it stays on the device."""
+    code, timed out, its memory watch, stopped). Whatever ends the wait (its timeout, an exception such as the
+    stage's alarm or the SystemExit of SIGTERM) kills the whole group first, so nothing of it stays on the device."""
     with open(log_path, "w") as sink:
         proc = subprocess.Popen([str(c) for c in cmd], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 text=True, **own_process_group())
