@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from data_prep.dataformat import MANIFEST
 from trainer.artifacts.run_dir import CONFIG, DS_CONFIG, METRICS, TIMING_DIR
+from trainer.parallel.ports import free_port  # noqa: F401  (the benchmarks' MASTER_PORT, imported from here)
 REPO = Path(__file__).resolve().parents[1]
 ENJA = REPO.parent / "shared" / "data" / "small_parallel_enja"
 VOCAB_SIZE = 8000  # per side, for enja-small and for the peers measured against it
@@ -87,13 +87,6 @@ def own_process_group() -> dict:
     half the machine from the tests that way (docs/testing.md). Its stdin is not the terminal."""
     group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
     return {"stdin": subprocess.DEVNULL, **group}
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now, on the loopback (a launcher's --master_port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_command(work: Path, name: str, ds_config: Path, ranks: int, threads: int, steps: int, data: Path,

@@ -26,26 +26,18 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
-import socket
 import sys
 import tempfile
 import time
 import traceback
 
+from trainer.parallel.ports import free_port  # noqa: F401  (the tests' MASTER_PORT: conftest and test_multinode import it here)
 from trainer.training.memory import training_environ  # (no torch: the pool's own process stays light)
 
 START_TRIES = 3
 READY_TIMEOUT_S = 300  # spawning and importing torch + DeepSpeed, four at once on two loaded cores
 MEET_TIMEOUT_S = 60  # every worker has imported by then: the rendezvous itself takes a second
 CLOSE_GRACE_S = 10  # idle workers asked to end, then killed (Workers.close)
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now, on the loopback: a job's MASTER_PORT (the tests' one copy; the
-    benchmarks have theirs in benchmarks/common.py, and tests never import benchmarks for it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _quiet(err_path: str) -> None:

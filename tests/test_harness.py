@@ -212,3 +212,25 @@ def test_a_jobs_process_groups_do_not_outlive_it(workers, tiny_data, tmp_path):
     for round_ in range(2):
         workers.run(2, train_steps, overrides, ds, str(tmp_path / f"run{round_}"), 2)
         assert workers.run(2, gloo_threads) in ([0, 0], [1, 1]), f"after job {round_ + 1}"
+
+
+def test_a_rendezvous_port_is_picked_below_the_ephemeral_range(monkeypatch):
+    """A CI's 2-rank job died on "cannot listen on ... MASTER_PORT=41121: Address already in use": the port came
+    from bind(0), the range every outgoing connection on the host also takes its local port from. Picked now at
+    random below that range, a port something listens on skipped; the kernel's pick where there is no room below."""
+    import random
+    import socket
+
+    from trainer.parallel import ports
+    low, _ = ports.ephemeral_range()
+    picks = {ports.free_port() for _ in range(20)}
+    assert all(ports.LOWEST <= p < low for p in picks) and len(picks) > 1
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        order = iter([taken, 23456])
+        monkeypatch.setattr(random, "randrange", lambda a, b: next(order))
+        assert ports.free_port() == 23456
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (ports.LOWEST + 10, 60999))
+    assert ports.free_port() >= 1024

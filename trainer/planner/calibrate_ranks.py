@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import time
 
 import torch
 
+from trainer.parallel.ports import free_port
 from trainer.planner.timing import dtype_of, timed_ms
 
 COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer", "step")
@@ -186,12 +186,6 @@ def contention(cfg, dims, precision: str, quick: bool) -> dict:
 
 
 # ---- gloo between two ranks ----
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _transfer_rank(rank: int, port: int, config: dict, sizes: list, reps: int, results) -> None:
     """One of the two ranks: a runtime started by a Build (the one place runs are built) from the run's `config`."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_SIZE="2",
@@ -258,7 +252,7 @@ def transfers(cfg, quick: bool) -> dict:
     sizes = [1 << 10, 1 << 16] if quick else [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_transfer_rank, args=(r, port, config, sizes, 3 if quick else 15, results), daemon=True)
              for r in range(2)]
     for p in procs:
