@@ -4,6 +4,13 @@ time; `python launch/plan.py --calibrate --config MODEL.yaml --out PROFILE` meas
 import sys
 
 from trainer.entry import fail
+from trainer.training import memory
+
+if __name__ == "__main__":
+    try:  # before torch is loaded: a calibration times the model under the allocator training runs with
+        memory.prepare()
+    except FileNotFoundError as e:
+        fail(e)
 
 
 def main(argv=None):

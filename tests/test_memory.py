@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -17,7 +18,8 @@ memory.prepare()
 maps = open("/proc/self/maps").read()
 print(json.dumps({"torch": "torch" in sys.modules, "preload": os.environ.get("LD_PRELOAD", ""),
                   "cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), "argv": sys.argv[1:],
-                  "mimalloc": "libmimalloc" in maps, "jemalloc": "libjemalloc" in maps}))
+                  "mimalloc": "libmimalloc" in maps, "jemalloc": "libjemalloc" in maps,
+                  "in_use": memory.allocator_in_use(), "training": memory.training_allocator()}))
 """
 # A step's pattern: tensors of many sizes made, written and freed, again and again; the page faults of the
 # rounds after the first (fresh pages the kernel must clear: a fault on a huge page clears 2 MB).
@@ -58,6 +60,7 @@ def test_prepare_runs_the_same_command_again_with_mimalloc_preloaded(tmp_path):
     assert library is not None, "cmeel-mimalloc (requirements.txt) is not installed"
     got = probe(tmp_path, ONEDNN_PRIMITIVE_CACHE_CAPACITY=None)
     assert got["mimalloc"] and got["preload"].split(":")[0] == library
+    assert got["in_use"] == got["training"] == os.path.basename(library)  # what a planner profile records
     assert got["argv"] == ["x", "k=v"] and not got["torch"]
     assert got["cache"] == str(memory.PRIMITIVE_CACHE)
 
@@ -78,6 +81,7 @@ def test_memory_a_step_freed_is_there_for_the_next_unless_the_user_set_mimallocs
 def test_glibc_choice_and_a_users_cache_size_are_kept(tmp_path):
     got = probe(tmp_path, HYBRID_NMT_ALLOCATOR="glibc", ONEDNN_PRIMITIVE_CACHE_CAPACITY="64")
     assert not got["mimalloc"] and got["preload"] == "" and got["cache"] == "64"
+    assert got["in_use"] == got["training"] == "glibc"
 
 
 @LINUX
@@ -90,11 +94,13 @@ def test_an_allocator_given_by_path_is_preloaded_once(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["launch/train.py", "--deepspeed_config", "ds_configs/single.json", "--dry-run"],
-                                     ["launch/translate.py", "--help"], ["launch/evaluate.py", "--help"]],
-                         ids=["train", "translate", "evaluate"])
+                                     ["launch/translate.py", "--help"], ["launch/evaluate.py", "--help"],
+                                     ["launch/plan.py", "--help"]],
+                         ids=["train", "translate", "evaluate", "plan"])
 def test_a_missing_allocator_library_is_one_line_error(command):
-    """Training and the decoding CLIs run with the allocator (a translate process under glibc's malloc: 1.5 M page
-    faults and 4.3 s of kernel time for 40 sentences at beam 5, 1.2 s with mimalloc): each refuses a missing one."""
+    """Training, the decoding CLIs and the planner (its calibration) run with the allocator (a translate process
+    under glibc's malloc: 1.5 M page faults and 4.3 s of kernel time for 40 sentences at beam 5, 1.2 s with
+    mimalloc; the planner's bf16 head 20-30% slower): each refuses a missing one."""
     proc = run_cli([sys.executable, *command], timeout=60, check=False,
                    env_extra={"HYBRID_NMT_ALLOCATOR": str(REPO / "no-such.so")})
     assert proc.returncode == 2

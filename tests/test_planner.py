@@ -22,6 +22,7 @@ from trainer.planner.costs import MicroStepCosts, encoder_counts
 from trainer.planner.fit import Curve, nnls
 from trainer.planner.profile import MeasuredDevice, ProfileError, load, resolve
 from trainer.planner.shapes import Cut, ModelDims, stages_of
+from trainer.training import memory
 
 VOCAB = 50
 
@@ -366,7 +367,7 @@ def test_plan_ranks_layouts_and_writes_a_loadable_config(tiny_data, tmp_path, ca
               *_tiny_cfg(tiny_data)])
 
 
-def test_every_printed_plan_names_what_its_prices_rest_on_and_marks_predictions(tiny_data, tmp_path, capsys):
+def test_every_printed_plan_names_what_its_prices_rest_on_and_marks_predictions(tiny_data, tmp_path, capsys, monkeypatch):
     """Issue 42: '3.6 ms/step, 750014 tokens/s' for 4 GPUs said nothing of estimates never checked on a GPU."""
     from trainer.planner.cli import main
     from trainer.planner.profile import provenance
@@ -383,13 +384,20 @@ def test_every_printed_plan_names_what_its_prices_rest_on_and_marks_predictions(
     assert lines[-1].startswith("predicted best of each mode on all 2 device(s): ")
     # a calibrated machine's profile: where and when it was measured; one from before `measured_on` still reads
     old = load(str(_tiny_profile(tmp_path, tiny_data)))
+    monkeypatch.setenv(memory.ALLOCATOR_ENV, "glibc")  # what a training process would run under here
     assert provenance(old) == ("prices: cpu.json, measured by python launch/plan.py --calibrate on synthetic (2 cores), "
-                               "date not recorded (a profile from before dates were kept); every figure below is a "
-                               "prediction from them, not a measurement")
+                               "date not recorded (a profile from before dates were kept), allocator not recorded "
+                               "(before 2026-12-07: glibc) where training runs under glibc: prices may be off, "
+                               "calibrate again; every figure below is a prediction from them, not a measurement")
     new = {**old, "measured_on": {"device": "Intel(R) Xeon(R) Processor (2 cores)", "date": "2026-12-04"},
-           "conditions": {"quick": True}}
+           "conditions": {"quick": True, "allocator": "glibc"}}
     assert provenance(new).startswith("prices: cpu.json, measured by python launch/plan.py --calibrate --quick (fewer "
-                                      "shapes and repeats) on Intel(R) Xeon(R) Processor (2 cores), 2026-12-04; ")
+                                      "shapes and repeats) on Intel(R) Xeon(R) Processor (2 cores), 2026-12-04, under "
+                                      "glibc; ")
+    # calibrated under another allocator than training runs with: said, with what to do
+    other = {**new, "conditions": {"allocator": "libmimalloc.so.3"}}
+    assert ", under libmimalloc.so.3 where training runs under glibc: prices may be off, calibrate again; " in \
+        provenance(other)
     # another GPU's datasheet profile: the one number it borrows from this workplace's H200 says so
     from trainer.planner.profile import datasheet_profile, planner_profile
 

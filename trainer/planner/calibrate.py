@@ -21,7 +21,7 @@ from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.model.dropout import DropoutKeys, keep_mask
 from trainer.model.lstm_stack import run_packed
 from trainer.model.seq2seq import build_head
-from trainer.training import tuning
+from trainer.training import memory, tuning
 from trainer.planner import calibrate_ranks
 from trainer.planner.profile import stamp
 from trainer.planner.shapes import ModelDims
@@ -194,6 +194,9 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
     vocab = read_manifest(cfg.data.dir)["vocab"]
     dims = ModelDims.build(cfg.model, vocab["src_size"], vocab["tgt_size"])
     sizes = Sizes(quick, global_batch)
+    if memory.allocator_in_use() != memory.training_allocator():
+        _say(f"running under {memory.allocator_in_use()}, training under {memory.training_allocator()}: the prices "
+             f"will be off (start it as python launch/plan.py --calibrate, which runs as training does)")
     load_before = os.getloadavg()
     started = time.time()
     threads_before = torch.get_num_threads()
@@ -226,6 +229,7 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
         "conditions": {"load_average_before": [round(x, 2) for x in load_before],
                        "load_average_after": [round(x, 2) for x in load_after],
                        "seconds": round(time.time() - started, 1), "quick": quick,
+                       "allocator": memory.allocator_in_use(),
                        "quiet": max(load_before[0], load_after[0]) <= QUIET_LOAD},
         "sources": {"layers": "measured: the model's own modules (nn.LSTM fused and packed, Embedding, the head with "
                               "keyed dropout, keep_mask, DeepSpeed's optimizer step) on random data of the model's "

@@ -95,6 +95,19 @@ def load(path: str) -> dict:
     return data
 
 
+def allocator_said(profile: dict) -> str:
+    """A calibrated profile's allocator, and whether training runs under another (its prices are then off: the
+    same bf16 head took 20-30% longer under glibc than under mimalloc, AMD EPYC with AVX-512, 2026-12-07)."""
+    from trainer.training.memory import training_allocator
+
+    conditions = profile.get("conditions") if isinstance(profile.get("conditions"), dict) else {}
+    measured, training = conditions.get("allocator"), training_allocator()
+    if measured == training:
+        return f", under {measured}"
+    said = f"under {measured}" if isinstance(measured, str) else "allocator not recorded (before 2026-12-07: glibc)"
+    return f", {said} where training runs under {training}: prices may be off, calibrate again"
+
+
 def provenance(profile: dict) -> str:
     """One line: what the profile's prices rest on (measured where and when, or estimates) and that what is
     printed from them are predictions."""
@@ -106,8 +119,8 @@ def provenance(profile: dict) -> str:
         where = stamp.get("device") or device + (f" ({cores} cores)" if cores else "")
         when = stamp.get("date") or "date not recorded (a profile from before dates were kept)"
         quick = " --quick (fewer shapes and repeats)" if (profile.get("conditions") or {}).get("quick") else ""
-        return (f"prices: {name}, measured by python launch/plan.py --calibrate{quick} on {where}, {when}; every "
-                f"figure below is a prediction from them, not a measurement")
+        return (f"prices: {name}, measured by python launch/plan.py --calibrate{quick} on {where}, {when}"
+                f"{allocator_said(profile)}; every figure below is a prediction from them, not a measurement")
     counts, measured = {"measured": 0, "datasheet": 0, "estimate": 0}, {}
     for source in _sources(profile.get("roofline") or {}):
         kind = "estimate" if "estimate" in source or "scenario" in source else (

@@ -43,6 +43,25 @@ def allocator_library(environ=os.environ) -> str | None:
     return mimalloc_library()
 
 
+def allocator_in_use() -> str:
+    """What this process allocates with: the file name of a preloaded library it has mapped, or "glibc"
+    (also where /proc cannot say). A planner profile records it: the same head ran 20-30% slower in bf16
+    under glibc than under mimalloc (AMD EPYC with AVX-512, 2026-12-07)."""
+    preloaded = [os.path.basename(p) for p in os.environ.get("LD_PRELOAD", "").split(":") if p]
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return "glibc"
+    return next((name for name in preloaded if name in maps), "glibc")
+
+
+def training_allocator(environ=os.environ) -> str:
+    """The file name of the allocator a training process started now would run with, or "glibc"."""
+    library = allocator_library(environ)
+    return os.path.basename(library) if library else "glibc"
+
+
 def mimalloc_library() -> str | None:
     """libmimalloc.so.N of the installed cmeel-mimalloc package, or None when it is not installed."""
     from importlib import metadata
