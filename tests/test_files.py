@@ -639,7 +639,7 @@ ALLOWED = {  # (file, access): (how many, why)
     ("trainer/checkpoint/files.py", "torch.save"): (1, "into memory; the bytes are written by run_files"),
     ("trainer/inference/cli.py", "open"): (1, "stdout (--output -), a stream the user chose"),
     ("trainer/inference/loading.py", "torch.save"): (1, "into the layer's replacement of --out"),
-    ("trainer/observe/cpu_threads.py", "open"): (2, "the kernel's /proc, not a user's file"),
+    ("trainer/observe/cpu_threads.py", "open"): (3, "the kernel's /proc, not a user's file"),
     ("trainer/observe/plots.py", ".savefig"): (1, "into the layer's replacement of the PNG"),
     ("trainer/observe/profiling.py", "tempfile.TemporaryDirectory"): (1, "torch writes its trace to a path: a "
                                                                          "directory of its own, removed after"),

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import REPO
-from trainer.observe.cpu_threads import ThreadClock, thread_cpu
+from trainer.observe import cpu_threads
+from trainer.observe.cpu_threads import OthersClock, ThreadClock, thread_cpu
 from trainer.training import tuning
 
 
@@ -52,6 +53,44 @@ def test_threads_that_ended_are_counted_apart():
     per_step = clock.per_step(1)
     # at least its 0.3 s (other threads of the test process that end meanwhile would add theirs)
     assert "short-lived" not in per_step and 240 <= per_step["(threads that ended)"] < 2000
+
+
+LINUX = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat (Linux)")
+
+
+def test_the_others_clock_takes_this_process_and_its_waited_children_out_of_the_machines_cpu(monkeypatch):
+    """A calibration is quiet when the rest of the machine did nothing meanwhile: the machine's busy seconds less
+    this process's own and its reaped children's (a load average counts the measurement itself)."""
+    machine = iter([(100.0, 5.0), (103.5, 5.5)])  # 3.5 s busy and 0.5 s stolen over the 2 s between
+    own = iter([10.0, 12.5])  # of which 2.5 s this process and its children
+    wall = iter([50.0, 52.0])
+    monkeypatch.setattr(cpu_threads, "machine_cpu", lambda: next(machine))
+    monkeypatch.setattr(OthersClock, "_own_cpu", staticmethod(lambda: next(own)))
+    monkeypatch.setattr(cpu_threads.os, "times", lambda: type("T", (), {"elapsed": next(wall)})())
+    assert OthersClock().cores() == {"others": 0.5, "steal": 0.25}
+
+
+@LINUX
+def test_the_others_clock_counts_a_process_beside_it_and_not_a_child_it_waited_for():
+    import subprocess
+    import sys
+
+    spin = "import time\nend = time.process_time() + {}\nwhile time.process_time() < end: pass"
+    clock = OthersClock()
+    subprocess.run([sys.executable, "-c", spin.format(0.5)], check=True, timeout=120)  # a child, waited for
+    _spin(0.3)
+    mine = cpu_threads.machine_cpu()
+    beside = subprocess.Popen([sys.executable, "-c", spin.format(30)])  # still running (unreaped) when the clock reads
+    deadline = time.monotonic() + 60
+    while cpu_threads.machine_cpu()[0] - mine[0] < 1.2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # (no poll(): it would reap the process, and its CPU would count as this one's)
+    got = clock.cores()
+    elapsed = os.times().elapsed
+    beside.kill()
+    beside.wait()
+    assert got is not None and got["others"] > 0 and got["steal"] >= 0
+    # at least most of the second of CPU the unreaped process took is another's (whatever else the machine ran)
+    assert got["others"] * (elapsed - clock._wall) >= 0.7
 
 
 def test_the_loss_chunk_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):

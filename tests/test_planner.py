@@ -625,6 +625,8 @@ def test_calibration_of_tiny_shapes_writes_a_profile_the_planner_reads(tiny_data
     calibrate(cfg, str(out), quick=True, global_batch=16)
     profile = load(str(out))
     assert profile["conditions"]["quick"] and "load_average_before" in profile["conditions"]
+    assert set(profile["conditions"]["beside"]) == {"others", "steal"}  # the machine's other work meanwhile
+    assert profile["conditions"]["allocator"] in ("glibc", memory.training_allocator())
     assert profile["measured_on"]["date"] >= "2026-12-04" and profile["measured_on"]["device"].endswith(" cores)")
     for precision in ("bf16", "fp32"):
         for threads in ("1", "2"):
@@ -718,3 +720,19 @@ def test_a_plan_of_bf16_auto_is_the_plan_of_the_precision_it_chose(tiny_data, tm
         printed[name] = capsys.readouterr().out.splitlines()
     chose = printed["auto"][0].split(" planned as ")[1].split(":")[0]
     assert chose in ("bf16", "fp32") and printed["auto"][1:] == printed[chose]
+
+
+def test_a_calibration_is_busy_by_what_else_ran_not_by_its_own_two_processes():
+    """The load average after a calibration counts its own contention phase (two processes on two cores): a quiet
+    2-core machine's calibration was flagged busy at 1.58 (AMD EPYC, 2026-12-07). What else ran decides now."""
+    from trainer.planner.calibrate import conditions
+
+    quiet = conditions((0.8, 1.0, 1.7), (1.9, 1.3, 1.7), {"others": 0.02, "steal": 0.0}, 120.0, False)
+    assert quiet["quiet"] and "warning" not in quiet and quiet["load_average_after"] == [1.9, 1.3, 1.7]
+    beside = conditions((0.8, 1.0, 1.7), (1.9, 1.3, 1.7), {"others": 0.45, "steal": 0.01}, 120.0, False)
+    assert beside["warning"] == ("other processes took 0.45 cores and the hypervisor 0.01 during it (> 0.2): measured "
+                                 "on a busy machine, the numbers are not worth planning with")
+    stolen = conditions((0.8, 1.0, 1.7), (1.0, 1.0, 1.0), {"others": 0.0, "steal": 0.3}, 120.0, False)
+    assert not stolen["quiet"]
+    before = conditions((3.4, 1.0, 1.0), (1.0, 1.0, 1.0), None, 120.0, True)
+    assert before["warning"].startswith("load average 3.4 > 1.5 before it: measured on a busy machine")

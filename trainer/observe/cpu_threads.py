@@ -73,3 +73,40 @@ class ThreadClock:
         if now and ended * 1000 / steps >= 0.1:
             labelled["(threads that ended)"] = 1000 * ended / steps
         return dict(sorted(labelled.items(), key=lambda kv: -kv[1]))
+
+
+def machine_cpu() -> tuple[float, float] | None:
+    """(CPU seconds every core has been busy, seconds the hypervisor took from them: steal) since boot, from
+    /proc/stat; None where it is not there."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().decode("ascii", "replace").split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq) / _TICK, steal / _TICK
+
+
+class OthersClock:
+    """What the rest of the machine did while this process (and the children it has waited for) ran: other
+    processes' CPU and the hypervisor's steal, in cores, between `__init__` and `cores()`. A measurement is only
+    worth keeping if both are near zero; a load average cannot say it, since it counts the measurement itself."""
+
+    def __init__(self):
+        self._machine, self._own, self._wall = machine_cpu(), self._own_cpu(), os.times().elapsed
+
+    @staticmethod
+    def _own_cpu() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    def cores(self) -> dict[str, float] | None:
+        """{"others": cores other processes used on average, "steal": cores the hypervisor took}, or None."""
+        now = machine_cpu()
+        wall = os.times().elapsed - self._wall
+        if now is None or self._machine is None or wall <= 0:
+            return None
+        others = (now[0] - self._machine[0]) - (self._own_cpu() - self._own)
+        return {"others": round(max(0.0, others) / wall, 3), "steal": round((now[1] - self._machine[1]) / wall, 3)}

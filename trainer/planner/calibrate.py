@@ -2,8 +2,9 @@
 the model's real layers timed at a few shapes, per precision (bf16, fp32) and thread count (1, 2); how
 much slower each runs while a second process computes on the other core; gloo transfers and
 collectives between two ranks; DeepSpeed's optimizer step. Writes the profile format of
-trainer/planner/profile.py, with the load average before and after (numbers taken on a busy machine
-are not worth planning with: the file says so).
+trainer/planner/profile.py, with the load average before and after and what the rest of the machine took
+meanwhile (other processes' CPU and the hypervisor's steal, in cores: numbers taken on a busy machine are not
+worth planning with, and the file says so). It runs under the allocator training runs with (launch/plan.py).
 
 Each timing is the median of repeats after warm-up, in milliseconds.
 """
@@ -21,13 +22,15 @@ from trainer.data import BatchStream, ParallelData, read_manifest
 from trainer.model.dropout import DropoutKeys, keep_mask
 from trainer.model.lstm_stack import run_packed
 from trainer.model.seq2seq import build_head
+from trainer.observe import cpu_threads
 from trainer.training import memory, tuning
 from trainer.planner import calibrate_ranks
 from trainer.planner.profile import stamp
 from trainer.planner.shapes import ModelDims
 from trainer.planner.timing import dtype_of, timed_ms
 
-QUIET_LOAD = 1.5  # load average above which the numbers are flagged
+QUIET_LOAD = 1.5  # load average before it above which the numbers are flagged
+QUIET_OTHERS = 0.2  # cores other processes (or the hypervisor) took on average during it, above which likewise
 
 
 class Sizes:
@@ -198,6 +201,7 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
         _say(f"running under {memory.allocator_in_use()}, training under {memory.training_allocator()}: the prices "
              f"will be off (start it as python launch/plan.py --calibrate, which runs as training does)")
     load_before = os.getloadavg()
+    others = cpu_threads.OthersClock()  # the load average after counts the calibration's own two processes
     started = time.time()
     threads_before = torch.get_num_threads()
     pieces = head_pieces(cfg, global_batch, sizes)
@@ -217,7 +221,6 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
     _say("two ranks at once (contention) and gloo transfers")
     contention = {p: calibrate_ranks.contention(cfg, dims, p, quick) for p in ("bf16", "fp32")}
     transfers = {"gloo": calibrate_ranks.transfers(cfg, quick)}
-    load_after = os.getloadavg()
     name = tuning.cpu_name()
     profile = {
         "device": {"name": name, "type": "cpu", "cores": os.cpu_count(), "torch": torch.__version__},
@@ -226,11 +229,7 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
         "layers": layers, "contention": contention, "transfers": transfers,
         "measured_by": f"python launch/plan.py --calibrate --config CONFIG --out {os.path.basename(out_path)}"
                        + (" --quick" if quick else ""),
-        "conditions": {"load_average_before": [round(x, 2) for x in load_before],
-                       "load_average_after": [round(x, 2) for x in load_after],
-                       "seconds": round(time.time() - started, 1), "quick": quick,
-                       "allocator": memory.allocator_in_use(),
-                       "quiet": max(load_before[0], load_after[0]) <= QUIET_LOAD},
+        "conditions": conditions(load_before, os.getloadavg(), others.cores(), time.time() - started, quick),
         "sources": {"layers": "measured: the model's own modules (nn.LSTM fused and packed, Embedding, the head with "
                               "keyed dropout, keep_mask, DeepSpeed's optimizer step) on random data of the model's "
                               "sizes and on pieces of real batches; median of repeats after warm-up",
@@ -239,14 +238,28 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
                                   "the model, the ceiling's measurement; the planner applies it to every component",
                     "transfers": "measured: two processes through ParallelRuntime on loopback gloo (the trainer's verbs)"},
     }
-    if not profile["conditions"]["quiet"]:
-        profile["conditions"]["warning"] = (f"load average {max(load_before[0], load_after[0]):.1f} > {QUIET_LOAD}: "
-                                            f"measured on a busy machine, the numbers are not worth planning with")
+    if "warning" in profile["conditions"]:
         _say(profile["conditions"]["warning"])
     with files.replace(out_path, "the device profile", flag="--out", ours=lambda _: False) as f:  # never over a file
         f.write(json.dumps(profile, indent=1) + "\n")
     _say(f"wrote {out_path} in {profile['conditions']['seconds']} s")
     return profile
+
+
+def conditions(load_before, load_after, beside: dict | None, seconds: float, quick: bool) -> dict:
+    """What the numbers were measured under, and a warning where the machine was not quiet: a load average over
+    QUIET_LOAD before, or other processes (or the hypervisor) taking over QUIET_OTHERS cores meanwhile."""
+    out = {"load_average_before": [round(x, 2) for x in load_before],
+           "load_average_after": [round(x, 2) for x in load_after], "seconds": round(seconds, 1), "quick": quick,
+           "allocator": memory.allocator_in_use(), "beside": beside}
+    busy_beside = beside is not None and max(beside.values()) > QUIET_OTHERS
+    out["quiet"] = load_before[0] <= QUIET_LOAD and not busy_beside
+    if not out["quiet"]:
+        why = (f"load average {load_before[0]:.1f} > {QUIET_LOAD} before it" if load_before[0] > QUIET_LOAD else
+               f"other processes took {beside['others']:.2f} cores and the hypervisor {beside['steal']:.2f} during "
+               f"it (> {QUIET_OTHERS})")
+        out["warning"] = f"{why}: measured on a busy machine, the numbers are not worth planning with"
+    return out
 
 
 def _say(msg: str) -> None:
