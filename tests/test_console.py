@@ -120,12 +120,16 @@ def test_fp16s_loss_scale_and_skipped_steps_reach_the_console_the_metrics_and_wa
     ds = json.loads((REPO / "ds_configs" / "single.json").read_text())
     ds.update(bf16={"enabled": False}, fp16={"enabled": True, "initial_scale_power": 10, "loss_scale_window": 100})
     (tmp_path / "fp16.json").write_text(json.dumps(ds))
-    run = tmp_path / "run"
+    run, temp = tmp_path / "run", tmp_path / "tmp"
+    temp.mkdir()
     out = run_cli([sys.executable, "launch/train.py", "--deepspeed_config", tmp_path / "fp16.json",
                    f"data.dir={tiny_data}", "model.emb_dim=16", "model.hidden=16", "train.max_steps=6",
                    "train.eval_every=4", "train.log_every=2", "logging.wandb_mode=offline", "logging.progress=false",
                    "decode.dev_max_sentences=8", f"run.dir={run}"],
-                  timeout=300, env_extra={"HNMT_FAULTS": "nan@3", "WANDB_MODE": "offline"}).stdout
+                  timeout=300, env_extra={"HNMT_FAULTS": "nan@3", "WANDB_MODE": "offline", "TMPDIR": str(temp)}).stdout
+    # the process leaves by os._exit (trainer.training.cli.leave): the temporary directories wandb made when
+    # imported are removed there, as interpreter exit would have (every run had left two in /tmp)
+    assert not [p.name for p in temp.iterdir() if p.name.endswith(("wandb-media", "wandb-artifacts"))]
     scales = dict(re.findall(r"^step (\d+)/6  epoch 1 \(\d+%\)  .*  loss scale (\d+)(?:  skipped 1)?  ", out, re.M))
     assert scales == {"1": "1024", "2": "1024", "4": "512", "6": "512"}, out
     assert re.search(r"^step 4/6 .*loss scale 512  skipped 1  ", out, re.M) and "skipped 1" not in out.split("step 3:")[0]

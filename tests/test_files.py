@@ -653,6 +653,8 @@ ALLOWED = {  # (file, access): (how many, why)
     ("trainer/training/job_control.py", "os.open"): (2, "the controlling terminal, /dev/tty; /dev/null over the "
                                                         "streams of a terminal that hung up (SIGHUP)"),
     ("trainer/training/tuning.py", "open"): (1, "the kernel's /proc/cpuinfo"),
+    ("trainer/training/cli.py", "tempfile.TemporaryDirectory"): (1, "its cleanup, named to find the process's own "
+                                                                     "temporary directories and remove them at exit"),
     ("trainer/training/memory.py", "open"): (1, "the kernel's /proc/self/maps"),
     ("trainer/parallel/ports.py", "open"): (1, "the kernel's /proc/sys/net/ipv4/ip_local_port_range"),
 }

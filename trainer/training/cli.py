@@ -14,8 +14,25 @@ def leave(code: int) -> None:
     from trainer.artifacts import run_files
 
     run_files.release_run_dir()
+    remove_temporary_dirs()
     job_control.flush_and_release()
     os._exit(code)
+
+
+def remove_temporary_dirs() -> None:
+    """What interpreter exit would have removed: the process's `tempfile.TemporaryDirectory`s (wandb makes two
+    when imported, `tmp*wandb-media` and `tmp*wandb-artifacts`; every run left both in /tmp)."""
+    import tempfile
+    import weakref
+
+    cleanup = tempfile.TemporaryDirectory._cleanup.__func__
+    registry = getattr(weakref.finalize, "_registry", {})
+    for finalizer, info in list(registry.items()):
+        if getattr(info.func, "__func__", None) is cleanup:
+            try:
+                finalizer()  # runs once, and is then unregistered
+            except Exception:  # noqa: BLE001 (a temporary directory that cannot go stays, as before)
+                pass
 
 
 def _lost_peer_exit(err: Exception, cfg, runtime) -> None:
