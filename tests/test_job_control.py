@@ -13,9 +13,11 @@ import contextlib
 import errno
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -40,13 +42,21 @@ def default_env() -> dict:
 
 
 def kill_marked(env: dict) -> None:
-    """SIGKILL every process started with `env` (a failed test must not leave orphans training)."""
+    """SIGKILL every process started with `env` (a failed test must not leave orphans training). wandb's service
+    is one of them (it inherits the environment); killed, it cannot remove its socket's directory
+    (TMPDIR/wandb-PARENT-PID-N, which it removes when it ends by itself), so that goes here."""
+    services = []
     for p in psutil.process_iter():
         try:
             if p.pid != os.getpid() and p.environ().get(MARK) == env[MARK]:
+                if "wandb-core" in p.name():
+                    services.append(p.pid)
                 p.kill()
         except psutil.Error:
             pass
+    for pid in services:
+        for folder in Path(tempfile.gettempdir()).glob(f"wandb-*-{pid}-*"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
