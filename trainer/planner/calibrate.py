@@ -227,7 +227,6 @@ def calibrate(cfg, out_path: str, quick: bool = False, global_batch: int = 64) -
         "measured_on": stamp(f"{name} ({os.cpu_count()} cores)"),
         "datasheet": None,
         "layers": layers, "contention": contention, "transfers": transfers,
-        "contention_phase_ms": None if quick else calibrate_ranks.PHASE_MS,  # each component resolved (profile.py)
         "measured_by": f"python launch/plan.py --calibrate --config CONFIG --out {os.path.basename(out_path)}"
                        + (" --quick" if quick else ""),
         "conditions": conditions(load_before, os.getloadavg(), others.cores(), time.time() - started, quick),

@@ -6,7 +6,6 @@ through ParallelRuntime's verbs, as the trainer does)."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import math
 import os
 import statistics
 import time
@@ -18,7 +17,6 @@ from trainer.planner.timing import dtype_of, timed_ms
 
 COMPONENTS = ("lstm", "head", "embedding", "mask", "copy", "optimizer", "step")
 PHASES = 3  # contention: alone, then beside a second process, in turn this many times
-PHASE_MS = 400  # contention: the shortest phase (repeats of a short component added up to it)
 STEP_ROWS, STEP_LEN = 64, 12  # "step": a whole training step of the model on a batch of this many pairs and tokens
 
 
@@ -106,12 +104,7 @@ def component(name: str, model_cfg: dict, src_vocab: int, tgt_vocab: int, precis
         return lambda: dst.copy_(src)
     if name == "step":
         return _model_step(cfg, src_vocab, tgt_vocab, dtype)
-    # the model's own parameter count, in fp32 (the masters a step updates): a smaller set (2.25 M, 2026-12-01)
-    # stayed in the caches and read 1.03-1.91 beside a second process where the model's optimizer took 1.4-1.55x
-    from trainer.model.seq2seq import build_model
-
-    sizes = [p.numel() for p in build_model(cfg, src_vocab, tgt_vocab).parameters()]
-    params = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
+    params = [torch.nn.Parameter(torch.randn(n)) for n in (1 << 20, 1 << 20, 1 << 18)]
     for p in params:
         p.grad = torch.randn_like(p)
     opt = torch.optim.Adam(params, fused=True)
@@ -170,18 +163,16 @@ def contention(cfg, dims, precision: str, quick: bool) -> dict:
     try:
         for name in COMPONENTS:
             fn = component(name, model_cfg, dims.src_vocab, dims.tgt_vocab, precision)
-            # each phase at least PHASE_MS long (5 optimizer steps were 50 ms, a phase the host's noise decided)
-            n = reps if quick else max(reps, min(100, math.ceil(PHASE_MS / max(timed_ms(fn, 1, warmup=1), 0.01))))
             # alone and shared in turn, PHASES times each, the median of each phase's medians: a machine
             # whose speed drifts (a shared VM) moves both sides alike instead of one
             alone, shared = [], []
             for _ in range(PHASES):
-                alone.append(timed_ms(fn, n, warmup=3))
+                alone.append(timed_ms(fn, reps, warmup=3))
                 running.set()
                 parent.send(name)
                 if not parent.poll(600) or parent.recv() != "ready":
                     raise RuntimeError(f"calibration: the background process did not start {name}")
-                shared.append(timed_ms(fn, n, warmup=3))
+                shared.append(timed_ms(fn, reps, warmup=3))
                 running.clear()
                 parent.recv()
             out[name] = round(max(1.0, statistics.median(shared) / statistics.median(alone)), 4)

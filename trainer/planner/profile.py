@@ -34,8 +34,7 @@ The planner reads two more sections, whichever the file has:
                                 off real one-rank micro-steps; DeepSpeed's backward call)
                 contention   {PREC: {component: factor}}: how much slower a component runs while a
                              second rank computes on the other core (shared caches, memory bandwidth);
-                             "step": a whole training step; contention_phase_ms (the shortest phase it
-                             timed): each component's own factor is used, else "step" for every one
+                             "step": a whole training step, which the planner applies to every component
                 transfers    {"gloo": {p2p [[bytes, one_way_ms, post_ms]], all_reduce / reduce /
                              broadcast [[bytes, ms, cpu_ms]] between two ranks (cpu_ms: the process's CPU
                              time of the call, all its threads; optional: a profile without it prices an
@@ -369,17 +368,10 @@ class MeasuredDevice:
         return self.optimizer_line(params, tensors)
 
     def slowdown(self, component: str) -> float:
-        """How much slower `component` runs while another rank computes on the host's other core. A profile whose
-        phases were long enough to resolve each component (`contention_phase_ms`, since 2026-12-07): the
-        component's own factor, since ranks run the same component at the same moment (every rank's optimizer
-        step after the step's one sync: 1.4-1.55x in data_2, two memory streams sharing the bandwidth), where two
-        whole steps at once, out of step with each other, read 1.00-1.04. An older profile: the whole step's
-        factor where it has one (its per-component phases, 5 repeats, were too short to trust), else the
-        component's own."""
-        if self.profile.get("contention_phase_ms"):
-            factor = self.contention.get(component, self.contention.get("step", 1.0))
-        else:
-            factor = self.contention.get("step", self.contention.get(component, 1.0))
+        """How much slower `component` runs while another rank computes on the host's other core: the whole
+        step's factor where the calibration measured one (two training steps at once against one alone, the
+        ceiling's measurement: python -m benchmarks.scaling --goals), else the component's own."""
+        factor = self.contention.get("step", self.contention.get(component, 1.0))
         return max(1.0, float(factor))
 
     # ---- transfers between ranks ----
