@@ -100,7 +100,7 @@ class OthersClock:
     @staticmethod
     def _own_cpu() -> float:
         t = os.times()
-        return t.user + t.system + t.children_user + t.children_system
+        return process_cpu() + t.children_user + t.children_system
 
     def cores(self) -> dict[str, float] | None:
         """{"others": cores other processes used on average, "steal": cores the hypervisor took}, or None."""
