@@ -407,6 +407,26 @@ def test_every_printed_plan_names_what_its_prices_rest_on_and_marks_predictions(
                                         "estimates never checked on a GPU")
 
 
+def test_a_profiles_strings_reach_the_terminal_printable_and_bounded(tiny_data, tmp_path, capsys):
+    """A profile is a file a user hands over: its device name, `measured_on` and allocator were printed in the
+    plan's prices line as the file gave them (terminal escapes, newlines, up to the 4 MB a profile may be)."""
+    from trainer.planner.cli import main
+
+    path = _tiny_profile(tmp_path, tiny_data)
+    hostile = json.loads(path.read_text())
+    hostile["device"]["name"] = "\x1b[2J\x1b]0;pwned\x07" + "A" * 100_000
+    hostile["measured_on"] = {"device": "line one\nline two\r\x1b[31m", "date": "\u009b2026"}
+    hostile["conditions"] = {"allocator": "\x00" * 5000}
+    path.write_text(json.dumps(hostile))
+    main(["--devices", "2", "--profile", str(path), "--steps", "1", "--top", "2", *_tiny_cfg(tiny_data)])
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\x00\r\x9b"), "a control character reached the terminal"
+    prices = next(line for line in out.splitlines() if line.startswith("prices: "))
+    assert "on line one\\nline two\\r\\x1b[31m, \\x9b2026, under \\x00\\x00" in prices
+    assert "more characters)" in prices and len(prices) < 2000
+    assert max(map(len, out.splitlines())) < 2000
+
+
 def test_scale_batch_grows_the_global_batch_with_the_devices(tiny_data, tmp_path, capsys):
     """Issue 42: the planner kept the global batch whatever the device count; GPU users grow it with the GPU count.
     --scale-batch plans every layout at the base's batch per rank x --devices and compares tokens/s with one

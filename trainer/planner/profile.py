@@ -91,8 +91,27 @@ def load(path: str) -> dict:
     if "layers" not in data and "roofline" not in data:
         raise ProfileError(f"{path}: has neither 'layers' (a calibrated machine: python launch/plan.py --calibrate) "
                            f"nor 'roofline' (a GPU's rates); the planner needs one")
+    data = tame(data)
     data["_path"] = path
     return data
+
+
+MAX_TEXT = 400  # characters of one string of a profile (the shipped one's longest is 273)
+
+
+def tame(node):
+    """A loaded profile with every string (keys too) fit to be printed: a character that is not printable (a
+    terminal escape, a newline) written as its escape, and a string past MAX_TEXT cut, saying so. The device
+    name, `measured_on`, the allocator, the sources and the link names reach the plan's lines as the file gives
+    them, and a profile is a file a user hands over (up to MAX_BYTES)."""
+    if isinstance(node, dict):
+        return {tame(k): tame(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [tame(v) for v in node]
+    if not isinstance(node, str):
+        return node
+    text = node if node.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in node)
+    return text if len(text) <= MAX_TEXT else f"{text[:MAX_TEXT]}... ({len(text) - MAX_TEXT} more characters)"
 
 
 def allocator_said(profile: dict) -> str:
