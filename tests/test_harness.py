@@ -150,7 +150,8 @@ def test_the_workers_end_with_the_process_that_spawned_them(tmp_path):
     import sys
 
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(Path(__file__).resolve().parents[1]), str(tmp_path)],
-                             stdout=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    # (TMPDIR: the killed owner cannot remove its pool's stderr directory; every suite left one in /tmp)
     pids = [int(pid) for pid in owner.stdout.readline().split()]
     assert len(pids) == 2
     owner.kill()
@@ -162,6 +163,7 @@ def test_the_workers_end_with_the_process_that_spawned_them(tmp_path):
     for pid in alive:
         os.kill(pid, 9)
     assert not alive, f"workers {alive} outlived the process that spawned them"
+    assert any(p.name.startswith("hnmt-workers-") for p in tmp_path.iterdir())  # where it was put
 
 
 def allocator_seen() -> dict:
