@@ -113,3 +113,27 @@ def test_validate_gpu_predicts_every_run_of_the_check(tmp_path, capsys):
     assert table.index(f"| {best['run']} |") < table.index(f"| {worst['run']} |")
     own = [r for r in rows if not r["second_machine"]]
     assert sum(abs(r["error"]) <= 0.10 for r in own) >= 10  # docs/BENCHMARKS.md names the others' causes
+
+
+def test_validate_gpu_records_each_run_and_the_page_shows_them_worst_last(tmp_path):
+    """Issue 40: validate-gpu's table belongs in docs/BENCHMARKS.md; `--record` makes a record of each run (the GPU
+    that measured it, the check and its date), and the planner section renders them, the runs off by more than 10%
+    marked."""
+    from benchmarks import results
+    from benchmarks.planner.gpu_validation import validation_records
+    from benchmarks.results.page import planner
+
+    rows = [{"run": run, "math": "bf16", "pairs": 128, "steps": 144, "measured_ms": measured, "predicted_ms": predicted,
+             "error": predicted / measured - 1, "role": "validates", "second_machine": second}
+            for run, measured, predicted, second in (("patent_bf16_b256", 59.5, 35.6, True),
+                                                     ("enja-small_bf16", 17.1, 17.0, False))]
+    recs = validation_records(V2, rows, "h200")
+    for rec in recs:
+        results.check(rec)
+    assert [r["machine"] for r in recs] == ["NVIDIA H200 (second machine)", "NVIDIA H200"]
+    assert recs[0]["settings"]["check"] == "2026-12-04-v2" and recs[0]["settings"]["measured_on"] == "2026-12-04"
+    text = "\n".join(planner(recs)[0])
+    good, bad = text.index("| enja-small_bf16 |"), text.index("| patent_bf16_b256 |")
+    assert good < bad and "| -0.6% |" in text and "| -40.2% ** |" in text
+    results.write(recs, tmp_path)
+    assert len((tmp_path / "planner.jsonl").read_text().splitlines()) == 2

@@ -345,7 +345,7 @@ def prediction_row(ranking, scenario: str, link: str, n: int) -> dict:
 def validate_gpu(args: argparse.Namespace) -> None:
     from benchmarks.planner.gpu_validation import validate_gpu as run
 
-    run(args.check_dir, args.gpudata, args.work, args.profile)
+    run(args.check_dir, args.gpudata, args.work, args.profile, record=args.record)
 
 
 def gpu_prices(args: argparse.Namespace) -> None:
@@ -395,6 +395,8 @@ def main() -> None:
                        help="the check's prepared data (gpu_check --prepare-only --work DIR)")
         if name == "validate-gpu":
             c.add_argument("--profile", default="h200", help="the GPU profile to predict with (a file or shipped name)")
+            c.add_argument("--record", action="store_true", help="append each run's prediction to "
+                           "benchmarks/results/planner.jsonl (its table in docs/BENCHMARKS.md)")
         else:
             c.add_argument("--out", type=Path, required=True, help="the planner profile to write (never overwritten)")
     a = sub.add_parser("auto-check", parents=[both], help="parallel_layout auto against the shipped layouts here")

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks import results as records
 from benchmarks.planner.gpu_check_runs import at_steps, read_check, run_workload
 
 
-def validate_gpu(check_dir: Path, gpudata: Path, work: Path, profile_name: str) -> list[dict]:
+def validate_gpu(check_dir: Path, gpudata: Path, work: Path, profile_name: str, record: bool = False) -> list[dict]:
     from benchmarks.planner.gpu_prices import host_factor, machine_profile, predicted_ops
     from trainer.planner import plan
     from trainer.planner.candidates import Candidate
@@ -44,7 +45,26 @@ def validate_gpu(check_dir: Path, gpudata: Path, work: Path, profile_name: str) 
               f"{100 * rows[-1]['error']:+6.1f}%  ({role})", flush=True)
     report(check_dir, rows)
     (work / f"validate_gpu_{check_dir.name}.json").write_text(json.dumps(rows, indent=1))
+    if record:
+        for path in records.write(validation_records(check_dir, rows, profile_name)):
+            print(f"recorded in {path} (render docs/BENCHMARKS.md: python -m benchmarks.results render)")
     return rows
+
+
+def validation_records(check_dir: Path, rows: list[dict], profile_name: str) -> list[dict]:
+    """Each run's prediction as a record of the machine that measured it (the check's device; a second machine's
+    runs under that name with "(second machine)"), predicted now at this checkout's commit (the record's date and
+    commit); the check and the date it measured on in its settings."""
+    device = json.loads((check_dir / "device_profile.json").read_text())
+    name, measured_on = device["device"]["name"], (device.get("measured_on") or {}).get("date", "not recorded")
+    command = records.command("benchmarks.planner")
+    return [records.record("planner", "gpu validation", command=command,
+                           machine_name=name + (" (second machine)" if r["second_machine"] else ""),
+                           settings={"check": check_dir.name, "measured_on": measured_on, "run": r["run"],
+                                     "math": r["math"], "pairs": r["pairs"], "steady_steps": r["steps"],
+                                     "role": r["role"], "profile": profile_name},
+                           figures={"measured_step_ms": r["measured_ms"], "predicted_step_ms": r["predicted_ms"]},
+                           ratios={"error": r["error"]}) for r in rows]
 
 
 def _same_check(profile: dict, check_dir: Path) -> bool:

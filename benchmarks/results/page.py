@@ -389,6 +389,7 @@ def planner(records: list[dict]) -> tuple[list[str], list[dict]]:
         pred_rows.append([machine, model, scenario, profile, link_, number(one, 1),
                           *(_pick(cells.get(n)) for n in (2, 4, 8)), when_, journal])
     auto_lines, autos = _auto_table(records)
+    gpu_lines, gpus = _gpu_validation_table(records)
     intro = ("The layout planner (`launch/plan.py`) against measured steps on this machine kind (32 layouts of "
              "enja-small; a row is within when its predicted step is within 10% of the measured one), and what it "
              "predicts for GPUs: **predictions, not measurements**.")
@@ -397,7 +398,7 @@ def planner(records: list[dict]) -> tuple[list[str], list[dict]]:
             "Predicted (the planner's pick on N GPUs, and each mode's best speed-up over one GPU):", "",
             *table(["GPU", "model", "scenario", "profile", "link", "one GPU ms", "2 GPUs", "4 GPUs", "8 GPUs",
                     "predicted", ""], pred_rows), "",
-            *auto_lines], summaries + preds + autos
+            *auto_lines, "", *gpu_lines], summaries + preds + autos + gpus
 
 
 def _auto_table(records: list[dict]) -> tuple[list[str], list[dict]]:
@@ -413,6 +414,26 @@ def _auto_table(records: list[dict]) -> tuple[list[str], list[dict]]:
     return [intro, "", *(table(["machine", "model", "precision", "auto chose", "its ms/step", "fastest shipped",
                                 "its ms/step", "auto slower by", "rounds", "measured", ""], rows) if rows
                          else ["not measured"])], autos
+
+
+def _gpu_validation_table(records: list[dict]) -> tuple[list[str], list[dict]]:
+    """Every training run of a GPU check predicted by the planner on this CPU, against the check's measured
+    steady-state step (benchmarks.planner validate-gpu --record), worst last within each check."""
+    rows = latest([r for r in records if r["table"] == "gpu validation"],
+                  lambda r: (r["settings"]["check"], r["machine"], r["settings"]["run"]))
+    rows.sort(key=lambda r: (r["settings"]["check"], abs(r["ratios"]["error"])))
+    cells = [[f"{r['settings']['check']} ({r['settings']['measured_on']})", r["machine"], r["settings"]["run"],
+              r["settings"]["math"], r["settings"]["pairs"], r["settings"]["steady_steps"],
+              number(r["figures"]["measured_step_ms"], 1), number(r["figures"]["predicted_step_ms"], 1),
+              f"{100 * r['ratios']['error']:+.1f}%" + (" **" if abs(r["ratios"]["error"]) > 0.10 else ""),
+              r["settings"]["role"], stamp(r), link(r)] for r in rows]
+    intro = ("A GPU check's training runs, each predicted by the planner on this CPU from the run's config, data and "
+             "batches, against the steady-state ms per step the check measured (`python -m benchmarks.planner "
+             "validate-gpu --from DIR --record`; `calibrates`: a run whose timing files set the host prices; ** off "
+             "by more than 10%, each with its cause in the journal linked):")
+    return [intro, "", *(table(["check (measured on)", "GPU", "run", "math", "pairs", "steady steps",
+                                "measured ms/step", "predicted ms/step", "error", "role", "predicted", ""], cells)
+                         if cells else ["not predicted"])], rows
 
 
 def _pick(r: dict | None) -> str:
