@@ -179,7 +179,11 @@ def test_auto_check_measures_the_choice_against_the_fastest_shipped_layout():
     from benchmarks.planner.auto_check import GOAL, compare
 
     rounds = {"auto": [10.0, 11.0, 30.0], "data_2": [12.0, 12.5, 12.0], "hybrid_2": [10.5, 10.4, 10.6]}
-    got = compare(rounds, '{"mode": "hybrid"}')  # each run's median round: a slow round is noise
+    hybrid = '{"mode": "hybrid", "num_pp": 2, "num_dp": 1, "time_chunks": 2}'
+    got = compare(rounds, hybrid)  # each run's median round: a slow round is noise
     assert got["best"] == "hybrid_2" and got["auto_ms"] == 11.0 and got["best_ms"] == 10.5
     assert got["slower_by"] == pytest.approx(11.0 / 10.5 - 1) and got["within_goal"] == (11.0 / 10.5 - 1 <= GOAL)
-    assert not compare({"auto": [12.0], "hybrid_2": [10.0]}, "x")["within_goal"]  # 20% slower: not within 5%
+    assert not compare({"auto": [12.0], "hybrid_2": [10.0]}, hybrid)["within_goal"]  # 20% slower: not within 5%
+    # a choice that is a shipped layout (as the trainer reads it) is named: its gap to that layout is the machine's
+    assert got["same_as"] == [] and compare({"auto": [12.0], "data_2": [10.0]}, json.dumps(
+        {"mode": "data", "num_pp": 1, "num_dp": 2, "micro_batches": 1, "time_chunks": 1}))["same_as"] == ["data_2"]

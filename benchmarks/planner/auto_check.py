@@ -45,6 +45,17 @@ def profile_for(work: Path, model: str, data: Path) -> Path:
     return path
 
 
+def same_layout(chosen: dict) -> list[str]:
+    """The shipped 2-rank layouts whose parallel_layout is auto's choice (compared as the trainer reads them: the
+    same LayoutSpec). Where auto chose one, its run and that layout's train the same thing, and the gap between
+    them is this machine's run-to-run spread."""
+    from trainer.parallel.layout import LayoutSpec
+
+    spec = LayoutSpec.from_ds_config({"parallel_layout": chosen}, 2)
+    return [name for name in SHIPPED if LayoutSpec.from_ds_config(
+        json.loads((REPO / "ds_configs" / f"{name}.json").read_text()), 2) == spec]
+
+
 def compare(times: dict, chosen: str) -> dict:
     """{label: [ms per round]} -> the chosen run's median against the fastest shipped layout's."""
     medians = {label: statistics.median(ms) for label, ms in times.items()}
@@ -52,7 +63,7 @@ def compare(times: dict, chosen: str) -> dict:
     best = min(shipped, key=shipped.get)
     ratio = medians["auto"] / shipped[best] - 1
     return {"chosen": chosen, "auto_ms": medians["auto"], "best": best, "best_ms": shipped[best], "slower_by": ratio,
-            "within_goal": ratio <= GOAL, "medians": medians}
+            "within_goal": ratio <= GOAL, "medians": medians, "same_as": same_layout(json.loads(chosen))}
 
 
 def auto_check(args: argparse.Namespace) -> None:
@@ -83,6 +94,11 @@ def auto_check(args: argparse.Namespace) -> None:
         out.append(row)
         print(f"| {case[0]} | {case[1]} | `{row['chosen']}` | {row['auto_ms']:.1f} | {row['best']} | {row['best_ms']:.1f} | "
               f"{100 * row['slower_by']:+.1f}%{'' if row['within_goal'] else ' **'} |")
+    for row in out:
+        if row["best"] in row["same_as"]:
+            print(f"{row['model']} {row['precision']}: auto chose {row['best']}'s layout, the fastest shipped: the two "
+                  f"runs trained the same thing, and {100 * row['slower_by']:+.1f}% is this machine's spread between "
+                  f"two runs of one layout", flush=True)
     (args.work / "auto_check.json").write_text(json.dumps(out, indent=1))
     records.write(auto_records(out, args))
 
@@ -93,7 +109,8 @@ def auto_records(rows: list[dict], args: argparse.Namespace) -> list[dict]:
     return [records.record(
         "planner", "auto", command=records.command("benchmarks.planner"),
         settings={"model": row["model"], "precision": row["precision"], "ranks": 2, "threads_per_rank": 1,
-                  "steps": args.steps, "rounds": args.rounds, "chosen": row["chosen"], "fastest_shipped": row["best"]},
+                  "steps": args.steps, "rounds": args.rounds, "chosen": row["chosen"], "fastest_shipped": row["best"],
+                  "chosen_is": row["same_as"]},
         figures={"auto_step_ms": round(row["auto_ms"], 1), "fastest_shipped_step_ms": round(row["best_ms"], 1),
                  **{f"{label}_step_ms": round(ms, 1) for label, ms in row["medians"].items() if label != "auto"}},
         ratios={"auto_slower_by": round(row["slower_by"], 4)}) for row in rows]

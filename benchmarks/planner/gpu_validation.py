@@ -46,8 +46,8 @@ def validate_gpu(check_dir: Path, gpudata: Path, work: Path, profile_name: str, 
     report(check_dir, rows)
     (work / f"validate_gpu_{check_dir.name}.json").write_text(json.dumps(rows, indent=1))
     if record:
-        for path in records.write(validation_records(check_dir, rows, profile_name)):
-            print(f"recorded in {path} (render docs/BENCHMARKS.md: python -m benchmarks.results render)")
+        records.write(validation_records(check_dir, rows, profile_name))
+        print("docs/BENCHMARKS.md shows them once rendered: python -m benchmarks.results render")
     return rows
 
 

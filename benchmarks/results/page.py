@@ -405,7 +405,8 @@ def _auto_table(records: list[dict]) -> tuple[list[str], list[dict]]:
     """parallel_layout auto's choice trained against the fastest shipped layout (benchmarks.planner auto-check)."""
     autos = latest([r for r in records if r["table"] == "auto"],
                    lambda r: (r["machine"], r["settings"]["model"], r["settings"]["precision"]))
-    rows = [[r["machine"], r["settings"]["model"], r["settings"]["precision"], f"`{r['settings']['chosen']}`",
+    rows = [[r["machine"], r["settings"]["model"], r["settings"]["precision"], f"`{r['settings']['chosen']}`" +
+             "".join(f" ({name}'s layout)" for name in r["settings"].get("chosen_is", [])),
              number(r["figures"]["auto_step_ms"], 1), r["settings"]["fastest_shipped"],
              number(r["figures"]["fastest_shipped_step_ms"], 1), f"{100 * r['ratios']['auto_slower_by']:+.1f}%",
              r["settings"].get("rounds", 1), stamp(r), link(r)] for r in autos]
@@ -422,7 +423,7 @@ def _gpu_validation_table(records: list[dict]) -> tuple[list[str], list[dict]]:
     rows = latest([r for r in records if r["table"] == "gpu validation"],
                   lambda r: (r["settings"]["check"], r["machine"], r["settings"]["run"]))
     rows.sort(key=lambda r: (r["settings"]["check"], abs(r["ratios"]["error"])))
-    cells = [[f"{r['settings']['check']} ({r['settings']['measured_on']})", r["machine"], r["settings"]["run"],
+    cells = [[_check_name(r["settings"]), r["machine"], r["settings"]["run"],
               r["settings"]["math"], r["settings"]["pairs"], r["settings"]["steady_steps"],
               number(r["figures"]["measured_step_ms"], 1), number(r["figures"]["predicted_step_ms"], 1),
               f"{100 * r['ratios']['error']:+.1f}%" + (" **" if abs(r["ratios"]["error"]) > 0.10 else ""),
@@ -434,6 +435,12 @@ def _gpu_validation_table(records: list[dict]) -> tuple[list[str], list[dict]]:
     return [intro, "", *(table(["check (measured on)", "GPU", "run", "math", "pairs", "steady steps",
                                 "measured ms/step", "predicted ms/step", "error", "role", "predicted", ""], cells)
                          if cells else ["not predicted"])], rows
+
+
+def _check_name(settings: dict) -> str:
+    """A GPU check's directory, and the date its device profile says it measured on where it says one."""
+    when = settings["measured_on"]
+    return settings["check"] + ("" if when == "not recorded" else f" ({when})")
 
 
 def _pick(r: dict | None) -> str:
