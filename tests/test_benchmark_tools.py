@@ -594,3 +594,23 @@ def test_the_planners_validation_records_take_numpy_errors():
     out = validation_records(rows, argparse.Namespace(rescore=False), 1)
     assert out[-1]["figures"] == {"rows_within_10_pct": 2, "rows_within_10_pct_per_step_median": 3}
     assert type(out[-1]["figures"]["rows_within_10_pct"]) is int
+
+
+def test_the_planners_validation_names_why_each_row_misses():
+    """Issue 40 asks for every CPU row within 10% or each miss named: a row whose rounds straddle the price, or one
+    of whose rounds is within 10%, is this machine's spread; otherwise the instruction type whose price misses
+    most, on its rank, against the step's own gap."""
+    from benchmarks.planner.__main__ import miss_cause
+
+    ops = {"measured_ops": {"0": {"head": 0.050, "optimizer_step": 0.0175}, "1": {"head": 0.052, "optimizer_step": 0.018}},
+           "predicted_ops": {0: {"head": 0.048, "optimizer_step": 0.0113}, 1: {"head": 0.049, "optimizer_step": 0.0113}}}
+    row = {"measured_ms": 120.0, "predicted_ms": 100.0, **ops}
+    assert miss_cause({**row, "errors_by_round": [-0.17, -0.15]}) == (
+        "optimizer_step on rank 1 of 2, beside the other: 18.0 ms measured, priced 6.7 ms too fast (the step: 20.0 ms "
+        "too fast); its rounds -17.0% / -15.0%")
+    assert miss_cause({**row, "errors_by_round": [-0.22, 0.11]}) == (
+        "the machine's spread: its rounds -22.0% / +11.0%, 33 points apart, on both sides of the price")
+    assert miss_cause({**row, "errors_by_round": [-0.16, -0.02]}).endswith("14 points apart, one within 10%")
+    saved = json.loads(json.dumps({**row, "errors_by_round": [-0.17]}))  # plan_validation.json: ranks as strings
+    assert miss_cause(saved).startswith("optimizer_step on rank 1 of 2")
+    assert miss_cause({"measured_ms": 1.0, "predicted_ms": 2.0, "errors_by_round": [1.0]}).endswith("not known")

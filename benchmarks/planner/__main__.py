@@ -233,7 +233,9 @@ def miss_cause(r: dict) -> str:
                 f", {100 * (max(rounds) - min(rounds)):.0f} points apart, " +
                 ("one within 10%" if min(abs(e) for e in rounds) <= 0.10 else "on both sides of the price"))
     gaps = [(_priced(r, rank).get(op, 0) - measured.get(op, 0), op, rank)
-            for rank, measured in r["measured_ops"].items() for op in set(measured) | set(_priced(r, rank))]
+            for rank, measured in (r.get("measured_ops") or {}).items() for op in set(measured) | set(_priced(r, rank))]
+    if not gaps:
+        return "its runs kept no time by instruction (RUN_DIR/timing): not known"
     gap, op, rank = max(gaps, key=lambda g: abs(g[0]))
     priced = _priced(r, rank).get(op, 0)
     where = "one rank" if len(r["measured_ops"]) == 1 else f"rank {rank} of {len(r['measured_ops'])}, beside the other"
