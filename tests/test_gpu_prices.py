@@ -123,7 +123,8 @@ def test_validate_gpu_records_each_run_and_the_page_shows_them_worst_last(tmp_pa
     from benchmarks.planner.gpu_validation import validation_records
     from benchmarks.results.page import planner
 
-    rows = [{"run": run, "math": "bf16", "pairs": 128, "steps": 144, "measured_ms": measured, "predicted_ms": predicted,
+    rows = [{"run": run, "math": "bf16", "precision": "bf16", "pairs": 128, "steps": 144, "measured_ms": measured,
+             "predicted_ms": predicted,
              "error": predicted / measured - 1, "role": "validates", "second_machine": second}
             for run, measured, predicted, second in (("patent_bf16_b256", 59.5, 35.6, True),
                                                      ("enja-small_bf16", 17.1, 17.0, False))]
@@ -135,5 +136,22 @@ def test_validate_gpu_records_each_run_and_the_page_shows_them_worst_last(tmp_pa
     text = "\n".join(planner(recs)[0])
     good, bad = text.index("| enja-small_bf16 |"), text.index("| patent_bf16_b256 |")
     assert good < bad and "| -0.6% |" in text and "| -40.2% ** |" in text
+    assert "| a second machine, whose host no latency stage measured: priced with the check's machine's host |" in text
     results.write(recs, tmp_path)
     assert len((tmp_path / "planner.jsonl").read_text().splitlines()) == 2
+
+
+def test_validate_gpu_names_why_a_run_is_off():
+    """Each run off by more than 10% gets one line: a second machine's unmeasured host; else the part of the step
+    farthest from its price, an instruction or the host time between the timed instructions; and a precision priced
+    as another."""
+    from benchmarks.planner.gpu_validation import miss_cause
+
+    row = {"second_machine": False, "math": "fp32", "precision": "fp32", "measured_ms": 18.9,
+           "timed_ops_ms": {"forward": 4.1, "backward": 6.0, "head": 4.7, "optimizer_step": 1.3},
+           "predicted_ops_ms": {"forward": 4.0, "backward": 5.4, "head": 6.0, "optimizer_step": 1.2}}
+    assert miss_cause(row) == "the host time between the timed instructions, 2.8 ms of the step, unpriced"
+    fp16 = {**row, "math": "bf16", "precision": "fp16", "measured_ms": 18.6,
+            "timed_ops_ms": {**row["timed_ops_ms"], "optimizer_step": 3.4}}
+    assert miss_cause(fp16) == "optimizer_step: timed 3.4 ms, priced 1.2 (fp16 priced as bf16)"
+    assert miss_cause({**row, "math": "cudnn_tf32"}).endswith("unpriced")  # fp32 that ran cuDNN in TF32: the same

@@ -36,7 +36,8 @@ def validate_gpu(check_dir: Path, gpudata: Path, work: Path, profile_name: str, 
         pred = plan.predict(Candidate(spec, 1, 0), at_steps(wl, run.steps), profile)
         ms = 1000 * pred.step_s
         role = "calibrates" if run.name in calibrating and not run.machine else "validates"
-        rows.append({"run": run.label, "math": wl.math, "pairs": wl.global_batch, "steps": len(run.steps),
+        rows.append({"run": run.label, "math": wl.math, "precision": run.precision, "pairs": wl.global_batch,
+                     "steps": len(run.steps),
                      "measured_ms": run.measured_ms, "predicted_ms": ms, "error": ms / run.measured_ms - 1,
                      "role": role, "second_machine": bool(run.machine),
                      "predicted_ops_ms": predicted_ops(profile, at_steps(wl, run.steps), spec),
@@ -64,7 +65,25 @@ def validation_records(check_dir: Path, rows: list[dict], profile_name: str) -> 
                                      "math": r["math"], "pairs": r["pairs"], "steady_steps": r["steps"],
                                      "role": r["role"], "profile": profile_name},
                            figures={"measured_step_ms": r["measured_ms"], "predicted_step_ms": r["predicted_ms"]},
-                           ratios={"error": r["error"]}) for r in rows]
+                           ratios={"error": r["error"]},
+                           note=miss_cause(r) if abs(r["error"]) > 0.10 else None) for r in rows]
+
+
+def miss_cause(r: dict) -> str:
+    """One line naming why a run is off: a second machine's host, which no latency stage measured; else the part of
+    the step whose timed ms per step is farthest from its price: an instruction type, or the host time between the
+    timed instructions (the steady step less their sum), which nothing prices; with a precision the planner prices
+    as another said."""
+    if r["second_machine"]:
+        return "a second machine, whose host no latency stage measured: priced with the check's machine's host"
+    timed, priced = r["timed_ops_ms"], r["predicted_ops_ms"]
+    gaps = [(timed.get(op, 0) - priced.get(op, 0), op) for op in set(timed) | set(priced)]
+    gaps.append((max(0.0, r["measured_ms"] - sum(timed.values())), "between the timed instructions"))
+    gap, op = max(gaps, key=lambda g: abs(g[0]))
+    said = (f"the host time between the timed instructions, {gap:.1f} ms of the step, unpriced" if op.startswith("between")
+            else f"{op}: timed {timed.get(op, 0):.1f} ms, priced {priced.get(op, 0):.1f}")
+    other = r.get("precision") not in (None, r["math"]) and not (r["math"] == "cudnn_tf32" and r["precision"] == "fp32")
+    return said + (f" ({r['precision']} priced as {r['math']})" if other else "")
 
 
 def _same_check(profile: dict, check_dir: Path) -> bool:
@@ -85,8 +104,11 @@ def report(check_dir: Path, rows: list[dict]) -> None:
     print(f"\n{within} of {len(rows)} runs within 10%")
     off = [r for r in rows if abs(r["error"]) > 0.10]
     if off:
-        print("runs off by more than 10%: ms per step by instruction, timed (the logged steps, each instruction "
-              "synchronised) / predicted (steady state)")
+        print("runs off by more than 10%, and why (instructions timed on the logged steps, each synchronised; "
+              "predicted for the steady state):")
+        for r in off:
+            print(f"  {r['run']}: {miss_cause(r)}")
+        print("the same runs by instruction, timed / predicted ms per step:")
         for r in off:
             ops = sorted(set(r["timed_ops_ms"]) | set(r["predicted_ops_ms"]))
             print(f"  {r['run']}: " + ", ".join(f"{op} {r['timed_ops_ms'].get(op, 0):.1f}/{r['predicted_ops_ms'].get(op, 0):.1f}"

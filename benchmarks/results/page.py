@@ -427,13 +427,14 @@ def _gpu_validation_table(records: list[dict]) -> tuple[list[str], list[dict]]:
               r["settings"]["math"], r["settings"]["pairs"], r["settings"]["steady_steps"],
               number(r["figures"]["measured_step_ms"], 1), number(r["figures"]["predicted_step_ms"], 1),
               f"{100 * r['ratios']['error']:+.1f}%" + (" **" if abs(r["ratios"]["error"]) > 0.10 else ""),
-              r["settings"]["role"], stamp(r), link(r)] for r in rows]
+              r["settings"]["role"], r.get("note", ""), stamp(r), link(r)] for r in rows]
     intro = ("A GPU check's training runs, each predicted by the planner on this CPU from the run's config, data and "
              "batches, against the steady-state ms per step the check measured (`python -m benchmarks.planner "
              "validate-gpu --from DIR --record`; `calibrates`: a run whose timing files set the host prices; ** off "
-             "by more than 10%, each with its cause in the journal linked):")
+             "by more than 10%, with what the command names as its cause, and the journal's reading linked):")
     return [intro, "", *(table(["check (measured on)", "GPU", "run", "math", "pairs", "steady steps",
-                                "measured ms/step", "predicted ms/step", "error", "role", "predicted", ""], cells)
+                                "measured ms/step", "predicted ms/step", "error", "role", "why it is off",
+                                "predicted", ""], cells)
                          if cells else ["not predicted"])], rows
 
 
