@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, deepspeed_cmd, read_metrics, run_cli
+from tests.conftest import REPO, read_metrics, run_cli, run_ranks
 from trainer.config import merge_overrides
 from tests.harness import free_port
 from trainer.checkpoint import files as checkpoint
@@ -129,7 +129,7 @@ def test_two_nodes_train_save_and_resume(tiny_data, tmp_path, hostfile):
     assert rows[-1]["dev_bleu"] is not None  # rank 0 decoded from files both nodes wrote
 
     one_node = tmp_path / "one_node"
-    run_cli(deepspeed_cmd(2, *_train_args(tiny_data, one_node, ds, "train.max_steps=30", SCHEDULE)), timeout=240)
+    run_ranks(2, _train_args(tiny_data, one_node, ds, "train.max_steps=30", SCHEDULE), timeout=240)  # the reference
     want = {r["step"]: r["loss"] for r in read_metrics(one_node)}
     got = {r["step"]: r["loss"] for r in rows}
     assert got == want, [(s, want[s], got[s]) for s in want if want[s] != got[s]]
