@@ -8,8 +8,10 @@ For each model (small: trainer/configs/enja_small.yaml; wide: trainer/configs/en
    user runs it: the log's choice is read back from the run's ds_config.json), and each shipped 2-rank layout
    (data_2, pipeline_2, hybrid_2, hybrid_2_wide) at the same global batch (64 pairs) and precision;
 3. prints each run's mean ms per step after the warm-up, and the chosen layout's against the fastest shipped one's.
-With --rounds R every run trains R times, interleaved, and each run's median round counts. CPU-heavy: 2 widths x 2
-precisions x 5 runs x R, each `--steps` steps (wide: several minutes a run); run it on a quiet machine.
+With --rounds R every run trains R times, interleaved (each round starting one run later than the one before:
+auto ran first in every round, and slower than the same layout run second in two of three), and each run's median
+round counts. CPU-heavy: 2 widths x 2 precisions x 5 runs x R, each `--steps` steps (wide: several minutes a run);
+run it on a quiet machine.
 """
 from __future__ import annotations
 
@@ -78,7 +80,8 @@ def auto_check(args: argparse.Namespace) -> None:
             jsons = {"auto": auto_json(args.work, tag, profile, precision),
                      **{name: ds_variant(args.work, name, f"{tag}_{name}", bf16={"enabled": precision == "bf16"})
                         for name in SHIPPED}}
-            for label, path in jsons.items():
+            order = list(jsons.items())  # each round starts one run later: no run always follows the same one
+            for label, path in order[rnd % len(order):] + order[:rnd % len(order)]:
                 name = f"{tag}_{label}_r{rnd + 1}"
                 ms = train(args.work, name, path, 2, 1, args.steps, data, config=MODELS[model])["step_ms_mean"]
                 runs[(model, precision)].setdefault(label, []).append(ms)
