@@ -198,3 +198,51 @@ def test_the_keys_deepspeed_reads_are_recorded_from_its_own_reader():
     assert log[()] == {"a", "c", "d"} and log[("a",)] == {"b"}
     list(section)
     assert log[()] == {"a", "c", "d", "e"}  # iterated: read whole
+
+
+_NO_DYNAMO = """
+import json, sys
+import torch
+from trainer.model.meta import shapes_only
+from trainer.model.seq2seq import build_model
+from trainer.config import load_config
+from trainer.parallel import deepspeed_adapter as dsa
+
+STOCK = {name: getattr(torch.optim, name).step for name in ("Adam", "AdamW")}  # torch's own, kept before the change
+
+
+def three_steps(name, step=None):
+    p = torch.nn.Parameter(torch.tensor([1.0, -1.0, 0.5]))
+    opt = getattr(torch.optim, name)([p], lr=0.1)
+    for k in range(3):
+        p.grad = torch.tensor([1.0, -2.0, 3.0]) * (k + 1)
+        opt.step() if step is None else step(opt)
+        opt.zero_grad()
+    opt.load_state_dict(opt.state_dict())
+    return p.tolist()
+
+
+dsa.optimizers_without_dynamo()
+out = {name: three_steps(name) for name in STOCK}
+with shapes_only():
+    model = build_model(load_config(None, ["model.hidden=16", "model.emb_dim=8"]).model, 40, 50)
+out["meta"] = all(t.is_meta for t in model.parameters())
+out["dynamo"] = "torch._dynamo" in sys.modules
+out["stock"] = {name: three_steps(name, step) for name, step in STOCK.items()}  # imports torch._dynamo
+print(json.dumps(out))
+"""
+
+
+def test_an_optimizer_and_a_shapes_only_model_leave_torch_dynamo_unimported():
+    """torch.optim's wrappers and the meta kernel of `normal_` import torch._dynamo (1.1 s of a training process's
+    start) for torch.compile, which never traces them here: `optimizers_without_dynamo` and `shapes_only` go
+    around them, with the arithmetic of torch's own step."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _NO_DYNAMO], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["dynamo"] is False and out["meta"] is True
+    for name in ("Adam", "AdamW"):
+        assert out[name] == out["stock"][name], name

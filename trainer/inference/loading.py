@@ -23,6 +23,7 @@ from trainer.inference.options import DecodeOptions
 from trainer.inference.text import TextPipeline
 from trainer.inference.translator import Translator
 from trainer.metrics import manifest_lang
+from trainer.model.meta import shapes_only
 from trainer.model.seq2seq import Seq2Seq, build_model
 
 
@@ -97,7 +98,7 @@ def _build_checked(cfg, src_vocab: int, tgt_vocab: int, parts: list, needs: str,
     checked as a resume checks it (structure.weights) against a meta-device model first: nothing of the config's
     size is allocated before the weights agree with it (model.hidden=60000 beside weights of width 256 is one
     line, not a 57 GB allocation)."""
-    with torch.device("meta"):
+    with shapes_only():
         shape_model = build_model(cfg.model, src_vocab, tgt_vocab)
     modules = [shape_model] if whole else [*shape_model.layers(), shape_model.head]
     if len(parts) != len(modules):

@@ -23,6 +23,9 @@ Touch points, each wrapped by one function or `Engine` method below:
                  passes, one device sync)
     zero         ZeRO stage 1's optimizer (DeepSpeedZeroOptimizer): its partitions, gradient hooks, loss
                  scaler and `step`, in trainer/parallel/deepspeed_zero.py (`Engine._install_zero_step`)
+    torch.optim  the wrappers of Optimizer's methods that import torch._dynamo (`torch._disable_dynamo`'s
+                 `__dynamo_disable`, `_use_grad_for_differentiable` around `step`): gone around before DeepSpeed
+                 builds the optimizer (`optimizers_without_dynamo`)
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import functools
 import io
 import logging
 import math
+import sys
 import types
 import typing
 import warnings
@@ -39,6 +43,7 @@ from datetime import timedelta
 import torch
 import torch.nn as nn
 
+from trainer.model.meta import shapes_only
 from trainer.parallel import deepspeed_zero as zero
 
 WRITTEN_FOR = "0.19"  # major.minor of the DeepSpeed these touch points were written and tested against
@@ -237,7 +242,7 @@ def layer_parts(layer_builders, num_pp: int, partition_method: str) -> list[int]
         if method == "uniform":
             return [int(x) for x in ds_utils.partition_uniform(num_items=len(layer_builders), num_parts=num_pp)]
         if method == "parameters":
-            with torch.device("meta"):
+            with shapes_only():
                 counts = [sum(p.numel() for p in cls(**kw).parameters() if p.requires_grad)
                           for cls, kw in layer_builders]
             return [int(x) for x in ds_utils.partition_balanced(weights=counts, num_parts=num_pp)]
@@ -307,6 +312,44 @@ def lean_step(opt, closure=None, *, mixed: bool, clip: float, sum_over_stages=No
     with torch.no_grad():
         torch._foreach_copy_([p.data for g in opt.fp16_groups for p in g], [p for g in opt.fp32_groups for p in g])
     return opt.overflow
+
+
+_OPTIMIZER_METHODS = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+def optimizers_without_dynamo() -> None:
+    """torch.optim's optimizers without the two wrappers that import torch._dynamo (1.1 s of every training
+    process's start, AMD EPYC) only to serve torch.compile, which never traces an optimizer here:
+    - Optimizer's `add_param_group`, `zero_grad`, `state_dict` and `load_state_dict` are wrapped by
+      `torch._disable_dynamo`, which keeps what it calls in the function's `__dynamo_disable` attribute: set to
+      the function itself, the wrapper calls it directly;
+    - every optimizer's `step` is wrapped by `_use_grad_for_differentiable`, which sets grad mode to the
+      optimizer's `differentiable` and marks a graph break on each side (`torch._dynamo.graph_break()`, nothing
+      outside a compiled region): the class's `step` becomes the same grad mode without the marks.
+    Nothing is changed where torch._dynamo is already imported, or where torch no longer wraps a method this way
+    (a slower start, the same arithmetic)."""
+    if "torch._dynamo" in sys.modules:
+        return
+    for name in _OPTIMIZER_METHODS:
+        own = getattr(getattr(torch.optim.Optimizer, name), "__wrapped__", None)
+        if own is not None and getattr(own, "__dynamo_disable", None) is None:
+            setattr(own, "__dynamo_disable", own)
+    for cls in vars(torch.optim).values():
+        step = getattr(cls, "step", None) if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer) else None
+        if step is not None and not getattr(step, "hooked", False) and step.__code__.co_name == "_use_grad" \
+                and "step" in cls.__dict__:
+            cls.step = _grad_mode_step(step.__wrapped__)
+
+
+def _grad_mode_step(own):
+    """`own` (an optimizer class's step) under the grad mode torch's wrapper sets: on only for `differentiable`."""
+
+    @functools.wraps(own)
+    def step(self, *args, **kwargs):
+        with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
+            return own(self, *args, **kwargs)
+
+    return step
 
 
 def _master_grads(opt) -> tuple[list, float]:
@@ -563,6 +606,7 @@ def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_st
 
     if ds_config.get("fp16", {}).get("enabled"):
         _let_the_cpu_run_fp16()
+    optimizers_without_dynamo()
     with _quiet_prints():
         ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config,
                                                   mpu=grid)

@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import torch
-
 from trainer.data import Batch
+from trainer.model.meta import shapes_only
 from trainer.model.seq2seq import EncoderDecoderLayer, build_head, layer_builders
 from trainer.parallel import deepspeed_adapter as dsa
 from trainer.parallel.cut import ReplicaCut, cut_replica
@@ -46,7 +45,7 @@ class ModelDims:
 
     @classmethod
     def build(cls, model_cfg, src_vocab: int, tgt_vocab: int) -> "ModelDims":
-        with torch.device("meta"):  # sizes only: nothing is allocated
+        with shapes_only():  # sizes only: nothing is allocated
             layers = [c(**kw) for c, kw in layer_builders(model_cfg, src_vocab, tgt_vocab)]
             head = build_head(model_cfg, tgt_vocab)
         return cls(emb=model_cfg.emb_dim, hidden=model_cfg.hidden, layers=model_cfg.layers,
