@@ -6,9 +6,10 @@ import contextlib
 import torch
 from torch.overrides import TorchFunctionMode
 
-# The initializers that fill a tensor at random (torch.nn.init's reaches the mode as itself, not as the tensor's). On the meta device there is nothing to fill, and `normal_`'s
-# meta kernel is torch._refs' Python decomposition, whose wrapper imports torch._dynamo at its first call (1.1 s of
-# a process's start, AMD EPYC; `uniform_` and the rest have kernels of their own).
+# The initializers that fill a tensor at random (torch.nn.init's reaches the mode as itself, not as the tensor's).
+# On the meta device there is nothing to fill, and `normal_`'s meta kernel is torch._refs' Python decomposition,
+# whose wrapper imports torch._dynamo at its first call (1.1 s of a process's start, AMD EPYC; `uniform_` and the
+# rest have kernels of their own).
 _FILLS = frozenset({torch.Tensor.normal_, torch.nn.init.normal_})
 
 
