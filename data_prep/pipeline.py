@@ -22,6 +22,7 @@ import signal
 import sys
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from itertools import chain, islice
 from typing import Callable, Iterable, Iterator, Optional, TypeVar
@@ -73,6 +74,11 @@ def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local,
     """(local, task(payload)) for each (local, payload) of `items`, in order. `local` stays in this process;
     `task` and the payloads go to the workers. At most 2 x workers payloads are in flight.
 
+    A worker that ends abruptly (the kernel's OOM killer, a stray signal) breaks the pool: the payloads then in
+    flight are sent again to a new pool, at most POOL_RESTARTS times in a run, each said in one line on stderr;
+    nothing is lost or repeated, because results are consumed in order and a task is a pure function of its
+    payload. One more break is `WorkerLost`, naming how the worker ended.
+
     While the pool runs, `position.in_pool` tells prepare's signal handler not to raise: an exception raised
     inside the executor's `submit` (which holds its shutdown lock) deadlocks the executor's shutdown. A stop
     is then acted on here, between payloads."""
@@ -85,27 +91,74 @@ def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local,
     # fork: workers start in milliseconds with everything imported (the tasks are also picklable for spawn)
     context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     check = position.check_stop if position is not None else (lambda: None)
+    todo: Iterator = chain(head, items)
     if position is not None:
         position.in_pool = True
     try:
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(task,)) as pool:
-            pending: deque = deque()
-            for local, payload in chain(head, items):
-                check()
-                pending.append((local, pool.submit(_run, payload)))
-                if len(pending) > 2 * workers:
-                    local, future = pending.popleft()
-                    result = future.result()
-                    check()
-                    yield local, result
-            while pending:
-                local, future = pending.popleft()
-                result = future.result()
-                check()
-                yield local, result
+        for restart in range(POOL_RESTARTS + 1):
+            pending: deque = deque()  # [local, payload, future] in order; future None until submitted
+            try:
+                yield from _pool_map(task, todo, workers, context, check, pending)
+                return
+            except BrokenProcessPool as e:
+                ended = str(e)
+            if restart == POOL_RESTARTS:
+                raise WorkerLost(f"{ended} (pools broken in this run: {POOL_RESTARTS + 1}; the kernel's OOM killer "
+                                 f"sends SIGKILL: lower --workers, or see `dmesg`)")
+            print(f"prepare: {ended}; its {len(pending)} chunk(s) in flight go to a new pool of workers (restart "
+                  f"{restart + 1} of at most {POOL_RESTARTS})", file=sys.stderr, flush=True)
+            todo = chain([(local, payload) for local, payload, _ in pending], todo)
     finally:
         if position is not None:
             position.in_pool = False
+
+
+POOL_RESTARTS = 2  # pools started again after a worker ended abruptly, in one parallel_map
+
+
+class WorkerLost(RuntimeError):
+    """A worker process ended abruptly once more than POOL_RESTARTS allow."""
+
+
+def _pool_map(task: Callable, todo: Iterator, workers: int, context, check: Callable,
+              pending: deque) -> Iterator[tuple]:
+    """parallel_map's work in one pool; `pending` holds what was taken from `todo` and not yet yielded, so that a
+    broken pool's work can be given to the next. A break is BrokenProcessPool saying how the worker ended."""
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_install, initargs=(task,)) as pool:
+        try:
+            for local, payload in todo:
+                check()
+                pending.append([local, payload, None])
+                pending[-1][2] = pool.submit(_run, payload)
+                if len(pending) > 2 * workers:
+                    yield _first_result(pending, check)
+            while pending:
+                yield _first_result(pending, check)
+        except BrokenProcessPool as e:
+            raise BrokenProcessPool(how_workers_ended(pool, e)) from e
+
+
+def _first_result(pending: deque, check: Callable) -> tuple:
+    local, _, future = pending[0]
+    result = future.result()
+    pending.popleft()
+    check()
+    return local, result
+
+
+def how_workers_ended(pool: ProcessPoolExecutor, error: BaseException) -> str:
+    """"a worker process (pid 123) ended by SIGKILL", from the exit codes of the broken pool's processes, once all
+    have ended (the executor ends the others with SIGTERM: a code other than that comes first)."""
+    processes = dict(getattr(pool, "_processes", None) or {})  # CPython's own, read only: {pid: Process}
+    pool.shutdown(wait=True)  # (its manager thread joins every process)
+    codes = [(code, pid) for pid, p in processes.items() if (code := p.exitcode) is not None]
+    codes.sort(key=lambda c: c[0] == -signal.SIGTERM)
+    if not codes:
+        cause = str(error.__cause__ or "").strip().splitlines()
+        return "a worker process ended abruptly" + (f" ({cause[-1][:300]})" if cause else "")
+    code, pid = codes[0]
+    how = f"by {signal.Signals(-code).name}" if code < 0 else f"with exit code {code}"
+    return f"a worker process (pid {pid}) ended {how}"
 
 
 def batched(items: Iterable, n: int, size: Optional[Callable] = None, max_size: int = CHUNK_CHARS) -> Iterator[list]:

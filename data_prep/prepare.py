@@ -67,8 +67,8 @@ from .clean import CleaningOptions, add_cleaning_arguments, base_lang
 from .dedup import Deduplicator
 from .filters import MAX_PIECES, RATIO_MIN_PIECES, RATIO_SAMPLE, REASONS, LengthFilter, median_ratio
 from .normalize import REPAIRS
-from .pipeline import (CleanTask, EncodeTask, Position, Stopped, clean_split, default_workers, encode_split,
-                       read_samples)
+from .pipeline import (CleanTask, EncodeTask, Position, Stopped, WorkerLost, clean_split, default_workers,
+                       encode_split, read_samples)
 from .rejects import RejectLog, SplitStats
 from .tsv import escape, tsv_line, unescape
 from .readers import (FORMATS_HELP, READERS, DocSplit, InputLimits, MetaFilter, PrepareError, Reader,
@@ -515,6 +515,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                       128 + (signal.SIGINT if signame == "Ctrl-C" else signal.Signals[signame]), "stopped")
     except MemoryError:
         return _error(f"out of memory while {position} (lower --workers, or check the input there)", 1)
+    except WorkerLost as e:
+        return _error(f"{e}, while {position}; {args.out} is as it was before", 1)
     except Exception as e:  # a bug, or input we did not foresee: one line, how far we got
         if os.environ.get("HNMT_TRACEBACK"):
             raise

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -40,27 +41,90 @@ def write_corpus(tmp_path: Path) -> list[str]:
     return [*map(str, args), "--format", "moses", "--on-error", "skip", "--vocab-size", "600", "--spm-sample", "700"]
 
 
+def assert_same_output(outs: dict) -> dict:
+    """Two prepared dirs {workers: out} hold the same files, byte for byte, and manifests that differ only in
+    --workers, --out and the date; returns the manifest."""
+    (w1, out1), (w2, out2) = outs.items()
+    names = sorted(p.name for p in out1.iterdir())
+    assert names == sorted(p.name for p in out2.iterdir())
+    assert {"train.src.bin", "train.tgt.idx", "test.src.bin", "rejects.tsv", "spm.src.model"} <= set(names)
+    for name in names:
+        if name != "manifest.json":
+            assert (out1 / name).read_bytes() == (out2 / name).read_bytes(), name
+    m1, m2 = (json.loads((out / "manifest.json").read_text()) for out in (out1, out2))
+    for m, w, out in ((m1, w1, out1), (m2, w2, out2)):
+        assert m["options"].pop("workers") == w and m["options"].pop("out") == str(out)
+        m.pop("created")
+    assert m1 == m2
+    return m1
+
+
 def test_output_does_not_depend_on_workers(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "CHUNK", 97)  # many chunks, so that two workers really share the work
     args = write_corpus(tmp_path)
     outs = {w: tmp_path / f"out{w}" for w in (1, 2)}
     for w, out in outs.items():
         assert main([*args, "--out", str(out), "--workers", str(w)]) == 0
-    names = sorted(p.name for p in outs[1].iterdir())
-    assert names == sorted(p.name for p in outs[2].iterdir())
-    assert {"train.src.bin", "train.tgt.idx", "test.src.bin", "rejects.tsv", "spm.src.model"} <= set(names)
-    for name in names:
-        if name != "manifest.json":
-            assert (outs[1] / name).read_bytes() == (outs[2] / name).read_bytes(), name
-    m1, m2 = (json.loads((outs[w] / "manifest.json").read_text()) for w in (1, 2))
-    for m, w in ((m1, 1), (m2, 2)):
-        assert m["options"].pop("workers") == w and m["options"].pop("out") == str(outs[w])
-        m.pop("created")
-    assert m1 == m2
+    m1 = assert_same_output(outs)
     rejected = m1["splits"]["train"]["rejected"]
     for reason in ("duplicate", "near_duplicate", "copy", "empty", "too_long_text", "invalid_utf8"):
         assert rejected[reason] > 0, reason
     assert m1["splits"]["train"]["pairs_kept"] > 900
+
+
+def dying(task_class, marker: Path | None, end):
+    """task_class's __call__, ending its worker process with `end()` the first time any worker runs it (the
+    marker file taken), or every time (no marker)."""
+    import os
+    original = task_class.__call__
+
+    def call(self, payload):
+        if marker is None:
+            end()
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return original(self, payload)
+        end()
+    return call
+
+
+def test_a_worker_killed_mid_run_costs_a_new_pool_not_the_output(tmp_path, monkeypatch, capsys):
+    """A worker that dies (the OOM killer's SIGKILL; seen once in CI, cause unknown) in pass 1 and in pass 2: its
+    chunks go to a new pool, said on stderr, and the output is the one an undisturbed run writes."""
+    import os
+    import signal
+    monkeypatch.setattr(pipeline, "CHUNK", 97)
+    args = write_corpus(tmp_path)
+    assert main([*args, "--out", str(tmp_path / "out1"), "--workers", "1"]) == 0
+    capsys.readouterr()
+    kill = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+    monkeypatch.setattr(pipeline.CleanTask, "__call__", dying(pipeline.CleanTask, tmp_path / "clean", kill))
+    monkeypatch.setattr(pipeline.EncodeTask, "__call__", dying(pipeline.EncodeTask, tmp_path / "encode", kill))
+    assert main([*args, "--out", str(tmp_path / "out2"), "--workers", "2"]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    restarts = [line for line in lines if "go to a new pool of workers" in line]
+    assert len(restarts) == 2 and all(re.fullmatch(
+        r"prepare: a worker process \(pid \d+\) ended by SIGKILL; its \d+ chunk\(s\) in flight go to a new pool "
+        r"of workers \(restart 1 of at most 2\)", line) for line in restarts), lines
+    assert_same_output({1: tmp_path / "out1", 2: tmp_path / "out2"})
+
+
+def test_a_worker_that_always_dies_ends_prepare_in_one_line(tmp_path, monkeypatch, capsys):
+    import os
+    monkeypatch.setattr(pipeline, "CHUNK", 97)
+    args = write_corpus(tmp_path)
+    monkeypatch.setattr(pipeline.CleanTask, "__call__", dying(pipeline.CleanTask, None, lambda: os._exit(3)))
+    assert main([*args, "--out", str(tmp_path / "out"), "--workers", "2"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and all("ended with exit code 3" in line for line in lines), lines
+    assert "restart 2 of at most 2" in lines[1]
+    assert re.fullmatch(
+        rf"prepare: error: a worker process \(pid \d+\) ended with exit code 3 \(pools broken in this run: 3; the "
+        rf"kernel's OOM killer sends SIGKILL: lower --workers, or see `dmesg`\), while reading train, after "
+        rf"{re.escape(str(tmp_path / 'train.en'))}:\d+; {re.escape(str(tmp_path / 'out'))} is as it was before",
+        lines[2]), lines[2]
+    assert not (tmp_path / "out").exists()
 
 
 def test_fatal_record_stops_every_worker_count_alike(tmp_path, monkeypatch, capsys):
