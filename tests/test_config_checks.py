@@ -188,6 +188,30 @@ def test_wandb_off_starts_no_wandb(tmp_path):
     assert wandb_run.start(str(tmp_path), load_config(None, ["logging.wandb_mode=off"]), {}, False) == (None, None)
 
 
+def test_the_environments_wandb_mode_is_the_default_a_config_or_override_decides_over(tmp_path, monkeypatch):
+    """A wandb user's WANDB_MODE is obeyed (it was ignored: the key's default, offline, always won), below a
+    config file and an override; a value wandb does not know is refused naming the variable, where wandb would
+    start."""
+    from trainer.config import check_wandb_environment
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert load_config(None).logging.wandb_mode == "offline"
+    for env, mode in (("disabled", "disabled"), ("online", "online"), ("dryrun", "offline"), (" Offline ", "offline")):
+        monkeypatch.setenv("WANDB_MODE", env)
+        assert load_config(None).logging.wandb_mode == mode, env
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert load_config(None, ["logging.wandb_mode=offline"]).logging.wandb_mode == "offline"
+    yaml = tmp_path / "c.yaml"
+    yaml.write_text("logging:\n  wandb_mode: online\n")
+    assert load_config(str(yaml)).logging.wandb_mode == "online"
+    monkeypatch.setenv("WANDB_MODE", "sometimes")  # wandb's own refusal is a traceback once the job runs
+    cfg = load_config(None)
+    assert cfg.logging.wandb_mode == "offline"  # (a run's saved config loads for translate whatever the variable)
+    with pytest.raises(ConfigError, match=r"^environment variable WANDB_MODE='sometimes': must be online, offline or "
+                                          r"disabled \(or unset; logging.wandb_mode=disabled leaves wandb out\)$"):
+        check_wandb_environment(cfg)
+    check_wandb_environment(load_config(None, ["logging.wandb_mode=disabled"]))
+
+
 def test_too_few_pairs_for_a_batch_names_data_min_batch_sentences(tiny_data):
     from trainer.data import BatchStream, ParallelData
 

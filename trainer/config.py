@@ -154,7 +154,7 @@ class RunConfig:
 @dataclass
 class LoggingConfig:
     wandb_mode: str = _key("offline", "online | offline | disabled (off = disabled); online without an API key "
-                                      "-> offline")
+                                      "-> offline; default: the environment's WANDB_MODE, else offline")
     wandb_project: str = _key("hybrid-nmt", "wandb project")
     progress: bool = _key(True, "a progress bar on a terminal")
     verbose: bool = _key(False, "DeepSpeed's own start-up prints and notices (quiet by default)")
@@ -360,8 +360,10 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
     _check_overrides(overrides)
     loaded = read_yaml(path)
     _text_keys_read_as_bool(loaded, path)
+    wandb_mode = wandb_mode_from_environment()
     try:
         cfg = OmegaConf.structured(Config)
+        cfg.logging.wandb_mode = wandb_mode
         where = path
         cfg = OmegaConf.merge(cfg, loaded)
         where = "command-line override"
@@ -378,6 +380,26 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
     OmegaConf.set_readonly(cfg, True)
     OmegaConf.set_struct(cfg, True)
     return cfg
+
+
+# wandb's own values of WANDB_MODE (dryrun and run: its older names; shared: online, several writers)
+_WANDB_ENV_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline",
+                    "run": "online", "shared": "online"}
+
+
+def wandb_mode_from_environment() -> str:
+    """logging.wandb_mode's default: the WANDB_MODE a wandb user has set (a config file or an override still
+    decides over it), else offline. A value wandb does not know is left to `check_wandb_environment`."""
+    return _WANDB_ENV_MODES.get(os.environ.get("WANDB_MODE", "").strip().lower(), LoggingConfig.wandb_mode)
+
+
+def check_wandb_environment(cfg: DictConfig) -> None:
+    """A training run that starts wandb: a WANDB_MODE wandb would refuse (a traceback, after the job has
+    started) is refused now, in one line."""
+    value = os.environ.get("WANDB_MODE", "").strip()
+    if value and value.lower() not in _WANDB_ENV_MODES and cfg.logging.wandb_mode not in ("disabled", "off"):
+        raise ConfigError(f"environment variable WANDB_MODE={value[:40]!r}: must be online, offline or disabled "
+                          f"(or unset; logging.wandb_mode=disabled leaves wandb out)")
 
 
 def describe(cfg: DictConfig) -> str:

@@ -93,13 +93,14 @@ def run_dry(config_path, overrides, ds_config_path: str) -> int:
 
 
 def train_main(config_path, overrides, ds_config_path) -> int:
-    from trainer.config import check_threads, load_config
+    from trainer.config import check_threads, check_wandb_environment, load_config
     from trainer.data import load_run_data
     from trainer.parallel.runtime import is_comm_failure
     from trainer.training.build import Build, plan
 
     cfg = load_config(config_path, overrides)
     check_threads(cfg.train.threads)
+    check_wandb_environment(cfg)
     ds, spec = plan(cfg, ds_config_path)  # a bad config or layout fails here, before any process talks
     data = load_run_data(cfg.data.dir, cfg.data.verify)  # and damaged data: checked as it is loaded, once
     build = Build(cfg, ds, spec, data)
