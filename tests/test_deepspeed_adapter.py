@@ -246,3 +246,34 @@ def test_an_optimizer_and_a_shapes_only_model_leave_torch_dynamo_unimported():
     assert out["dynamo"] is False and out["meta"] is True
     for name in ("Adam", "AdamW"):
         assert out[name] == out["stock"][name] and out[name] != [1.0, -1.0, 0.5], name  # equal, and moved
+
+
+_MUON = """
+import json, sys
+import torch
+from deepspeed.runtime.zero import utils
+from trainer.parallel import deepspeed_adapter as dsa
+
+utils.dist.get_rank = lambda: 1  # (the check logs on rank 0 only; no process group here)
+dsa.optimizers_without_dynamo()  # (as initialize does: torch.optim's own wrappers import it too)
+adam = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))])
+with dsa._muon_left_out({"optimizer": {"type": "Adam"}, "zero_optimization": {"stage": 1}}):
+    supported = utils.is_zero_supported_optimizer(adam)
+out = {"supported": supported, "dynamo": "torch._dynamo" in sys.modules, "mark_left": dsa.MUON_MODULE in sys.modules}
+with dsa._muon_left_out({"optimizer": {"type": "Muon"}}):  # asked for: imported as DeepSpeed would
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam  # noqa: F401
+out["muon_after"] = "torch._dynamo" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def test_zeros_support_check_leaves_deepspeeds_muon_and_torch_dynamo_unimported_unless_muon_is_asked_for():
+    """ZeRO's `is_zero_supported_optimizer` imported DeepSpeed's Muon module, which compiles its kernels at import
+    (torch._dynamo, 1.1 s of every ZeRO run's start); while DeepSpeed builds another optimizer it is left out."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _MUON], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"supported": True, "dynamo": False, "mark_left": False, "muon_after": True}

@@ -26,6 +26,9 @@ Touch points, each wrapped by one function or `Engine` method below:
     torch.optim  the wrappers of Optimizer's methods that import torch._dynamo (`torch._disable_dynamo`'s
                  `__dynamo_disable`, `_use_grad_for_differentiable` around `step`): gone around before DeepSpeed
                  builds the optimizer (`optimizers_without_dynamo`)
+    muon         ZeRO's support check imports DeepSpeed's Muon module, whose import compiles its kernels
+                 (torch.compile: torch._dynamo, 1.1 s): kept out while deepspeed.initialize runs, unless the JSON
+                 asks for Muon (`_muon_left_out`)
 """
 from __future__ import annotations
 
@@ -341,6 +344,28 @@ def optimizers_without_dynamo() -> None:
             cls.step = _grad_mode_step(step.__wrapped__)
 
 
+MUON_MODULE = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+@contextlib.contextmanager
+def _muon_left_out(ds_config: dict):
+    """ZeRO's `is_zero_supported_optimizer` imports DeepSpeed's Muon module only to add it to the supported list
+    (an ImportError is taken as "not installed"), and that import compiles Muon's kernels: torch._dynamo, 1.1 s of
+    a ZeRO run's start. While DeepSpeed builds an optimizer that is not Muon, the module is marked unimportable
+    (None in sys.modules), and the mark removed after. Nothing is changed where the JSON names Muon, where the
+    module or torch._dynamo is already imported."""
+    optimizer = str((ds_config.get("optimizer") or {}).get("type", "")).lower()
+    if "muon" in optimizer or MUON_MODULE in sys.modules or "torch._dynamo" in sys.modules:
+        yield
+        return
+    sys.modules[MUON_MODULE] = None
+    try:
+        yield
+    finally:
+        if MUON_MODULE in sys.modules and sys.modules[MUON_MODULE] is None:
+            del sys.modules[MUON_MODULE]
+
+
 def _grad_mode_step(own):
     """`own` (an optimizer class's step) under the grad mode torch's wrapper sets: on only for `differentiable`."""
 
@@ -607,7 +632,7 @@ def initialize(module: nn.Module, parameters, ds_config: dict, grid, sum_over_st
     if ds_config.get("fp16", {}).get("enabled"):
         _let_the_cpu_run_fp16()
     optimizers_without_dynamo()
-    with _quiet_prints():
+    with _quiet_prints(), _muon_left_out(ds_config):
         ds_engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=parameters, config=ds_config,
                                                   mpu=grid)
     ds_engine.enable_backward_allreduce = False
