@@ -557,7 +557,14 @@ def test_rank_cpu_reports_each_layout_above_the_machines_floor(capsys):
     rows = capsys.readouterr().out.splitlines()
     assert any(r.startswith("| half_batch_pair fp32 | 1 | 186.0 | 0.62 |") and "floor: whole model per rank" in r for r in rows)
     assert any(r.startswith("| data_2 fp32 | 1 | 201.0 | 0.67 |") and "**not met**" in r for r in rows)
-    del result["half_batch_pair fp32"]  # --no-floor: no comparison
+    result["half_batch_alone fp32"] = {"cpu_ms": {0: 174.0}, "wall_ms": 174.0}  # the floor split in two
+    assert rank_cpu.above_floor(result)[0] == (
+        "half_batch_pair fp32: the floor 0.62 = 0.58 for a half batch alone (a step's work that does not halve) +0.04 "
+        "for two processes sharing the machine")
+    rank_cpu.report(result, "a CPU", 40)
+    assert any(r.startswith("| half_batch_alone fp32 | 0 | 174.0 | 0.58 |") and "does not halve" in r
+               for r in capsys.readouterr().out.splitlines())
+    del result["half_batch_pair fp32"], result["half_batch_alone fp32"]  # --no-floor: no comparison
     assert rank_cpu.above_floor(result) == []
 
 

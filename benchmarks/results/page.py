@@ -301,7 +301,9 @@ def rank_cpu(records: list[dict]) -> tuple[list[dict], list[str]]:
     return shown, ["Each rank's CPU work (main and autograd threads) against one process's, the fixed costs a layout "
                    "cannot divide (target: at most 0.6 for every rank; one process's own row in ms). half_batch_pair, "
                    "measured in the same rounds: two single processes of half the batch each, started together, each "
-                   "updating the whole model: the floor of a layout whose every rank holds the whole model:", "",
+                   "updating the whole model: the floor of a layout whose every rank holds the whole model; "
+                   "half_batch_alone (since 2026-12-07 21:54): one of them alone, the part of that floor that is a "
+                   "step's own work, the rest being the two processes sharing the machine:", "",
                    *table(["machine", "layout", "precision", "setting", "CPU of one process: rank 0 / rank 1",
                            "wall ms", "measured", ""], rows)]
 
