@@ -75,9 +75,9 @@ def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local,
     `task` and the payloads go to the workers. At most 2 x workers payloads are in flight.
 
     A worker that ends abruptly (the kernel's OOM killer, a stray signal) breaks the pool: the payloads then in
-    flight are sent again to a new pool, at most POOL_RESTARTS times in a run, each said in one line on stderr;
-    nothing is lost or repeated, because results are consumed in order and a task is a pure function of its
-    payload. One more break is `WorkerLost`, naming how the worker ended.
+    flight are sent again to a new pool, at most POOL_RESTARTS times per call (one pass over a split), each said in
+    one line on stderr; nothing is lost or repeated, because results are consumed in order and a task is a pure
+    function of its payload. One more break is `WorkerLost`, naming how the worker ended.
 
     While the pool runs, `position.in_pool` tells prepare's signal handler not to raise: an exception raised
     inside the executor's `submit` (which holds its shutdown lock) deadlocks the executor's shutdown. A stop
@@ -103,7 +103,7 @@ def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local,
             except BrokenProcessPool as e:
                 ended = str(e)
             if restart == POOL_RESTARTS:
-                raise WorkerLost(f"{ended} (pools broken in this run: {POOL_RESTARTS + 1}; the kernel's OOM killer "
+                raise WorkerLost(f"{ended} ({POOL_RESTARTS + 1} pools broken in this pass; the kernel's OOM killer "
                                  f"sends SIGKILL: lower --workers, or see `dmesg`)")
             print(f"prepare: {ended}; its {len(pending)} chunk(s) in flight go to a new pool of workers (restart "
                   f"{restart + 1} of at most {POOL_RESTARTS})", file=sys.stderr, flush=True)
@@ -113,7 +113,7 @@ def parallel_map(task: Callable[[Payload], Result], items: Iterable[tuple[Local,
             position.in_pool = False
 
 
-POOL_RESTARTS = 2  # pools started again after a worker ended abruptly, in one parallel_map
+POOL_RESTARTS = 2  # pools started again after a worker ended abruptly, per parallel_map call
 
 
 class WorkerLost(RuntimeError):

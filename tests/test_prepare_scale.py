@@ -122,7 +122,7 @@ def test_a_worker_that_always_dies_ends_prepare_in_one_line(tmp_path, monkeypatc
     assert len(lines) == 3 and all("ended with exit code 3" in line for line in lines), lines
     assert "restart 2 of at most 2" in lines[1]
     assert re.fullmatch(
-        rf"prepare: error: a worker process \(pid \d+\) ended with exit code 3 \(pools broken in this run: 3; the "
+        rf"prepare: error: a worker process \(pid \d+\) ended with exit code 3 \(3 pools broken in this pass; the "
         rf"kernel's OOM killer sends SIGKILL: lower --workers, or see `dmesg`\), while reading train, after "
         rf"{re.escape(str(tmp_path / 'train.en'))}:\d+; {re.escape(str(tmp_path / 'out'))} is as it was before",
         lines[2]), lines[2]

@@ -382,6 +382,9 @@ def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> DictCo
     return cfg
 
 
+WANDB_OFF = ("disabled", "off")  # logging.wandb_mode values that start no wandb
+
+
 # wandb's own values of WANDB_MODE (dryrun and run: its older names; shared: online, several writers)
 _WANDB_ENV_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline",
                     "run": "online", "shared": "online"}
@@ -397,7 +400,7 @@ def check_wandb_environment(cfg: DictConfig) -> None:
     """A training run that starts wandb: a WANDB_MODE wandb would refuse (a traceback, after the job has
     started) is refused now, in one line."""
     value = os.environ.get("WANDB_MODE", "").strip()
-    if value and value.lower() not in _WANDB_ENV_MODES and cfg.logging.wandb_mode not in ("disabled", "off"):
+    if value and value.lower() not in _WANDB_ENV_MODES and cfg.logging.wandb_mode not in WANDB_OFF:
         raise ConfigError(f"environment variable WANDB_MODE={value[:40]!r}: must be online, offline or disabled "
                           f"(or unset; logging.wandb_mode=disabled leaves wandb out)")
 

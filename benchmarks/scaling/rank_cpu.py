@@ -22,7 +22,8 @@ shards the optimizer or the model (ZeRO-1, the hybrid's stages) can go below it.
 
 The floor is split in two by `half_batch_alone`, one such half-batch process run alone: its fraction is the work of a
 step that does not halve with the batch (the optimizer, the per-call costs); the pair's fraction less it is what two
-processes sharing the machine (caches, memory bandwidth) cost each other, which no layout can remove.
+processes on the machine at once cost each other (shared cache and memory bandwidth are the candidates; this
+command does not measure which).
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import sys
 
 from data_prep.dataformat import files
 from trainer.artifacts import run_files
+from trainer.config import WANDB_OFF
 from trainer.artifacts.run_dir import WANDB_RUN_ID as ID_FILE
 IDLE_TIMEOUT = "30s"  # also the longest wait between the service's start and rank 0's connection
 _ID = re.compile(r"^[a-z0-9]{1,64}$")
@@ -77,7 +78,7 @@ def start(run_dir: str, cfg, extra_config: dict, resumed: bool):
     """wandb in the configured mode ('online' without an API key falls back to offline, never asks), on a
     detached service; returns (run, service) or (None, None) when disabled."""
     mode = cfg.logging.wandb_mode
-    if mode in ("disabled", "off"):
+    if mode in WANDB_OFF:
         return None, None
     if mode == "online" and not os.environ.get("WANDB_API_KEY"):
         mode = "offline"
